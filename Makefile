@@ -1,0 +1,25 @@
+# make test   create .venv, install the package with its dev extra, run the whole test suite
+# make demo   create .venv, install, run the main job: train DIFF and the matched Transformer
+#             side by side on the embedded corpus and write out/compare/report.md
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test demo clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(BIN)/.installed
+
+test: install
+	$(BIN)/python -m pytest -q
+
+demo: install
+	$(BIN)/diff-transformer compare --out out/compare
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

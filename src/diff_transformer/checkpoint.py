@@ -1,0 +1,166 @@
+"""Model checkpoints are directories:
+
+    DIR/config.json          {"format": "diff-transformer", "format_version": 1, "model": {ModelConfig}}
+    DIR/model.safetensors    the weights (no pickle); a tied LM head is not stored twice
+    DIR/tokenizer.json       the tokenizer, when one was given (or tokenizer_config.json for bytes)
+
+Directories are written atomically: into a temporary sibling, then renamed into place, so a
+crash mid-write never leaves a half-written checkpoint under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .config import ConfigError, ModelConfig
+from .tokenizer import BPE_FILE, BYTES_CONFIG, load_tokenizer
+
+FORMAT = "diff-transformer"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, truncated, corrupted, or does not fit the model."""
+
+
+def write_directory_atomically(directory: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp_dir)`` then move tmp_dir to ``directory``, replacing any old one.
+
+    The old directory is renamed aside before the new one takes its name and deleted after, so
+    at every moment one complete version exists under ``directory`` or its ``.old`` sibling.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        write(tmp)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        old = directory.with_name(f".{directory.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Contiguous CPU copies of the weights, ready for safetensors."""
+    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+
+
+def save_pretrained(model, directory: str | Path, *, tokenizer=None, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (a LanguageModel) and optionally its tokenizer to ``directory``."""
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+        raise CheckpointError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
+        )
+    state = model_state_dict(model)
+
+    def write(tmp: Path) -> None:
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.config.to_dict(), **(extra or {})}
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+
+    return write_directory_atomically(directory, write)
+
+
+def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
+    """The ModelConfig of a checkpoint directory and the whole config.json."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: not a checkpoint directory (no {CONFIG_FILE})")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "model" not in meta:
+        raise CheckpointError(f"{path}: not a {FORMAT} config (expected keys 'format' and 'model')")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: format_version {version!r} is newer than this library reads ({FORMAT_VERSION}); upgrade diff-transformer"
+        )
+    try:
+        return ModelConfig.from_dict(meta["model"]), meta
+    except (ConfigError, TypeError) as exc:
+        raise CheckpointError(f"{path}: invalid model config: {exc}") from exc
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Load a safetensors file; a truncated or corrupted file is a CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: weights file is missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: truncated or corrupted safetensors file ({exc})") from exc
+
+
+def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
+    """``model.load_state_dict`` that names every missing, unexpected or mis-shaped tensor."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mis_shaped = [
+        f"{k}: {tuple(state[k].shape)} in {source}, {tuple(expected[k].shape)} in the model"
+        for k in sorted(set(state) & set(expected))
+        if state[k].shape != expected[k].shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing from {source}: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"not in the model: {', '.join(unexpected)}")
+    if mis_shaped:
+        problems.append("shape mismatch: " + "; ".join(mis_shaped))
+    if problems:
+        raise CheckpointError(f"{source} do not fit this model config — " + " | ".join(problems))
+    model.load_state_dict(state)
+
+
+def load_pretrained(directory: str | Path, *, device: torch.device | str = "cpu", attn_backend: str | None = None):
+    """Read a checkpoint directory into a LanguageModel (on ``device``)."""
+    from .model import LanguageModel
+
+    config, _ = read_config(directory)
+    if attn_backend is not None:
+        config.attn_backend = attn_backend
+    model = LanguageModel(config, device="meta")
+    model.to_empty(device=device)
+    load_state_dict_checked(model, read_weights(Path(directory) / WEIGHTS_FILE), source=f"{directory}/{WEIGHTS_FILE}")
+    return model
+
+
+def load_checkpoint_tokenizer(directory: str | Path, vocab_size: int | None = None):
+    """The tokenizer stored in a checkpoint directory, or None; checked against ``vocab_size``."""
+    directory = Path(directory)
+    if not ((directory / BPE_FILE).exists() or (directory / BYTES_CONFIG).exists()):
+        return None
+    tokenizer = load_tokenizer(directory)
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(
+            f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {vocab_size}"
+        )
+    return tokenizer

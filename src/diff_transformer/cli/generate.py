@@ -1,0 +1,65 @@
+"""diff-transformer generate: stream text from a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="stream text from a checkpoint",
+        description="Stream a continuation of --prompt from a checkpoint directory, using the KV cache.",
+    )
+    p.add_argument("checkpoint", help="checkpoint directory (config.json, model.safetensors, tokenizer)")
+    p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with this mass")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer if the checkpoint has none ('bytes', a JSON file)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..checkpoint import load_checkpoint_tokenizer
+    from ..generation import stream
+    from ..model import LanguageModel
+    from ..tokenizer import load_tokenizer
+
+    model = LanguageModel.from_pretrained(args.checkpoint, device=args.device).eval()
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_checkpoint_tokenizer(
+        args.checkpoint, model.config.vocab_size
+    )
+    if tokenizer is None:
+        print(f"error: {args.checkpoint} holds no tokenizer; pass --tokenizer", file=sys.stderr)
+        return 2
+    prompt = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
+    room = model.config.max_seq_len - len(prompt)
+    if room <= 0:
+        print(f"error: the prompt has {len(prompt)} tokens; the model's context is {model.config.max_seq_len}", file=sys.stderr)
+        return 2
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    generated: list[int] = []
+    shown = ""
+    sys.stdout.write(args.prompt)
+    for step in stream(
+        model, [prompt], min(args.max_new_tokens, room), temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, stop_tokens=[tokenizer.eos_id], generator=generator,
+    ):
+        token = int(step[0])
+        if token == tokenizer.eos_id:
+            break
+        generated.append(token)
+        text = tokenizer.decode(generated)
+        if not text.endswith("\ufffd"):  # wait for a multi-byte character to complete
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,39 @@
+"""diff-transformer info: presets, or what a checkpoint holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "info",
+        help="list model presets, or describe a checkpoint",
+        description="Without an argument: the named presets with their DIFF and matched-Transformer "
+        "parameter counts. With a checkpoint directory: its config, parameters and λ per layer.",
+    )
+    p.add_argument("checkpoint", nargs="?", help="checkpoint directory")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import PRESETS, ModelConfig
+    from ..model import LanguageModel
+
+    if args.checkpoint is None:
+        print(f"{'preset':<8} {'d_model':>7} {'layers':>6} {'heads':>9} {'d':>4} {'DIFF params':>13} {'Transformer':>13}")
+        for name in PRESETS:
+            diff = ModelConfig.from_preset(name, attention="diff")
+            std = ModelConfig.from_preset(name, attention="standard")
+            n_diff = LanguageModel(diff, device="meta").num_parameters()
+            n_std = LanguageModel(std, device="meta").num_parameters()
+            heads = f"{diff.n_heads}/{std.n_heads}"
+            print(f"{name:<8} {diff.d_model:>7} {diff.n_layers:>6} {heads:>9} {diff.head_dim:>4} {n_diff:>13,} {n_std:>13,}")
+        return 0
+    model = LanguageModel.from_pretrained(args.checkpoint)
+    print(json.dumps(model.config.to_dict(), indent=2))
+    print(f"parameters: {model.num_parameters():,} ({model.num_parameters(exclude_embeddings=True):,} without embeddings)")
+    if model.lambdas():
+        print("lambda per layer: " + " ".join(f"{x:.3f}" for x in model.lambdas()))
+    return 0

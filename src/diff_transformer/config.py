@@ -1,0 +1,148 @@
+"""Model configuration: one typed dataclass that derives and validates itself, and named presets.
+
+Head counting follows the paper. For ``attention="diff"``, ``n_heads`` counts DIFF heads, each
+holding two query/key groups of width ``head_dim`` (d) and a value of width 2d, so
+``head_dim = d_model / (2 * n_heads)``. For ``"standard"`` and ``"diff_v2"`` it counts ordinary
+heads of width d, ``head_dim = d_model / n_heads``. A size preset asked for with
+``attention="standard"`` is the matched Transformer: twice the DIFF heads, the same head dim,
+the same parameters but for the λ vectors and head-norm weights (6d per layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+ATTENTION_KINDS = ("standard", "diff", "diff_v2")
+
+# The paper's sizes (Table 10 and Table 9) and small CPU sizes. Head counts are DIFF heads;
+# from_preset doubles them for "standard" and "diff_v2". Vocabulary: cl100k's 100,288 for the
+# paper's sizes, the shipped byte-level BPE's 8,192 for the CPU sizes.
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU sizes
+    "debug": dict(d_model=64, n_layers=2, n_heads=2, vocab_size=512, max_seq_len=128),
+    "tiny": dict(d_model=192, n_layers=4, n_heads=3, vocab_size=8192, max_seq_len=256),
+    "small": dict(d_model=512, n_layers=8, n_heads=4, vocab_size=8192, max_seq_len=1024),
+    # Table 10: scaling runs (seq 2048)
+    "830m": dict(d_model=1536, n_layers=24, n_heads=8, vocab_size=100_288, max_seq_len=2048),
+    "1.4b": dict(d_model=2048, n_layers=24, n_heads=8, vocab_size=100_288, max_seq_len=2048),
+    "2.8b": dict(d_model=2560, n_layers=32, n_heads=10, vocab_size=100_288, max_seq_len=2048),
+    "6.8b": dict(d_model=4096, n_layers=32, n_heads=16, vocab_size=100_288, max_seq_len=2048),
+    "13.1b": dict(d_model=5120, n_layers=40, n_heads=20, vocab_size=100_288, max_seq_len=2048),
+    # Table 9: the 3B recipe (FFN 8192, seq 4096)
+    "3b": dict(d_model=3072, n_layers=28, n_heads=12, ffn_hidden=8192, vocab_size=100_288, max_seq_len=4096),
+}
+PAPER_SIZES = {"830m": 830e6, "1.4b": 1.4e9, "2.8b": 2.8e9, "6.8b": 6.8e9, "13.1b": 13.1e9, "3b": 3.0e9}
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+def lambda_init_schedule(layer_index: int) -> float:
+    """λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) for the 1-based layer l, i.e. the 0-based index here."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only LLaMA-style language model with standard, DIFF or DIFF V2 attention.
+
+    Fields left as None are derived in ``__post_init__``; everything is validated there.
+    """
+
+    vocab_size: int = 8192
+    d_model: int = 192
+    n_layers: int = 4
+    n_heads: int = 3  # DIFF heads for "diff"; ordinary heads for "standard" and "diff_v2"
+    n_kv_heads: int | None = None  # key/value heads (groups) for GQA; None = n_heads (MHA)
+    attention: str = "diff"  # "standard" | "diff" | "diff_v2"
+    ffn_hidden: int | None = None  # SwiGLU inner width; None = 8/3·d_model rounded up to ffn_multiple_of
+    ffn_multiple_of: int = 64
+    max_seq_len: int = 256
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    # Differential attention
+    lambda_init: float | None = None  # None = the depth schedule; a number = constant (Table 6 ablation)
+    lambda_std: float = 0.1  # std of the four λ vectors at init
+    head_norm: bool | None = None  # per-head RMSNorm; None = on for "diff", off otherwise
+    # Initialisation and runtime
+    init_std: float = 0.02
+    attn_backend: str = "auto"  # see diff_transformer.ops
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "ffn_multiple_of"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
+        widths_per_head = 2 if self.attention == "diff" else 1
+        if self.d_model % (widths_per_head * self.n_heads):
+            what = "2 * n_heads (each DIFF head has two groups)" if widths_per_head == 2 else "n_heads"
+            raise ConfigError(
+                f"d_model={self.d_model} must be divisible by {what} = {widths_per_head * self.n_heads}"
+            )
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if not isinstance(self.n_kv_heads, int) or self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"n_kv_heads={self.n_kv_heads!r} must be a positive divisor of n_heads={self.n_heads}")
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim} (from d_model and n_heads) must be even for RoPE")
+        if self.ffn_hidden is None:
+            self.ffn_hidden = self.ffn_multiple_of * math.ceil(8 * self.d_model / 3 / self.ffn_multiple_of)
+        if not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0:
+            raise ConfigError(f"ffn_hidden must be a positive integer, got {self.ffn_hidden!r}")
+        if self.head_norm is None:
+            self.head_norm = self.attention == "diff"
+        if self.head_norm and self.attention == "diff_v2":
+            raise ConfigError("head_norm: DIFF V2 has no per-head norm; leave head_norm unset or False")
+        if self.lambda_init is not None and self.attention != "diff":
+            raise ConfigError(f"lambda_init only applies to attention='diff', not {self.attention!r}")
+        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0 or self.lambda_std <= 0:
+            raise ConfigError("rope_theta, norm_eps, init_std and lambda_std must be positive")
+        from .ops import BACKEND_NAMES  # local import: ops does not depend on config
+
+        if self.attn_backend not in BACKEND_NAMES:
+            raise ConfigError(f"attn_backend must be one of {', '.join(BACKEND_NAMES)}, got {self.attn_backend!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """d: the width of one query/key group (DIFF) or of one head (standard, DIFF V2)."""
+        return self.d_model // (2 * self.n_heads if self.attention == "diff" else self.n_heads)
+
+    def lambda_init_for(self, layer_index: int) -> float:
+        """λ_init of the 0-based layer: the constant if set, else the depth schedule."""
+        return self.lambda_init if self.lambda_init is not None else lambda_init_schedule(layer_index)
+
+    @classmethod
+    def from_preset(cls, name: str, attention: str = "diff", **overrides: Any) -> "ModelConfig":
+        """A named size with the given attention kind, e.g. ``from_preset("1.4b", attention="standard")``.
+
+        The presets hold DIFF head counts; "standard" and "diff_v2" get twice as many heads
+        (and key/value heads) of the same width, unless ``overrides`` set them.
+        """
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        fields = dict(PRESETS[name])
+        if attention != "diff":
+            for key in ("n_heads", "n_kv_heads"):
+                if fields.get(key) is not None:
+                    fields[key] *= 2
+        fields.update(overrides)
+        return cls.from_dict({**fields, "attention": attention})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        """Build from a plain dict (e.g. config.json); an unknown key is an error naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

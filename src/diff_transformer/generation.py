@@ -1,0 +1,131 @@
+"""Autoregressive generation with the KV cache: greedy, temperature, top-k, top-p, stop tokens.
+
+Prompts of different lengths are left-padded; the padding is masked out of attention, and since
+RoPE only sees relative positions, a padded row generates exactly what it would alone.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """logits (B, V) -> next tokens (B,). temperature 0 means greedy (argmax)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max(len(p) for p in prompts)
+    tokens = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    real = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        if len(p):
+            tokens[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            real[i, width - len(p) :] = True
+    return tokens, real
+
+
+@torch.no_grad()
+def stream(
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next token of every row, (B,), until all rows stopped or max_new_tokens.
+
+    A row that produced a stop token keeps being padded with that token in later steps.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    device = model.embed.weight.device
+    tokens, real = _left_pad(prompts, device)
+    total = tokens.shape[1] + max_new_tokens
+    if total > model.config.max_seq_len:
+        raise ValueError(
+            f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len={model.config.max_seq_len}"
+        )
+    cache = model.new_cache(len(prompts), total)
+    stops = torch.tensor(list(stop_tokens), dtype=torch.long, device=device)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    padding = None if bool(real.all()) else real
+    logits, _ = model(tokens, cache=cache, padding_mask=padding)
+    for _ in range(max_new_tokens):
+        nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        nxt = torch.where(done, tokens[:, -1], nxt)
+        done |= torch.isin(nxt, stops)
+        yield nxt
+        if bool(done.all()):
+            return
+        tokens = nxt[:, None]
+        if padding is not None:
+            padding = torch.cat([padding, torch.ones_like(padding[:, :1])], dim=1)
+        logits, _ = model(tokens, cache=cache, padding_mask=padding)
+
+
+def generate(
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """New tokens for each prompt (a list of token ids), stop token excluded."""
+    was_training = model.training
+    model.eval()
+    rows: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    stop_set = set(stop_tokens)
+    try:
+        for step in stream(
+            model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            stop_tokens=stop_tokens, generator=generator,
+        ):
+            for i, tok in enumerate(step.tolist()):
+                if finished[i]:
+                    continue
+                if tok in stop_set:
+                    finished[i] = True
+                else:
+                    rows[i].append(tok)
+    finally:
+        model.train(was_training)
+    return rows

@@ -1,0 +1,263 @@
+"""The decoder-only language model, LLaMA-style, for every attention kind.
+
+    x = embed(tokens)                                   (B, T, E)
+    for each layer:
+        x = x + Attention(RMSNorm(x))                    standard | diff | diff_v2
+        x = x + SwiGLU(RMSNorm(x))                       (silu(x W_gate) * x W_up) W_down
+    logits = lm_head(RMSNorm(x))                        (B, T, V)
+
+No biases anywhere. The model is built on the meta device and then given memory and values by
+one explicit function, :meth:`LanguageModel.init_weights`.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import ATTENTION_CLASSES, AttentionTap, DiffAttention, RMSNorm, rope_angles
+from .cache import KVCache
+from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = ATTENTION_CLASSES[config.attention](config, layer_index)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn = SwiGLU(config.d_model, config.ffn_hidden)
+
+    def forward(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache | None, attn_mask: Tensor | None
+    ) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache=cache, attn_mask=attn_mask)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class LanguageModel(nn.Module):
+    """``LanguageModel(config)``; ``logits, loss = model(tokens, targets)``.
+
+    ``device="meta"`` leaves the parameters unallocated (for FSDP: shard, then
+    ``to_empty`` and :meth:`init_weights`); any other device allocates and initialises.
+    """
+
+    def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        with torch.device("meta"):
+            self.embed = nn.Embedding(config.vocab_size, config.d_model)
+            self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+            self.norm = RMSNorm(config.d_model, config.norm_eps)
+            self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if str(device) != "meta":
+            self.to_empty(device=device or "cpu")
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Give every tensor its initial value (seed the global RNG or pass ``generator``):
+
+        - embed.weight, lm_head.weight, every q/k/v/gate/up projection, DIFF V2's lambda_proj:
+          N(0, init_std)
+        - o_proj and down_proj (they write into the residual stream): N(0, init_std / sqrt(2 L))
+        - DIFF lambda_q1, lambda_k1, lambda_q2, lambda_k2: N(0, lambda_std) in fp32
+        - every RMSNorm weight (block norms, final norm, head norms): 1
+        """
+        std, out_std = self.config.init_std, self.config.init_std / math.sqrt(2 * self.config.n_layers)
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std, generator=generator)
+        for layer in self.layers:
+            layer.attn.o_proj.weight.normal_(0.0, out_std, generator=generator)
+            layer.ffn.down_proj.weight.normal_(0.0, out_std, generator=generator)
+            if isinstance(layer.attn, DiffAttention):
+                for vec in (layer.attn.lambda_q1, layer.attn.lambda_k1, layer.attn.lambda_q2, layer.attn.lambda_k2):
+                    vec.normal_(0.0, self.config.lambda_std, generator=generator)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = ATTENTION_CLASSES[config.attention](config, layer_index)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn = SwiGLU(config.d_model, config.ffn_hidden)
+
+    def forward(
+        self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache | None, attn_mask: Tensor | None
+    ) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache=cache, attn_mask=attn_mask)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class LanguageModel(nn.Module):
+    """``LanguageModel(config)``; ``logits, loss = model(tokens, targets)``.
+
+    ``device="meta"`` leaves the parameters unallocated (for FSDP: shard, then
+    ``to_empty`` and :meth:`init_weights`); any other device allocates and initialises.
+    """
+
+    def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        with torch.device("meta"):
+            self.embed = nn.Embedding(config.vocab_size, config.d_model)
+            self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+            self.norm = RMSNorm(config.d_model, config.norm_eps)
+            self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if str(device) != "meta":
+            self.to_empty(device=device or "cpu")
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Give every tensor its initial value (seed the global RNG or pass ``generator``):
+
+        - embed.weight, lm_head.weight, every q/k/v/gate/up projection, DIFF V2's lambda_proj:
+          N(0, init_std)
+        - o_proj and down_proj (they write into the residual stream): N(0, init_std / sqrt(2 L))
+        - DIFF lambda_q1, lambda_k1, lambda_q2, lambda_k2: N(0, lambda_std) in fp32
+        - every RMSNorm weight (block norms, final norm, head norms): 1
+        """
+        std, out_std = self.config.init_std, self.config.init_std / math.sqrt(2 * self.config.n_layers)
+        for name, param in self.named_parameters():
+            leaf = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+            if "norm" in leaf:
+                param.fill_(1.0)
+            elif name.endswith(("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")):
+                param.normal_(0.0, self.config.lambda_std, generator=generator)
+            elif leaf in ("o_proj", "down_proj"):
+                param.normal_(0.0, out_std, generator=generator)
+            else:
+                param.normal_(0.0, std, generator=generator)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        targets: Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        padding_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """tokens (B, T) int -> logits (B, T, V) and the mean cross-entropy against targets (B, T).
+
+        Targets equal to -100 are ignored. With ``cache``, the tokens continue what the cache
+        holds. ``padding_mask`` (B, S) bool marks real tokens among all S = cached + T positions
+        (False = padding, never attended to; a padded query attends to itself only).
+        """
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
+        b, t = tokens.shape
+        start = 0 if cache is None else cache.length
+        if start + t > self.config.max_seq_len:
+            raise ValueError(f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}")
+        positions = torch.arange(start, start + t, device=tokens.device)
+        rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta)
+        attn_mask = None if padding_mask is None else self._padding_to_attn_mask(padding_mask, t, start + t)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, rope, cache, attn_mask)
+        if cache is not None:
+            cache.advance(t)
+        x = self.norm(x)
+        logits = F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+    @staticmethod
+    def _padding_to_attn_mask(padding_mask: Tensor, t: int, s: int) -> Tensor:
+        """(B, S) real-token flags -> (B, 1, T, S) attention mask; the diagonal stays visible so
+        that a padded query still has one key (its output is ignored, but must stay finite)."""
+        if padding_mask.shape[-1] != s or padding_mask.dtype != torch.bool:
+            raise ValueError(f"padding_mask must be bool (batch, {s}), got {padding_mask.dtype} {tuple(padding_mask.shape)}")
+        keys = torch.arange(s, device=padding_mask.device)
+        diagonal = keys[None, :] == keys[s - t :, None]  # (T, S): query i sits at position S - T + i
+        return padding_mask[:, None, None, :] | diagonal[None, None]
+
+    # --- introspection -------------------------------------------------------------------
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        """Parameter count; with ``exclude_embeddings`` the token embedding and LM head are left out."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            total -= self.embed.weight.numel() + (0 if self.lm_head is None else self.lm_head.weight.numel())
+        return total
+
+    def lambdas(self) -> list[float]:
+        """λ of every DIFF layer (empty for other attention kinds)."""
+        return [float(layer.attn.lam()) for layer in self.layers if isinstance(layer.attn, DiffAttention)]
+
+    @contextmanager
+    def tap_attention(self, tap: AttentionTap) -> Iterator[AttentionTap]:
+        """Within the block, every attention layer reports to ``tap`` (reference backend)."""
+        for layer in self.layers:
+            layer.attn.tap = tap
+        try:
+            yield tap
+        finally:
+            for layer in self.layers:
+                layer.attn.tap = None
+
+    def set_attention_backend(self, backend: str) -> None:
+        """Switch the attention backend of every layer (see diff_transformer.ops)."""
+        from .ops import BACKEND_NAMES
+
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
+        self.config.attn_backend = backend
+
+    # --- inference and checkpoints ----------------------------------------------------------
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """An empty KV cache on this model's device, in its dtype."""
+        p = self.embed.weight
+        return KVCache(self.config, batch_size, max_len or self.config.max_seq_len, device=p.device, dtype=p.dtype)
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, **sampling) -> list[list[int]]:
+        """See :func:`diff_transformer.generation.generate`."""
+        from .generation import generate
+
+        return generate(self, prompts, max_new_tokens, **sampling)
+
+    def save_pretrained(self, directory: str | Path, tokenizer: "Tokenizer | None" = None) -> Path:
+        """Write DIR/config.json, DIR/model.safetensors and the tokenizer, atomically."""
+        from .checkpoint import save_pretrained
+
+        return save_pretrained(self, directory, tokenizer=tokenizer)
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | Path, *, device: torch.device | str = "cpu", attn_backend: str | None = None
+    ) -> "LanguageModel":
+        """Load a directory written by :meth:`save_pretrained`."""
+        from .checkpoint import load_pretrained
+
+        return load_pretrained(directory, device=device, attn_backend=attn_backend)

@@ -1,0 +1,175 @@
+"""Attention ops: one function per attention kind, many backends behind one signature.
+
+    from diff_transformer.ops import diff_attention
+    out = diff_attention(q1, q2, k1, k2, v, lam)             # (B, H, T, 2d), before the head norm
+
+Backends of ``diff_attention``:
+    "reference"   materialises both maps in fp32; can return them (``return_maps=True``)
+    "sdpa"        two SDPA calls with v of width 2d            (the paper's FlashDiffAttn_1)
+    "sdpa_split"  four SDPA calls of equal widths             (the paper's FlashDiffAttn_2)
+    "auto"        the best available for the device: "sdpa_split" on CPU, "sdpa" on CUDA
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
+from .sdpa import sdpa, sdpa_diff_attention, sdpa_split_diff_attention
+
+__all__ = [
+    "AttentionMaps",
+    "DIFF_BACKENDS",
+    "LogitsTransform",
+    "attention",
+    "diff_attention",
+    "resolve_backend",
+]
+
+# name -> function(q1, q2, k1, k2, v, lam, *, causal, attn_mask, scale) -> (B, H, T, 2d)
+DIFF_BACKENDS: dict[str, Callable[..., Tensor]] = {
+    "reference": lambda *a, **kw: reference_diff_attention(*a, **kw)[0],
+    "sdpa": sdpa_diff_attention,
+    "sdpa_split": sdpa_split_diff_attention,
+}
+BACKEND_NAMES = ("auto", *DIFF_BACKENDS)
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Map "auto" to a concrete backend for ``device``; check any other name exists."""
+    if backend == "auto":
+        return "sdpa" if device.type == "cuda" else "sdpa_split"
+    if backend not in DIFF_BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    return backend
+
+
+def _check_mask(attn_mask: Tensor | None, b: int, h: int, t: int, s: int) -> None:
+    if attn_mask is None:
+        return
+    if attn_mask.dtype != torch.bool:
+        raise TypeError(f"attn_mask must be a bool tensor (True = may attend), got {attn_mask.dtype}")
+    try:
+        torch.broadcast_shapes(attn_mask.shape, (b, h, t, s))
+    except RuntimeError:
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, T, S) = {(b, h, t, s)}"
+        ) from None
+
+
+def _check_diff_inputs(q1, q2, k1, k2, v, lam, causal: bool) -> None:
+    named = {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "v": v}
+    for name, x in named.items():
+        if not isinstance(x, Tensor) or x.dim() != 4:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, heads, length, width), got {shape}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {x.dtype}")
+        if x.dtype != q1.dtype or x.device != q1.device:
+            raise TypeError(f"{name} is {x.dtype} on {x.device} but q1 is {q1.dtype} on {q1.device}")
+    b, h, t, d = q1.shape
+    bk, hkv, s, dk = k1.shape
+    if q2.shape != q1.shape:
+        raise ValueError(f"q2 shape {tuple(q2.shape)} != q1 shape {tuple(q1.shape)}")
+    if k2.shape != k1.shape:
+        raise ValueError(f"k2 shape {tuple(k2.shape)} != k1 shape {tuple(k1.shape)}")
+    if bk != b or dk != d:
+        raise ValueError(f"k1 {tuple(k1.shape)} must be (B={b}, Hkv, S, d={d}) to match q1 {tuple(q1.shape)}")
+    if h % hkv:
+        raise ValueError(f"query heads H={h} must be a multiple of key/value heads Hkv={hkv}")
+    if v.shape != (b, hkv, s, 2 * d):
+        raise ValueError(f"v must be (B, Hkv, S, 2d) = {(b, hkv, s, 2 * d)}, got {tuple(v.shape)}")
+    if causal and t > s:
+        raise ValueError(f"causal attention needs T <= S, got T={t} queries and S={s} keys")
+    if not isinstance(lam, Tensor) or not lam.is_floating_point():
+        raise TypeError(f"lam must be a floating-point tensor, 0-d or (H,), got {type(lam).__name__}")
+    if lam.dim() != 0 and lam.shape != (h,):
+        raise ValueError(f"lam must be 0-d or shape (H,) = ({h},), got {tuple(lam.shape)}")
+
+
+def diff_attention(
+    q1: Tensor,
+    q2: Tensor,
+    k1: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    backend: str = "auto",
+    scale: float | None = None,
+    return_maps: bool = False,
+    logits_transform: LogitsTransform | None = None,
+) -> Tensor | tuple[Tensor, AttentionMaps]:
+    """Differential attention ``(softmax(q1 k1ᵀ/√d) − λ·softmax(q2 k2ᵀ/√d)) v``, before the head norm.
+
+    Args:
+        q1, q2: (B, H, T, d) the two query groups.
+        k1, k2: (B, Hkv, S, d) the two key groups; query head h reads KV head h // (H / Hkv).
+        v: (B, Hkv, S, 2d).
+        lam: λ, a 0-d tensor or one value per head (H,); gradients flow into it.
+        causal: mask future keys. With S > T the mask is aligned to the end (KV cache):
+            query i sits at position S − T + i.
+        attn_mask: optional bool mask broadcastable to (B, H, T, S), True = may attend;
+            combined with the causal mask. Every query must keep at least one visible key.
+        backend: "auto", "reference", "sdpa" or "sdpa_split" (see the module docstring).
+        scale: softmax scale, default 1/√d with d the width of ONE group.
+        return_maps: also return :class:`AttentionMaps` (reference backend only).
+        logits_transform: rewrite the pre-softmax logits (reference backend only).
+
+    Returns:
+        (B, H, T, 2d) in q1's dtype, and the maps when ``return_maps``.
+    """
+    _check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
+    b, h, t, _ = q1.shape
+    _check_mask(attn_mask, b, h, t, k1.shape[2])
+    needs_maps = return_maps or logits_transform is not None
+    name = "reference" if needs_maps and backend == "auto" else resolve_backend(backend, q1.device)
+    if needs_maps and name != "reference":
+        raise ValueError(f"return_maps and logits_transform need backend='reference', got {backend!r}")
+    kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
+    if name == "reference":
+        out, maps = reference_diff_attention(q1, q2, k1, k2, v, lam, logits_transform=logits_transform, **kw)
+        return (out, maps) if return_maps else out
+    return DIFF_BACKENDS[name](q1, q2, k1, k2, v, lam, **kw)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    backend: str = "auto",
+    scale: float | None = None,
+    return_maps: bool = False,
+    logits_transform: LogitsTransform | None = None,
+) -> Tensor | tuple[Tensor, AttentionMaps]:
+    """Standard softmax attention with the same conventions as :func:`diff_attention`.
+
+    q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, dv) -> (B, H, T, dv). Backends: "reference"
+    or anything else, which means PyTorch SDPA (it picks flash / memory-efficient itself).
+    """
+    for name, x in {"q": q, "k": k, "v": v}.items():
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, heads, length, width), got {tuple(x.shape)}")
+    if q.shape[1] % k.shape[1] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"causal attention needs T <= S, got T={q.shape[2]} and S={k.shape[2]}")
+    _check_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    needs_maps = return_maps or logits_transform is not None
+    if needs_maps or backend == "reference":
+        if backend not in ("auto", "reference"):
+            raise ValueError(f"return_maps and logits_transform need backend='reference', got {backend!r}")
+        out, maps = reference_attention(
+            q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, logits_transform=logits_transform
+        )
+        return (out, maps) if return_maps else out
+    resolve_backend(backend, q.device)
+    return sdpa(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)

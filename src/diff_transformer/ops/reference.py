@@ -1,0 +1,116 @@
+"""Readable reference attention: materialises the T x S maps in fp32.
+
+Every fast backend is tested against these two functions. They are also the only path that can
+hand the maps and the pre-softmax logits to the evaluation suite (``return_maps=True``) or let
+it rewrite the logits before the softmax (``logits_transform``, used for quantisation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+# (logits (B, H, T, S) fp32, visible (.., T, S) bool or None) -> new logits of the same shape.
+LogitsTransform = Callable[[Tensor, Tensor | None], Tensor]
+
+
+@dataclass
+class AttentionMaps:
+    """What one attention call looked at, all (B, H, T, S) fp32.
+
+    ``logits`` are the scaled pre-softmax scores (one tensor for standard attention, two for
+    differential attention); ``probs`` the softmax maps; ``combined`` the effective map that
+    multiplies V: ``probs[0]`` for standard attention, ``probs[0] - lam * probs[1]`` for DIFF.
+    Masked positions hold -inf in ``logits`` and 0 in ``probs``.
+    """
+
+    logits: tuple[Tensor, ...]
+    probs: tuple[Tensor, ...]
+    combined: Tensor
+
+
+def visible_mask(
+    t: int, s: int, *, causal: bool, attn_mask: Tensor | None, device: torch.device
+) -> Tensor | None:
+    """Boolean mask (.., T, S), True where a query may attend to a key, or None for all-visible.
+
+    The causal mask is aligned to the end: query i sits at absolute position S - T + i, which is
+    what a KV cache holding S - T earlier tokens needs.
+    """
+    mask = None
+    if causal and t > 1:  # a single query at the end sees every key
+        mask = torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+    if attn_mask is not None:
+        mask = attn_mask if mask is None else mask & attn_mask
+    return mask
+
+
+def _masked_softmax(
+    logits: Tensor, mask: Tensor | None, logits_transform: LogitsTransform | None
+) -> tuple[Tensor, Tensor]:
+    if logits_transform is not None:
+        logits = logits_transform(logits, mask)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return logits, torch.softmax(logits, dim=-1)
+
+
+def _expand_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, Hkv, S, w) -> (B, Hkv * n_rep, S, w): query head h reads KV head h // n_rep."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+    logits_transform: LogitsTransform | None = None,
+) -> tuple[Tensor, AttentionMaps]:
+    """softmax(q kᵀ * scale) v. q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, dv)."""
+    n_rep = q.shape[1] // k.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    k, v = _expand_kv(k, n_rep), _expand_kv(v, n_rep)
+    mask = visible_mask(q.shape[2], k.shape[2], causal=causal, attn_mask=attn_mask, device=q.device)
+    logits, probs = _masked_softmax((q.float() @ k.float().transpose(-1, -2)) * scale, mask, logits_transform)
+    out = probs @ v.float()
+    return out.to(q.dtype), AttentionMaps(logits=(logits,), probs=(probs,), combined=probs)
+
+
+def reference_diff_attention(
+    q1: Tensor,
+    q2: Tensor,
+    k1: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+    logits_transform: LogitsTransform | None = None,
+) -> tuple[Tensor, AttentionMaps]:
+    """(softmax(q1 k1ᵀ s) - lam * softmax(q2 k2ᵀ s)) v, with s = 1/sqrt(d) by default.
+
+    q1, q2 (B, H, T, d); k1, k2 (B, Hkv, S, d); v (B, Hkv, S, 2d); lam 0-d or (H,).
+    Returns the (B, H, T, 2d) output in q's dtype, before the per-head norm, and the maps.
+    """
+    n_rep = q1.shape[1] // k1.shape[1]
+    scale = q1.shape[-1] ** -0.5 if scale is None else scale
+    mask = visible_mask(q1.shape[2], k1.shape[2], causal=causal, attn_mask=attn_mask, device=q1.device)
+    logits1, p1 = _masked_softmax(
+        (q1.float() @ _expand_kv(k1, n_rep).float().transpose(-1, -2)) * scale, mask, logits_transform
+    )
+    logits2, p2 = _masked_softmax(
+        (q2.float() @ _expand_kv(k2, n_rep).float().transpose(-1, -2)) * scale, mask, logits_transform
+    )
+    lam = lam.float().reshape(-1, 1, 1) if lam.dim() else lam.float()  # (H, 1, 1) broadcasts over B
+    combined = p1 - lam * p2
+    out = combined @ _expand_kv(v, n_rep).float()
+    return out.to(q1.dtype), AttentionMaps(logits=(logits1, logits2), probs=(p1, p2), combined=combined)
