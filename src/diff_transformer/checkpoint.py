@@ -136,7 +136,7 @@ def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor], so
     if mis_shaped:
         problems.append("shape mismatch: " + "; ".join(mis_shaped))
     if problems:
-        raise CheckpointError(f"{source} do not fit this model config — " + " | ".join(problems))
+        raise CheckpointError(f"{source} cannot be loaded into this model config — " + " | ".join(problems))
     model.load_state_dict(state)
 
 

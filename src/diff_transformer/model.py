@@ -213,7 +213,8 @@ class LanguageModel(nn.Module):
 
     def lambdas(self) -> list[float]:
         """λ of every DIFF layer (empty for other attention kinds)."""
-        return [float(layer.attn.lam()) for layer in self.layers if isinstance(layer.attn, DiffAttention)]
+        with torch.no_grad():
+            return [layer.attn.lam().item() for layer in self.layers if isinstance(layer.attn, DiffAttention)]
 
     @contextmanager
     def tap_attention(self, tap: AttentionTap) -> Iterator[AttentionTap]:

@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(text[len(shown):])
             sys.stdout.flush()
             shown = text
-    sys.stdout.write("\n")
+    sys.stdout.write(tokenizer.decode(generated)[len(shown):] + "\n")
     return 0

@@ -1,0 +1,70 @@
+"""Checkpoint directories: round trip, atomic replacement, mismatches named."""
+
+import json
+
+import pytest
+import torch
+
+from diff_transformer import LanguageModel, ModelConfig
+from diff_transformer.checkpoint import (
+    CheckpointError,
+    load_checkpoint_tokenizer,
+    load_state_dict_checked,
+    write_directory_atomically,
+)
+from diff_transformer.tokenizer import ByteTokenizer
+
+
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_round_trip(tmp_path, kind, tied):
+    config = ModelConfig.from_preset("debug", attention=kind, vocab_size=257, tie_embeddings=tied)
+    model = LanguageModel(config)
+    out = model.save_pretrained(tmp_path / "ckpt", tokenizer=ByteTokenizer())
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer_config.json"]
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["format_version"] == 1 and meta["model"]["attention"] == kind
+    loaded = LanguageModel.from_pretrained(out)
+    assert loaded.config == config
+    tokens = torch.randint(0, 257, (2, 9))
+    torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], atol=0, rtol=0)
+    assert isinstance(load_checkpoint_tokenizer(out, config.vocab_size), ByteTokenizer)
+
+
+def test_save_replaces_atomically_and_leaves_no_temporaries(tmp_path):
+    a = LanguageModel(ModelConfig.from_preset("debug"))
+    b = LanguageModel(ModelConfig.from_preset("debug"))
+    a.save_pretrained(tmp_path / "ckpt")
+    b.save_pretrained(tmp_path / "ckpt")
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+    assert torch.equal(LanguageModel.from_pretrained(tmp_path / "ckpt").embed.weight, b.embed.weight)
+
+
+def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path):
+    model = LanguageModel(ModelConfig.from_preset("debug"))
+    model.save_pretrained(tmp_path / "ckpt")
+
+    def crash(tmp):
+        (tmp / "config.json").write_text("{ half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_directory_atomically(tmp_path / "ckpt", crash)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+    assert torch.equal(LanguageModel.from_pretrained(tmp_path / "ckpt").embed.weight, model.embed.weight)
+
+
+def test_weights_into_a_different_config_name_the_mismatch(tmp_path):
+    diff = LanguageModel(ModelConfig.from_preset("debug", attention="diff"))
+    std = LanguageModel(ModelConfig.from_preset("debug", attention="standard"))
+    with pytest.raises(CheckpointError, match=r"not in the model: layers\.0\.attn\.head_norm\.weight"):
+        load_state_dict_checked(std, diff.state_dict())
+    wider = LanguageModel(ModelConfig.from_preset("debug", d_model=128, n_heads=4))
+    with pytest.raises(CheckpointError, match=r"shape mismatch: embed\.weight: \(512, 64\) in weights, \(512, 128\)"):
+        load_state_dict_checked(wider, diff.state_dict())
+
+
+def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):
+    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=200))
+    with pytest.raises(CheckpointError, match="tokenizer has 257 tokens but the model's vocab_size is 200"):
+        model.save_pretrained(tmp_path / "ckpt", tokenizer=ByteTokenizer())

@@ -1,0 +1,102 @@
+"""KV cache decoding equals a full forward; sampling and generate() behave as documented."""
+
+import pytest
+import torch
+
+from diff_transformer import LanguageModel, ModelConfig
+from diff_transformer.generation import generate, sample_next
+
+KINDS = ["standard", "diff", "diff_v2"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split"])
+def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, backend):
+    config = ModelConfig.from_preset("debug", attention=kind, n_kv_heads=n_kv_heads, attn_backend=backend)
+    model = LanguageModel(config).eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 23))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        cache = model.new_cache(2, 32)
+        pieces = [model(tokens[:, :7], cache=cache)[0], model(tokens[:, 7:12], cache=cache)[0]]  # chunked prefill
+        pieces += [model(tokens[:, i : i + 1], cache=cache)[0] for i in range(12, 23)]
+    assert cache.length == 23
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
+
+
+def test_cache_errors():
+    model = LanguageModel(ModelConfig.from_preset("debug"))
+    cache = model.new_cache(1, 8)
+    model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="KV cache holds 8 tokens"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="made for batch size 1"):
+        model(torch.zeros(2, 1, dtype=torch.long), cache=model.new_cache(1, 8))
+
+
+@pytest.mark.parametrize("kind", ["diff", "diff_v2"])
+def test_decoding_under_torch_compile(kind):
+    """The whole forward with a cache compiles into one graph per shape (no graph breaks)."""
+    torch._dynamo.reset()
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind)).eval()
+    compiled = torch.compile(model, backend="aot_eager", dynamic=True, fullgraph=True)
+    tokens = torch.randint(0, 512, (1, 12))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        cache = model.new_cache(1, 16)
+        pieces = [compiled(tokens[:, :8], cache=cache)[0]]
+        pieces += [compiled(tokens[:, i : i + 1], cache=cache)[0] for i in range(8, 12)]
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
+
+
+def test_sample_next_filters():
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0, -1.0]]).repeat(2000, 1)
+    assert (sample_next(logits, temperature=0) == 1).all()
+    g = torch.Generator().manual_seed(0)
+    top2 = sample_next(logits, top_k=2, generator=g)
+    assert set(top2.tolist()) == {1, 2}
+    # probabilities 0.64, 0.24, 0.09, ...: top_p=0.8 keeps tokens 1 and 2 only, top_p=0.5 only token 1
+    assert set(sample_next(logits, top_p=0.8, generator=g).tolist()) == {1, 2}
+    assert set(sample_next(logits, top_p=0.5, generator=g).tolist()) == {1}
+    a = sample_next(logits, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    b = sample_next(logits, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and len(set(a.tolist())) > 2
+    for bad in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            sample_next(logits, **bad)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generate_greedy_matches_repeated_full_forward(kind):
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind)).eval()
+    prompt = [5, 17, 300, 42]
+    new = generate(model, [prompt], 10, temperature=0)[0]
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(10):
+            seq.append(int(model(torch.tensor([seq]))[0][0, -1].argmax()))
+    assert new == seq[len(prompt) :]
+
+
+def test_generate_batch_with_padding_equals_one_by_one():
+    model = LanguageModel(ModelConfig.from_preset("debug", attention="diff")).eval()
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11]]
+    batched = generate(model, prompts, 8, temperature=0)
+    assert batched == [generate(model, [p], 8, temperature=0)[0] for p in prompts]
+
+
+def test_generate_stops_at_stop_tokens():
+    model = LanguageModel(ModelConfig.from_preset("debug")).eval()
+    free = generate(model, [[1, 2, 3]], 12, temperature=0)[0]
+    stop = free[4]
+    stopped = generate(model, [[1, 2, 3]], 12, temperature=0, stop_tokens=[stop])[0]
+    assert stopped == free[: free.index(stop)]
+
+
+def test_generate_errors():
+    model = LanguageModel(ModelConfig.from_preset("debug"))
+    with pytest.raises(ValueError, match="exceeds max_seq_len=128"):
+        generate(model, [[1] * 100], 40)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [[]], 4)

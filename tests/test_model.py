@@ -1,0 +1,214 @@
+"""LanguageModel and the attention modules against the paper's formulas, written out naively."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diff_transformer import LanguageModel, ModelConfig
+from diff_transformer.attention import DiffAttention, DiffV2Attention, StandardAttention
+
+KINDS = ["standard", "diff", "diff_v2"]
+
+
+def rope_complex(x, theta):
+    """Interleaved RoPE via complex numbers: pair (x[2i], x[2i+1]) is one complex number."""
+    t, d = x.shape[-3], x.shape[-1]
+    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]
+    z = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)[:, None, :]).flatten(-2)
+
+
+def causal_softmax(logits):
+    t = logits.shape[-1]
+    return logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+
+
+def naive_diff_module(m: DiffAttention, x):
+    """SPEC §1-2 line by line, in float64, one DIFF head at a time."""
+    cfg, d = m.config, m.head_dim
+    b, t, _ = x.shape
+    x = x.double()
+    q = rope_complex((x @ m.q_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, 2H, d)
+    k = rope_complex((x @ m.k_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, 2Hkv, d)
+    v = (x @ m.v_proj.weight.double().T).view(b, t, -1, 2 * d)
+    lam = (
+        torch.exp((m.lambda_q1.double() * m.lambda_k1.double()).sum())
+        - torch.exp((m.lambda_q2.double() * m.lambda_k2.double()).sum())
+        + m.lambda_init
+    )
+    heads = []
+    for h in range(cfg.n_heads):
+        g = h // (cfg.n_heads // cfg.n_kv_heads)
+        a1 = causal_softmax(q[:, :, 2 * h] @ k[:, :, 2 * g].transpose(-1, -2) / math.sqrt(d))
+        a2 = causal_softmax(q[:, :, 2 * h + 1] @ k[:, :, 2 * g + 1].transpose(-1, -2) / math.sqrt(d))
+        head = (a1 - lam * a2) @ v[:, :, g]  # (B, T, 2d)
+        if m.head_norm is not None:
+            head = head / torch.sqrt(head.pow(2).mean(-1, keepdim=True) + 1e-5) * m.head_norm.weight.double()
+        heads.append(head * (1 - m.lambda_init))
+    return torch.cat(heads, -1) @ m.o_proj.weight.double().T
+
+
+def naive_standard_module(m: StandardAttention, x):
+    cfg, d = m.config, m.head_dim
+    b, t, _ = x.shape
+    x = x.double()
+    q = rope_complex((x @ m.q_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)
+    k = rope_complex((x @ m.k_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)
+    v = (x @ m.v_proj.weight.double().T).view(b, t, -1, d)
+    heads = []
+    for h in range(cfg.n_heads):
+        g = h // (cfg.n_heads // cfg.n_kv_heads)
+        head = causal_softmax(q[:, :, h] @ k[:, :, g].transpose(-1, -2) / math.sqrt(d)) @ v[:, :, g]
+        if m.head_norm is not None:
+            head = head / torch.sqrt(head.pow(2).mean(-1, keepdim=True) + 1e-5) * m.head_norm.weight.double()
+        heads.append(head)
+    return torch.cat(heads, -1) @ m.o_proj.weight.double().T
+
+
+def naive_v2_module(m: DiffV2Attention, x):
+    """SPEC §5: attention over 2H query heads, out_h = attn_2h − sigmoid(x W_λ)_h · attn_2h+1."""
+    cfg, d = m.config, m.head_dim
+    b, t, _ = x.shape
+    x = x.double()
+    q = rope_complex((x @ m.q_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, 2H, d)
+    k = rope_complex((x @ m.k_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)
+    v = (x @ m.v_proj.weight.double().T).view(b, t, -1, d)
+    lam = torch.sigmoid(x @ m.lambda_proj.weight.double().T)  # (B, T, H)
+    group = 2 * cfg.n_heads // cfg.n_kv_heads
+
+    def head(i):
+        return causal_softmax(q[:, :, i] @ k[:, :, i // group].transpose(-1, -2) / math.sqrt(d)) @ v[:, :, i // group]
+
+    heads = [head(2 * h) - lam[..., h : h + 1] * head(2 * h + 1) for h in range(cfg.n_heads)]
+    return torch.cat(heads, -1) @ m.o_proj.weight.double().T
+
+
+NAIVE = {"standard": naive_standard_module, "diff": naive_diff_module, "diff_v2": naive_v2_module}
+
+
+def randomise(model):
+    """Non-trivial values for the tensors init leaves at 1 (norm weights)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split"])
+def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
+    overrides = dict(head_norm=True) if kind == "standard" else {}
+    config = ModelConfig.from_preset("debug", attention=kind, n_kv_heads=n_kv_heads, attn_backend=backend, **overrides)
+    model = LanguageModel(config)
+    randomise(model)
+    module = model.layers[1].attn
+    x = torch.randn(2, 19, config.d_model)
+    out = module(x)
+    expected = NAIVE[kind](module, x)
+    assert out.shape == x.shape
+    assert (out.double() - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_shapes_loss_and_gradients(kind):
+    config = ModelConfig.from_preset("debug", attention=kind)
+    model = LanguageModel(config)
+    tokens = torch.randint(0, config.vocab_size, (3, 20))
+    logits, loss = model(tokens, tokens)
+    assert logits.shape == (3, 20, config.vocab_size)
+    # at init the prediction is close to uniform
+    assert abs(loss.item() - math.log(config.vocab_size)) < 0.1
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+    assert model(tokens)[1] is None
+
+
+def test_ignored_targets_do_not_count():
+    model = LanguageModel(ModelConfig.from_preset("debug"))
+    tokens = torch.randint(0, 512, (2, 10))
+    targets = tokens.clone()
+    targets[:, :5] = -100
+    _, loss = model(tokens, targets)
+    logits, _ = model(tokens)
+    expected = F.cross_entropy(logits[:, 5:].flatten(0, 1), tokens[:, 5:].flatten())
+    torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_causality(kind):
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind))
+    a = torch.randint(0, 512, (1, 16))
+    b = a.clone()
+    b[0, 10:] = torch.randint(0, 512, (6,))
+    torch.testing.assert_close(model(a)[0][:, :10], model(b)[0][:, :10], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_left_padding_gives_the_unpadded_logits(kind):
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind))
+    seq = torch.randint(1, 512, (1, 9))
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), seq], dim=1)
+    real = torch.cat([torch.zeros(1, 4, dtype=torch.bool), torch.ones(1, 9, dtype=torch.bool)], dim=1)
+    alone, _ = model(seq)
+    logits, _ = model(padded, padding_mask=real)
+    torch.testing.assert_close(logits[:, 4:], alone, atol=1e-5, rtol=0)
+    assert torch.isfinite(logits).all()
+
+
+def test_lambda_initialisation():
+    config = ModelConfig.from_preset("small", attention="diff")
+    model = LanguageModel(config)
+    vectors = torch.cat([p.flatten() for n, p in model.named_parameters() if "lambda_" in n])
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lambda_" in n)
+    assert vectors.numel() == 4 * config.head_dim * config.n_layers
+    assert 0.09 < vectors.std().item() < 0.11 and abs(vectors.mean().item()) < 0.02
+    for i, layer in enumerate(model.layers):
+        a = layer.attn
+        dot1, dot2 = (a.lambda_q1 @ a.lambda_k1).item(), (a.lambda_q2 @ a.lambda_k2).item()
+        expected = math.exp(dot1) - math.exp(dot2) + config.lambda_init_for(i)
+        assert model.lambdas()[i] == pytest.approx(expected, abs=1e-6)
+        assert a.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * i))
+
+
+def test_init_weights_is_explicit_and_deterministic():
+    config = ModelConfig.from_preset("debug")
+    meta = LanguageModel(config, device="meta")
+    assert all(p.is_meta for p in meta.parameters())
+    meta.to_empty(device="cpu")
+    meta.init_weights(torch.Generator().manual_seed(3))
+    again = LanguageModel(config, device="meta")
+    again.to_empty(device="cpu")
+    again.init_weights(torch.Generator().manual_seed(3))
+    for (name, a), (_, b) in zip(meta.named_parameters(), again.named_parameters()):
+        assert torch.equal(a, b), name
+    assert torch.equal(meta.norm.weight, torch.ones(config.d_model))
+    out_std = meta.layers[0].attn.o_proj.weight.std().item()
+    assert out_std == pytest.approx(config.init_std / math.sqrt(2 * config.n_layers), rel=0.1)
+
+
+def test_no_biases_and_tied_embeddings():
+    model = LanguageModel(ModelConfig.from_preset("debug", tie_embeddings=True))
+    assert model.lm_head is None
+    assert not any(name.endswith("bias") for name, _ in model.named_parameters())
+    final_hidden = []
+    model.norm.register_forward_hook(lambda module, args, out: final_hidden.append(out))
+    logits, _ = model(torch.randint(0, 512, (1, 5)))
+    torch.testing.assert_close(logits, final_hidden[0] @ model.embed.weight.T)
+
+
+def test_bad_inputs():
+    model = LanguageModel(ModelConfig.from_preset("debug"))
+    with pytest.raises(ValueError, match="tokens must be \\(batch, length\\)"):
+        model(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="exceeds max_seq_len=128"):
+        model(torch.zeros(1, 129, dtype=torch.long))
+    with pytest.raises(ValueError, match="padding_mask must be bool"):
+        model(torch.zeros(1, 4, dtype=torch.long), padding_mask=torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        model.set_attention_backend("nope")

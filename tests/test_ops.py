@@ -1,0 +1,160 @@
+"""diff_attention and attention: every backend against the reference, forward and gradients."""
+
+import math
+
+import pytest
+import torch
+
+from diff_transformer.ops import attention, diff_attention
+
+FAST_BACKENDS = ["sdpa", "sdpa_split"]
+TOL = 1e-5  # fp32, absolute, outputs and gradients
+
+# (B, H, Hkv, T, S, d): MHA, GQA, T < S (KV cache), odd lengths, a single query
+CASES = [
+    (2, 4, 4, 17, 17, 16),
+    (1, 4, 2, 33, 33, 8),
+    (2, 6, 3, 5, 23, 16),
+    (1, 2, 1, 1, 9, 8),
+    (2, 4, 1, 31, 31, 32),
+]
+
+
+def make_inputs(b, h, hkv, t, s, d, *, per_head_lambda=False, dtype=torch.float32):
+    g = torch.Generator().manual_seed(b * 1000 + h * 100 + t * 10 + s)
+    q1, q2 = (torch.randn(b, h, t, d, generator=g, dtype=dtype) for _ in range(2))
+    k1, k2 = (torch.randn(b, hkv, s, d, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(b, hkv, s, 2 * d, generator=g, dtype=dtype)
+    lam = (torch.rand(h, generator=g) if per_head_lambda else torch.tensor(0.37)).to(dtype)
+    return [x.requires_grad_() for x in (q1, q2, k1, k2, v, lam)]
+
+
+def naive_diff_attention(q1, q2, k1, k2, v, lam, causal=True, mask=None):
+    """The paper's formula head by head with Python loops: an oracle for the reference itself."""
+    b, h, t, d = q1.shape
+    hkv, s = k1.shape[1], k1.shape[2]
+    out = torch.zeros(b, h, t, 2 * d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            g = hi // (h // hkv)
+            a1 = q1[bi, hi].double() @ k1[bi, g].double().T / math.sqrt(d)
+            a2 = q2[bi, hi].double() @ k2[bi, g].double().T / math.sqrt(d)
+            visible = torch.ones(t, s, dtype=torch.bool)
+            if causal:
+                visible &= torch.arange(s)[None, :] <= torch.arange(s - t, s)[:, None]
+            if mask is not None:
+                visible &= mask[bi, 0]
+            a1 = a1.masked_fill(~visible, float("-inf")).softmax(-1)
+            a2 = a2.masked_fill(~visible, float("-inf")).softmax(-1)
+            lam_h = lam[hi] if lam.dim() else lam
+            out[bi, hi] = (a1 - lam_h.double() * a2) @ v[bi, g].double()
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("per_head_lambda", [False, True])
+def test_reference_matches_the_formula_head_by_head(case, per_head_lambda):
+    inputs = make_inputs(*case, per_head_lambda=per_head_lambda)
+    out = diff_attention(*inputs, backend="reference")
+    expected = naive_diff_attention(*inputs)
+    assert out.shape == expected.shape
+    assert (out.double() - expected).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("per_head_lambda", [False, True])
+def test_backend_matches_reference_forward_and_gradients(backend, case, per_head_lambda):
+    ref_inputs = make_inputs(*case, per_head_lambda=per_head_lambda)
+    fast_inputs = make_inputs(*case, per_head_lambda=per_head_lambda)
+    ref = diff_attention(*ref_inputs, backend="reference")
+    out = diff_attention(*fast_inputs, backend=backend)
+    assert out.shape == ref.shape == (case[0], case[1], case[3], 2 * case[5])
+    assert (out - ref).abs().max().item() < TOL
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    out.backward(grad_out)
+    for name, a, b in zip(["q1", "q2", "k1", "k2", "v", "lam"], ref_inputs, fast_inputs):
+        err = (a.grad - b.grad).abs().max().item()
+        assert err < TOL * max(1.0, a.grad.abs().max().item()), f"grad {name}: {err}"
+
+
+@pytest.mark.parametrize("backend", ["reference", *FAST_BACKENDS])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attn_mask_combines_with_causal(backend, causal):
+    b, h, hkv, t, s, d = 2, 4, 2, 7, 12, 8
+    inputs = make_inputs(b, h, hkv, t, s, d)
+    mask = torch.ones(b, 1, t, s, dtype=torch.bool)
+    mask[0, :, :, :3] = False  # batch row 0: three padded keys
+    out = diff_attention(*inputs, causal=causal, attn_mask=mask, backend=backend)
+    expected = naive_diff_attention(*inputs, causal=causal, mask=mask)
+    assert (out.double() - expected).abs().max() < 1e-5
+
+
+def test_reference_maps_are_consistent():
+    q1, q2, k1, k2, v, lam = make_inputs(2, 4, 2, 6, 10, 8)
+    out, maps = diff_attention(q1, q2, k1, k2, v, lam, backend="reference", return_maps=True)
+    p1, p2 = maps.probs
+    assert p1.shape == p2.shape == maps.combined.shape == (2, 4, 6, 10)
+    torch.testing.assert_close(p1.sum(-1), torch.ones(2, 4, 6), atol=1e-6, rtol=0)
+    # each differential row sums to 1 - λ
+    torch.testing.assert_close(maps.combined.sum(-1), torch.full((2, 4, 6), 1 - 0.37), atol=1e-6, rtol=0)
+    # end-aligned causal: query 0 sits at position 4 and cannot see keys 5..9
+    assert torch.isinf(maps.logits[0][..., 0, 5:]).all() and (p1[..., 0, 5:] == 0).all()
+    assert torch.isfinite(maps.logits[1][..., -1, :]).all()
+    # the maps reproduce the output
+    v_rep = v.repeat_interleave(2, dim=1)
+    torch.testing.assert_close(out, maps.combined @ v_rep, atol=1e-6, rtol=0)
+
+
+def test_logits_transform_is_applied_before_softmax():
+    inputs = make_inputs(1, 2, 2, 5, 5, 8)
+    _, maps = diff_attention(
+        *inputs, backend="reference", return_maps=True, logits_transform=lambda logits, visible: logits * 0
+    )
+    # all-zero logits -> uniform over the visible keys: row i has i + 1 keys
+    expected = 1.0 / torch.arange(1, 6, dtype=torch.float32)
+    torch.testing.assert_close(maps.probs[0][0, 0].max(-1).values, expected)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_standard_attention_matches_naive(backend):
+    b, h, hkv, t, s, d = 2, 4, 2, 9, 13, 16
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, h, t, d, generator=g, requires_grad=True)
+    k = torch.randn(b, hkv, s, d, generator=g, requires_grad=True)
+    v = torch.randn(b, hkv, s, d, generator=g, requires_grad=True)
+    out = attention(q, k, v, backend=backend)
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    logits = (q @ kr.transpose(-1, -2)) / math.sqrt(d)
+    visible = torch.arange(s)[None, :] <= torch.arange(s - t, s)[:, None]
+    expected = logits.masked_fill(~visible, float("-inf")).softmax(-1) @ vr
+    assert (out - expected).abs().max() < TOL
+
+
+def test_input_errors_name_the_problem():
+    q1, q2, k1, k2, v, lam = (x.detach() for x in make_inputs(1, 4, 2, 5, 5, 8))
+    with pytest.raises(ValueError, match=r"v must be \(B, Hkv, S, 2d\)"):
+        diff_attention(q1, q2, k1, k2, v[..., :8], lam)
+    with pytest.raises(ValueError, match="q2 shape"):
+        diff_attention(q1, q2[:, :2], k1, k2, v, lam)
+    with pytest.raises(TypeError, match="k1 is torch.float64"):
+        diff_attention(q1, q2, k1.double(), k2, v, lam)
+    with pytest.raises(TypeError, match="must be floating point"):
+        diff_attention(q1, q2, k1.long(), k2, v, lam)
+    with pytest.raises(ValueError, match=r"lam must be 0-d or shape \(H,\)"):
+        diff_attention(q1, q2, k1, k2, v, torch.ones(3))
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        diff_attention(q1[:, :3], q2[:, :3], k1, k2, v, lam)
+    with pytest.raises(ValueError, match="T <= S"):
+        diff_attention(q1, q2, k1[:, :, :3], k2[:, :, :3], v[:, :, :3], lam)
+    with pytest.raises(ValueError, match="4-D tensor"):
+        diff_attention(q1[0], q2, k1, k2, v, lam)
+    with pytest.raises(ValueError, match="unknown attention backend 'flash3'"):
+        diff_attention(q1, q2, k1, k2, v, lam, backend="flash3")
+    with pytest.raises(ValueError, match="need backend='reference'"):
+        diff_attention(q1, q2, k1, k2, v, lam, backend="sdpa", return_maps=True)
+    with pytest.raises(TypeError, match="attn_mask must be a bool tensor"):
+        diff_attention(q1, q2, k1, k2, v, lam, attn_mask=torch.ones(5, 5))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        diff_attention(q1, q2, k1, k2, v, lam, attn_mask=torch.ones(3, 5, dtype=torch.bool))
