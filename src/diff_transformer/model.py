@@ -97,66 +97,6 @@ class LanguageModel(nn.Module):
                 for vec in (layer.attn.lambda_q1, layer.attn.lambda_k1, layer.attn.lambda_q2, layer.attn.lambda_k2):
                     vec.normal_(0.0, self.config.lambda_std, generator=generator)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Block(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = ATTENTION_CLASSES[config.attention](config, layer_index)
-        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.ffn = SwiGLU(config.d_model, config.ffn_hidden)
-
-    def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache | None, attn_mask: Tensor | None
-    ) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, cache=cache, attn_mask=attn_mask)
-        return x + self.ffn(self.ffn_norm(x))
-
-
-class LanguageModel(nn.Module):
-    """``LanguageModel(config)``; ``logits, loss = model(tokens, targets)``.
-
-    ``device="meta"`` leaves the parameters unallocated (for FSDP: shard, then
-    ``to_empty`` and :meth:`init_weights`); any other device allocates and initialises.
-    """
-
-    def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None) -> None:
-        super().__init__()
-        self.config = config
-        with torch.device("meta"):
-            self.embed = nn.Embedding(config.vocab_size, config.d_model)
-            self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-            self.norm = RMSNorm(config.d_model, config.norm_eps)
-            self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if str(device) != "meta":
-            self.to_empty(device=device or "cpu")
-            self.init_weights()
-
-    @torch.no_grad()
-    def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """Give every tensor its initial value (seed the global RNG or pass ``generator``):
-
-        - embed.weight, lm_head.weight, every q/k/v/gate/up projection, DIFF V2's lambda_proj:
-          N(0, init_std)
-        - o_proj and down_proj (they write into the residual stream): N(0, init_std / sqrt(2 L))
-        - DIFF lambda_q1, lambda_k1, lambda_q2, lambda_k2: N(0, lambda_std) in fp32
-        - every RMSNorm weight (block norms, final norm, head norms): 1
-        """
-        std, out_std = self.config.init_std, self.config.init_std / math.sqrt(2 * self.config.n_layers)
-        for name, param in self.named_parameters():
-            leaf = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
-            if "norm" in leaf:
-                param.fill_(1.0)
-            elif name.endswith(("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")):
-                param.normal_(0.0, self.config.lambda_std, generator=generator)
-            elif leaf in ("o_proj", "down_proj"):
-                param.normal_(0.0, out_std, generator=generator)
-            else:
-                param.normal_(0.0, std, generator=generator)
-
     def forward(
         self,
         tokens: Tensor,
