@@ -10,7 +10,7 @@ from .attention import AttentionTap, DiffAttention, DiffV2Attention, StandardAtt
 from .cache import KVCache
 from .config import PRESETS, ConfigError, ModelConfig
 from .model import LanguageModel
-from .ops import attention, diff_attention
+from .ops import diff_attention
 
 __all__ = [
     "PRESETS",
@@ -22,7 +22,6 @@ __all__ = [
     "LanguageModel",
     "ModelConfig",
     "StandardAttention",
-    "attention",
     "diff_attention",
 ]
 __version__ = "0.1.0"

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .ops import AttentionMaps, attention, diff_attention
+from .ops.decode import decode_diff_attention_packed
 
 if TYPE_CHECKING:
     from .cache import KVCache
@@ -43,6 +44,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMSNorm over the last dim, computed in fp32 and cast back to x's dtype."""
+    if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # no casts: saves two calls per norm when decoding
     w = None if weight is None else weight.float()
     return F.rms_norm(x.float(), (x.shape[-1],), w, eps).type_as(x)
 
@@ -90,9 +93,10 @@ class _Attention(nn.Module):
 
     def _tap_kwargs(self) -> dict:
         if self.tap is None:
-            return {"backend": self.config.attn_backend}
+            return {"backend": self.config.attn_backend, "check": False}
         return {
             "backend": "reference",
+            "check": False,
             "return_maps": True,
             "logits_transform": partial(self.tap.transform_logits, self.layer_index),
         }
@@ -165,6 +169,14 @@ class DiffAttention(_Attention):
         dot2 = torch.sum(self.lambda_q2.float() * self.lambda_k2.float())
         return torch.exp(dot1) - torch.exp(dot2) + self.lambda_init
 
+    def _lam_for(self, cache: "KVCache | None") -> Tensor:
+        """λ, computed once per KV cache when decoding without gradients (weights are fixed then)."""
+        if cache is None or torch.is_grad_enabled():
+            return self.lam()
+        if self.layer_index not in cache.lambdas:
+            cache.lambdas[self.layer_index] = self.lam()
+        return cache.lambdas[self.layer_index]
+
     def forward(
         self,
         x: Tensor,
@@ -181,11 +193,14 @@ class DiffAttention(_Attention):
         q, k = self._rope(q, k, rope, 0 if cache is None else cache.length)
         k, v = self._attend_cache(k.transpose(1, 2), v.transpose(1, 2), cache)  # (B, 2Hkv, S, d), (B, Hkv, S, 2d)
         q = q.transpose(1, 2)  # (B, 2H, T, d)
-        lam = self.lam()
-        out = diff_attention(
-            q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2], v, lam,
-            causal=True, attn_mask=attn_mask, **self._tap_kwargs(),
-        )  # (B, H, T, 2d)
+        lam = self._lam_for(cache)
+        if t == 1 and self.tap is None and self.config.attn_backend in ("auto", "decode"):
+            out = decode_diff_attention_packed(q, k, v, lam, attn_mask=attn_mask)  # (B, H, 1, 2d)
+        else:
+            out = diff_attention(
+                q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2], v, lam,
+                causal=True, attn_mask=attn_mask, **self._tap_kwargs(),
+            )  # (B, H, T, 2d)
         if self.tap is not None:
             out, maps = out
             self.tap.record(self.layer_index, maps)

@@ -36,6 +36,7 @@ class KVCache:
         self.batch_size = batch_size
         self.max_len = max_len
         self.length = 0  # tokens already stored; the next token goes to position `length`
+        self.lambdas: dict[int, Tensor] = {}  # DIFF λ per layer, computed once while decoding
 
     def update(self, layer_index: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, heads, T, w) at positions length .. length+T-1 and return all so far."""
@@ -55,3 +56,4 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+        self.lambdas.clear()

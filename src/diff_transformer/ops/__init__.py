@@ -7,16 +7,26 @@ Backends of ``diff_attention``:
     "reference"   materialises both maps in fp32; can return them (``return_maps=True``)
     "sdpa"        two SDPA calls with v of width 2d            (the paper's FlashDiffAttn_1)
     "sdpa_split"  four SDPA calls of equal widths             (the paper's FlashDiffAttn_2)
-    "auto"        the best available for the device: "sdpa_split" on CPU, "sdpa" on CUDA
+    "triton"      one fused Triton kernel, forward and backward (triton_diff.py); CUDA, or CPU
+                  under TRITON_INTERPRET=1 (tests); no attn_mask; d in {16, 32, 64, 128}
+    "decode"      one query per sequence (T = 1) against a KV cache, K1/K2/V read once (decode.py)
+    "auto"        the best available: "decode" for a single query; on CUDA "triton" when Triton
+                  is installed (not in interpreter mode), no attn_mask is given and d is
+                  supported, else "sdpa"; on CPU "sdpa_split"
+
+``triton_diff`` imports Triton, so it is imported on first use of the "triton" backend only.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Callable
 
 import torch
 from torch import Tensor
 
+from .decode import decode_diff_attention
 from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
 from .sdpa import sdpa, sdpa_diff_attention, sdpa_split_diff_attention
 
@@ -29,19 +39,52 @@ __all__ = [
     "resolve_backend",
 ]
 
+# Read once at import: "auto" never picks the Triton interpreter, which is for tests only.
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+_TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+TRITON_HEAD_DIMS = (16, 32, 64, 128)  # d the fused kernel takes (tl.dot needs powers of two >= 16)
+
+
+def _triton_diff_attention(q1, q2, k1, k2, v, lam, *, causal, attn_mask, scale) -> Tensor:
+    """The "triton" backend, importing Triton on first use (see triton_diff.py)."""
+    if not TRITON_INSTALLED:
+        raise RuntimeError("backend 'triton' needs the 'triton' package (pip install triton), which is not installed")
+    from .triton_diff import triton_diff_attention
+
+    return triton_diff_attention(q1, q2, k1, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
+
+
 # name -> function(q1, q2, k1, k2, v, lam, *, causal, attn_mask, scale) -> (B, H, T, 2d)
 DIFF_BACKENDS: dict[str, Callable[..., Tensor]] = {
     "reference": lambda *a, **kw: reference_diff_attention(*a, **kw)[0],
     "sdpa": sdpa_diff_attention,
     "sdpa_split": sdpa_split_diff_attention,
+    "triton": _triton_diff_attention,
+    "decode": decode_diff_attention,
 }
 BACKEND_NAMES = ("auto", *DIFF_BACKENDS)
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Map "auto" to a concrete backend for ``device``; check any other name exists."""
+def resolve_backend(
+    backend: str,
+    device: torch.device,
+    *,
+    queries: int | None = None,
+    masked: bool = False,
+    head_dim: int | None = None,
+) -> str:
+    """Map "auto" to a concrete backend; check any other name exists.
+
+    "auto" looks at the device, the number of queries T (1 = decoding), whether an attn_mask
+    is given and the head dim d, and picks as the module docstring says.
+    """
     if backend == "auto":
-        return "sdpa" if device.type == "cuda" else "sdpa_split"
+        if queries == 1:
+            return "decode"
+        if device.type != "cuda":
+            return "sdpa_split"
+        triton_fits = TRITON_INSTALLED and not _TRITON_INTERPRET and not masked and head_dim in TRITON_HEAD_DIMS
+        return "triton" if triton_fits else "sdpa"
     if backend not in DIFF_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
     return backend
@@ -104,6 +147,7 @@ def diff_attention(
     scale: float | None = None,
     return_maps: bool = False,
     logits_transform: LogitsTransform | None = None,
+    check: bool = True,
 ) -> Tensor | tuple[Tensor, AttentionMaps]:
     """Differential attention ``(softmax(q1 k1ᵀ/√d) − λ·softmax(q2 k2ᵀ/√d)) v``, before the head norm.
 
@@ -116,19 +160,27 @@ def diff_attention(
             query i sits at position S − T + i.
         attn_mask: optional bool mask broadcastable to (B, H, T, S), True = may attend;
             combined with the causal mask. Every query must keep at least one visible key.
-        backend: "auto", "reference", "sdpa" or "sdpa_split" (see the module docstring).
+        backend: "auto", "reference", "sdpa", "sdpa_split", "triton" or "decode" (see the
+            module docstring).
         scale: softmax scale, default 1/√d with d the width of ONE group.
         return_maps: also return :class:`AttentionMaps` (reference backend only).
         logits_transform: rewrite the pre-softmax logits (reference backend only).
+        check: validate shapes, dtypes and the mask. Modules whose tensors are right by
+            construction pass False to save the checks' overhead on every decoding step.
 
     Returns:
         (B, H, T, 2d) in q1's dtype, and the maps when ``return_maps``.
     """
-    _check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
-    b, h, t, _ = q1.shape
-    _check_mask(attn_mask, b, h, t, k1.shape[2])
+    if check:
+        _check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
+        _check_mask(attn_mask, q1.shape[0], q1.shape[1], q1.shape[2], k1.shape[2])
+    t = q1.shape[2]
     needs_maps = return_maps or logits_transform is not None
-    name = "reference" if needs_maps and backend == "auto" else resolve_backend(backend, q1.device)
+    name = (
+        "reference"
+        if needs_maps and backend == "auto"
+        else resolve_backend(backend, q1.device, queries=t, masked=attn_mask is not None, head_dim=q1.shape[-1])
+    )
     if needs_maps and name != "reference":
         raise ValueError(f"return_maps and logits_transform need backend='reference', got {backend!r}")
     kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
@@ -149,20 +201,22 @@ def attention(
     scale: float | None = None,
     return_maps: bool = False,
     logits_transform: LogitsTransform | None = None,
+    check: bool = True,
 ) -> Tensor | tuple[Tensor, AttentionMaps]:
     """Standard softmax attention with the same conventions as :func:`diff_attention`.
 
     q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, dv) -> (B, H, T, dv). Backends: "reference"
     or anything else, which means PyTorch SDPA (it picks flash / memory-efficient itself).
     """
-    for name, x in {"q": q, "k": k, "v": v}.items():
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (B, heads, length, width), got {tuple(x.shape)}")
-    if q.shape[1] % k.shape[1] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(f"causal attention needs T <= S, got T={q.shape[2]} and S={k.shape[2]}")
-    _check_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if check:
+        for name, x in {"q": q, "k": k, "v": v}.items():
+            if x.dim() != 4:
+                raise ValueError(f"{name} must be a 4-D tensor (B, heads, length, width), got {tuple(x.shape)}")
+        if q.shape[1] % k.shape[1] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+            raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if causal and q.shape[2] > k.shape[2]:
+            raise ValueError(f"causal attention needs T <= S, got T={q.shape[2]} and S={k.shape[2]}")
+        _check_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     needs_maps = return_maps or logits_transform is not None
     if needs_maps or backend == "reference":
         if backend not in ("auto", "reference"):
@@ -171,5 +225,6 @@ def attention(
             q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, logits_transform=logits_transform
         )
         return (out, maps) if return_maps else out
-    resolve_backend(backend, q.device)
+    if check:
+        resolve_backend(backend, q.device)
     return sdpa(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)

@@ -1,0 +1,283 @@
+"""``diff-transformer bench model``: training, prefill and decode tokens/s (the paper's Table 7).
+
+Models, all with random weights and the same shape:
+    DIFF          this project's DIFF model at the preset (H DIFF heads of two d-wide groups)
+    Transformer   the matched Transformer (2H heads of width d, same parameters but 6d per layer)
+    DiffLlama     transformers' DiffLlamaForCausalLM built from the DIFF config (num_attention_heads
+                  = 2H, num_key_value_heads = 2Hkv, head_dim d, intermediate_size = ffn_hidden),
+                  when transformers is installed
+
+Measured:
+    train     B·L tokens / (forward + backward + AdamW step) on random tokens of length L
+    prefill   B·L tokens / one forward of length L that fills the KV cache, no grad
+    decode    B tokens / the time of one generation step (forward of one token through the KV
+              cache + greedy choice) after a prompt of length L: each of the N − 1 steps after
+              the first is timed from inside generation (our ``stream``; a logits processor for
+              transformers' ``generate``), so the prefill is left out
+
+Every figure is the best of ``repeats`` runs (of the N − 1 steps for decode) after ``warmup``
+untimed ones: on a shared machine the least disturbed run (see measure.time_call). The models
+take turns within every repeat, so that a change in the machine's load hits them alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..config import PRESETS, ModelConfig
+from ..model import LanguageModel
+from .attention import DTYPES
+from .measure import describe_machine, synchronize
+
+
+@dataclass
+class ModelBenchSettings:
+    preset: str = "tiny"
+    length: int = 256  # L: training / prefill length, and the decode prompt length
+    batch: int = 1
+    decode_tokens: int = 32  # N new tokens per generate call
+    device: str = "cpu"
+    dtype: str = "float32"
+    backend: str = "auto"  # attention backend of this project's models
+    warmup: int = 1
+    repeats: int = 3
+    compare_hf: bool = True  # also measure transformers' DiffLlama when transformers is installed
+    threads: int | None = None  # torch CPU threads while measuring; None = leave as is
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("length", "batch", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.decode_tokens < 2:
+            raise ValueError(f"decode_tokens must be >= 2 (the rate is measured over N − 1 steps), got {self.decode_tokens}")
+
+
+@dataclass
+class ModelBenchResult:
+    model: str
+    parameters: int
+    train_tokens_per_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+
+@dataclass
+class Contender:
+    """One model and the three measured calls, each taking the (B, L) prompt tokens."""
+
+    name: str
+    model: torch.nn.Module
+    train_step: Callable[[Tensor], None]  # forward + backward + AdamW step
+    prefill: Callable[[Tensor], None]  # one forward filling the KV cache, no grad
+    decode_steps: Callable[[Tensor, int], list[float]]  # generate N tokens -> N − 1 step times (s)
+
+
+def model_config(settings: ModelBenchSettings, attention: str) -> ModelConfig:
+    """The preset with room for the prompt and the generated tokens."""
+    max_len = max(PRESETS[settings.preset]["max_seq_len"], settings.length + settings.decode_tokens)
+    return ModelConfig.from_preset(settings.preset, attention=attention, max_seq_len=max_len, attn_backend=settings.backend)
+
+
+def diffllama_config(config: ModelConfig):
+    """transformers' DiffLlamaConfig of the same shape as our DIFF ``config`` (eos disabled, so
+    that generate never stops early)."""
+    from transformers import DiffLlamaConfig
+
+    return DiffLlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        intermediate_size=config.ffn_hidden,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=2 * config.n_heads,
+        num_key_value_heads=2 * config.n_kv_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_seq_len,
+        rms_norm_eps=config.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        tie_word_embeddings=config.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+
+
+def _ours(name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Contender:
+    """This project's model."""
+    from ..generation import stream
+
+    model = LanguageModel(config, device=device).to(dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def train_step(tokens):
+        model.train()
+        _, loss = model(tokens, tokens)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def prefill(tokens):
+        model.eval()
+        model(tokens, cache=model.new_cache(tokens.shape[0], tokens.shape[1]))
+
+    def decode_steps(tokens, n):
+        model.eval()
+        times = []
+        for _ in stream(model, tokens.tolist(), n, temperature=0.0):  # a token is yielded per step
+            synchronize(device)
+            times.append(time.perf_counter())
+        return [b - a for a, b in zip(times, times[1:])]
+
+    return Contender(name, model, train_step, prefill, decode_steps)
+
+
+def _diffllama(name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Contender:
+    """transformers' DiffLlamaForCausalLM of the same shape."""
+    from transformers import DiffLlamaForCausalLM, LogitsProcessor, LogitsProcessorList
+
+    class StepClock(LogitsProcessor):
+        """Called once per generation step, after the forward: records the time."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores):
+            synchronize(device)
+            self.times.append(time.perf_counter())
+            return scores
+
+    model = DiffLlamaForCausalLM(diffllama_config(config)).to(device=device, dtype=dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def train_step(tokens):
+        model.train()
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def prefill(tokens):
+        model.eval()
+        model(input_ids=tokens, use_cache=True)
+
+    def decode_steps(tokens, n):
+        model.eval()
+        clock = StepClock()
+        model.generate(
+            tokens, max_new_tokens=n, min_new_tokens=n, do_sample=False, logits_processor=LogitsProcessorList([clock])
+        )
+        return [b - a for a, b in zip(clock.times, clock.times[1:])]
+
+    return Contender(name, model, train_step, prefill, decode_steps)
+
+
+def _best_times(calls: dict[str, Callable[[], list[float] | None]], device: torch.device, settings: ModelBenchSettings) -> dict[str, float]:
+    """Best time of each call (or of the step times it returns), the models taking turns in every
+    repeat so that a change in the machine's load hits them alike."""
+    for call in calls.values():
+        for _ in range(settings.warmup):
+            call()
+    best = {name: float("inf") for name in calls}
+    for _ in range(settings.repeats):
+        for name, call in calls.items():
+            synchronize(device)
+            start = time.perf_counter()
+            steps = call()
+            synchronize(device)
+            best[name] = min(best[name], *(steps or [time.perf_counter() - start]))
+    return best
+
+
+def hf_available() -> bool:
+    try:
+        from transformers import DiffLlamaForCausalLM  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> list[ModelBenchResult]:
+    from tqdm import tqdm
+
+    device, dtype = torch.device(settings.device), DTYPES[settings.dtype]
+    threads = torch.get_num_threads()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    torch.manual_seed(0)
+    diff_config = model_config(settings, "diff")
+    contenders = [_ours("DIFF", diff_config, device, dtype), _ours("Transformer", model_config(settings, "standard"), device, dtype)]
+    if settings.compare_hf and hf_available():
+        contenders.append(_diffllama("DiffLlama (transformers)", diff_config, device, dtype))
+    tokens = torch.randint(0, diff_config.vocab_size, (settings.batch, settings.length), device=device)
+    n = settings.decode_tokens
+    phases = {
+        "train": {c.name: (lambda c=c: c.train_step(tokens)) for c in contenders},
+        "prefill": {c.name: (lambda c=c: c.prefill(tokens)) for c in contenders},
+        "decode": {c.name: (lambda c=c: c.decode_steps(tokens, n)) for c in contenders},
+    }
+    try:
+        best = {phase: _best_times(calls, device, settings) for phase, calls in tqdm(
+            phases.items(), desc="bench model", disable=not progress, file=sys.stderr
+        )}
+    finally:
+        torch.set_num_threads(threads)
+    tokens_in = settings.batch * settings.length
+    return [
+        ModelBenchResult(
+            model=c.name,
+            parameters=sum(p.numel() for p in c.model.parameters()),
+            train_tokens_per_s=tokens_in / best["train"][c.name],
+            prefill_tokens_per_s=tokens_in / best["prefill"][c.name],
+            decode_tokens_per_s=settings.batch / best["decode"][c.name],
+        )
+        for c in contenders
+    ]
+
+
+def format_table(settings: ModelBenchSettings, results: list[ModelBenchResult]) -> str:
+    lines = [
+        f"preset {settings.preset}, length {settings.length}, batch {settings.batch}, {settings.dtype} on "
+        f"{settings.device}, {settings.decode_tokens} decoded tokens, attention backend {settings.backend!r}, "
+        f"{settings.threads or torch.get_num_threads()} torch threads",
+        f"{'model':<26} {'params':>12} {'train tok/s':>12} {'prefill tok/s':>14} {'decode tok/s':>13}",
+    ]
+    for r in results:
+        lines.append(
+            f"{r.model:<26} {r.parameters:>12,} {r.train_tokens_per_s:>12.1f} {r.prefill_tokens_per_s:>14.1f} "
+            f"{r.decode_tokens_per_s:>13.1f}"
+        )
+    by_name = {r.model: r for r in results}
+    if "DIFF" in by_name and "Transformer" in by_name:
+        diff, std = by_name["DIFF"], by_name["Transformer"]
+        lines.append(
+            "DIFF vs Transformer (throughput ratio): "
+            f"train {diff.train_tokens_per_s / std.train_tokens_per_s:.3f}, "
+            f"prefill {diff.prefill_tokens_per_s / std.prefill_tokens_per_s:.3f}, "
+            f"decode {diff.decode_tokens_per_s / std.decode_tokens_per_s:.3f}"
+        )
+    hf = by_name.get("DiffLlama (transformers)")
+    if hf is not None and "DIFF" in by_name:
+        lines.append(f"DIFF decode vs DiffLlama generate: {by_name['DIFF'].decode_tokens_per_s / hf.decode_tokens_per_s:.2f}x")
+    return "\n".join(lines)
+
+
+def report(settings: ModelBenchSettings, results: list[ModelBenchResult]) -> dict:
+    return {
+        "benchmark": "model",
+        "machine": describe_machine(torch.device(settings.device)),
+        "settings": dataclasses.asdict(settings),
+        "results": [dataclasses.asdict(r) for r in results],
+    }

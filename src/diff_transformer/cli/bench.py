@@ -1,0 +1,137 @@
+"""diff-transformer bench attention | model: throughput figures, printed (nothing is asserted)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from ..bench.attention import DTYPES, MODES
+from ..config import PRESETS
+from ..ops import BACKEND_NAMES, DIFF_BACKENDS
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="throughput benchmarks: attention backends, whole models",
+        description="Measure and print throughput. 'attention': every attention backend at matched "
+        "parameters. 'model': training, prefill and decode tokens/s of DIFF vs Transformer (Table 7).",
+    )
+    benchmarks = p.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+
+    a = benchmarks.add_parser(
+        "attention",
+        help="time, TFLOP/s and peak memory of every attention backend",
+        description="Standard attention (h heads of width d, PyTorch SDPA) against every differential "
+        "attention backend (h/2 heads of two d-wide groups, v of width 2d), in three modes: fwd "
+        "(T = S = L, no grad), fwd+bwd (T = S = L), decode (T = 1 query, S = L cached keys). "
+        "TFLOP/s count the useful work: per visible (query, key) pair, head and unit of d, "
+        "standard 4 forward + 10 backward, DIFF 6 + 10 (h = standard heads; causal counts only "
+        "visible pairs, about half). Backends whose T x S maps would exceed the memory budget "
+        "are skipped with the size they need. Times are the best of --repeats runs.",
+    )
+    a.add_argument("--device", default=_default_device(), help="cpu or cuda (default: cuda if available)")
+    a.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    a.add_argument(
+        "--lengths", type=int, nargs="+", default=None, metavar="L",
+        help="sequence lengths (default: 512 1024 2048 4096 on CPU, 1024 ... 16384 on CUDA)",
+    )
+    a.add_argument("--heads", type=int, default=16, help="standard attention heads h; DIFF gets h/2 (default 16)")
+    a.add_argument("--kv-heads", type=int, default=None, help="standard key/value heads (GQA); DIFF gets half (default: --heads)")
+    a.add_argument("--head-dim", type=int, default=64, help="d, the width of one head / one DIFF group (default 64)")
+    a.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    a.add_argument("--no-causal", dest="causal", action="store_false", help="attend to all keys (default: causal)")
+    a.add_argument(
+        "--backends", nargs="+", choices=list(DIFF_BACKENDS), default=list(DIFF_BACKENDS),
+        help="DIFF backends to measure (default: all; standard SDPA is always measured)",
+    )
+    a.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="default: all three")
+    a.add_argument("--repeats", type=int, default=3, help="timed runs per case; the best is kept (default 3)")
+    a.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    a.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory run")
+    a.add_argument("--memory-budget-gib", type=float, default=None, help="default: 60%% of RAM / free GPU memory")
+    a.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's)")
+    a.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    a.set_defaults(run=run_attention)
+
+    m = benchmarks.add_parser(
+        "model",
+        help="training / prefill / decode tokens/s: DIFF vs Transformer vs transformers' DiffLlama",
+        description="The paper's Table 7 on this machine: training tokens/s (forward, backward, AdamW "
+        "step), prefill tokens/s (one forward filling the KV cache) and decode tokens/s (one token "
+        "per step through the KV cache, greedy) of the DIFF model and the matched Transformer at a "
+        "preset and length, random weights; and of transformers' DiffLlamaForCausalLM of the same "
+        "shape when transformers is installed. Figures are the best of --repeats runs.",
+    )
+    m.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size (default tiny)")
+    m.add_argument("--length", type=int, default=256, help="training / prefill length and decode prompt length (default 256)")
+    m.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    m.add_argument("--decode-tokens", type=int, default=32, help="new tokens per generation run (default 32)")
+    m.add_argument("--device", default=_default_device(), help="cpu or cuda (default: cuda if available)")
+    m.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    m.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="attention backend of our models (default auto)")
+    m.add_argument("--repeats", type=int, default=3, help="timed runs; the best is kept (default 3)")
+    m.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    m.add_argument("--no-hf", dest="hf", action="store_false", help="leave out transformers' DiffLlama")
+    m.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's)")
+    m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    m.set_defaults(run=run_model)
+
+
+def _dtype(args: argparse.Namespace) -> str:
+    return args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+
+
+def _print_machine(report: dict) -> None:
+    machine = report["machine"]
+    threads = report["settings"]["threads"] or machine["torch_threads"]
+    where = machine.get("gpu") or f"{machine['cpu']} ({machine['cpu_cores']} cores, {threads} torch threads)"
+    print(f"machine: {where}, torch {machine['torch']}")
+
+
+def run_attention(args: argparse.Namespace) -> int:
+    from ..bench.attention import AttentionBenchSettings, default_lengths, format_table, report, run_attention_bench
+
+    settings = AttentionBenchSettings(
+        device=args.device, dtype=_dtype(args), lengths=tuple(args.lengths or default_lengths(args.device)),
+        heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch, causal=args.causal,
+        backends=tuple(args.backends), modes=tuple(args.modes), warmup=args.warmup, repeats=args.repeats,
+        measure_memory=args.memory, memory_budget_gib=args.memory_budget_gib, threads=args.threads,
+    )
+    results = run_attention_bench(settings, progress=not args.json)
+    out = report(settings, results)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    _print_machine(out)
+    print(
+        f"standard: {settings.heads} heads x d={settings.head_dim}; DIFF: {settings.heads // 2} heads x 2 groups of "
+        f"d={settings.head_dim}, v 2d; kv heads {settings.kv_heads} / {settings.kv_heads // 2}; batch {settings.batch}; "
+        f"{settings.dtype}; {'causal' if settings.causal else 'non-causal'}"
+    )
+    print(format_table(results))
+    return 0
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from ..bench.model import ModelBenchSettings, format_table, report, run_model_bench
+
+    settings = ModelBenchSettings(
+        preset=args.preset, length=args.length, batch=args.batch, decode_tokens=args.decode_tokens,
+        device=args.device, dtype=_dtype(args), backend=args.backend, warmup=args.warmup, repeats=args.repeats,
+        compare_hf=args.hf, threads=args.threads,
+    )
+    results = run_model_bench(settings, progress=not args.json)
+    out = report(settings, results)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    _print_machine(out)
+    print(format_table(settings, results))
+    return 0

@@ -1,0 +1,459 @@
+"""Fused differential flash attention in Triton: the "triton" backend of ``diff_attention``.
+
+    out = softmax(q1 k1ᵀ s) v − λ · softmax(q2 k2ᵀ s) v        q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, 2d)
+
+Forward (one program per block of BLOCK_M queries of one head): Q1 and Q2 are loaded once; one
+pass over the key blocks loads K1, K2 and V once each and keeps two online-softmax states
+(running max m, running sum l) and two fp32 accumulators, so the output is acc1/l1 − λ·acc2/l2.
+It saves the two log-sum-exps and, when a backward will follow, O2 = softmax(q2 k2ᵀ s) v.
+
+Backward (one program per block of BLOCK_N keys of one KV head, looping over the query heads of
+its group and their query blocks): recomputes P1 and P2 from the saved log-sum-exps, computes
+dP = dO·Vᵀ once for both maps and dV = (P1 − λP2)ᵀ·dO once; dK1, dK2, dV accumulate in
+registers, dQ1 and dQ2 are added atomically into fp32 buffers. A small pre-pass computes the row
+sums it needs from the saved O and O2 (O1 = O + λ·O2):
+
+    dS1 = P1 ⊙ (dP − rowsum(dO ⊙ O1))            dS2 = −λ · P2 ⊙ (dP − rowsum(dO ⊙ O2))
+    dλ  = −Σ rowsum(dO ⊙ O2)   (per head, summed over batch and queries)
+
+FLOPs in units of B·H·T·S·d (H DIFF heads): forward 12, backward 20; in SPEC §4's units of
+h·N²·d (h = 2H standard heads) forward 6, backward 10.
+
+Set ``TRITON_INTERPRET=1`` before this module is imported to run the kernels on CPU (slowly,
+for tests); the interpreter gets fixed block sizes, a GPU autotunes them. Importing this module
+imports Triton, so ``diff_transformer.ops`` imports it only when the backend is first used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import TRITON_HEAD_DIMS
+
+INTERPRET = bool(triton.knobs.runtime.interpret)  # read when the kernels below are decorated
+_LOG2_E = 1.4426950408889634
+# Block sizes under the interpreter: small, so that short test sequences span several blocks.
+_INTERPRET_BLOCKS = dict(BLOCK_M=16, BLOCK_N=16)
+
+
+def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    return [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=st) for m, n, w, st in shapes]
+
+
+# (BLOCK_M, BLOCK_N, warps, stages) tried by the autotuner on a GPU. Chosen from ptxas reports
+# for sm_90 (compiled without a GPU): these spill little or nothing at d = 32 and 64.
+_FWD_CONFIGS = _configs([(64, 64, 4, 3), (64, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 8, 2),
+                         (64, 32, 4, 3), (32, 64, 4, 2), (32, 32, 4, 2)])
+_BWD_CONFIGS = _configs([(16, 64, 8, 2), (16, 32, 8, 2), (32, 32, 8, 2), (32, 64, 8, 2), (16, 32, 4, 2),
+                         (32, 32, 4, 2), (32, 64, 4, 2), (16, 16, 4, 2)])
+
+
+def _fits_registers(rows: int, head_dim: int, num_warps: int) -> bool:
+    """The fp32 accumulators of a program hold rows x 4d values (forward: two (BLOCK_M, 2d);
+    backward: dK1, dK2 (BLOCK_N, d) and dV (BLOCK_N, 2d)); keep them to 128 registers a thread."""
+    return 4 * rows * head_dim <= 128 * 32 * num_warps
+
+
+def _prune_fwd(configs, named_args, **kwargs):
+    fit = [c for c in configs if _fits_registers(c.kwargs["BLOCK_M"], kwargs["HEAD_DIM"], c.num_warps)]
+    return fit or configs[-1:]
+
+
+def _prune_bwd(configs, named_args, **kwargs):
+    fit = [c for c in configs if _fits_registers(c.kwargs["BLOCK_N"], kwargs["HEAD_DIM"], c.num_warps)]
+    return fit or configs[-1:]
+
+
+def _diff_attn_fwd(
+    Q1, Q2, K1, K2, V, LAM, OUT, OUT2, LSE1, LSE2,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt,
+    stride_ob, stride_oh, stride_ot,
+    H, N_REP, T, S, qk_scale, LENGTH_BUCKET,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, STORE_O2: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = pid_bh % H
+    g = (h // N_REP).to(tl.int64)  # the KV head this query head reads (GQA)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_v = tl.arange(0, 2 * HEAD_DIM)
+    row_ok = offs_m < T
+
+    q_rows = b * stride_qb + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
+    q1 = tl.load(Q1 + q_rows, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, d), loaded once
+    q2 = tl.load(Q2 + q_rows, mask=row_ok[:, None], other=0.0)
+    k_base = b * stride_kb + g * stride_kh
+    v_base = b * stride_vb + g * stride_vh
+    lam = tl.load(LAM + h)
+
+    # Two online-softmax states; scores are kept in log2 units (exp2 is the cheap instruction).
+    m1 = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    m2 = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l1 = tl.zeros([BLOCK_M], tl.float32)
+    l2 = tl.zeros([BLOCK_M], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, 2 * HEAD_DIM], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, 2 * HEAD_DIM], tl.float32)
+
+    offset = S - T  # query i sits at absolute position offset + i (causal mask aligned to the end)
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, offset + (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < S
+        k1 = tl.load(K1 + k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        k2 = tl.load(K2 + k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + v_base + cols[:, None] * stride_vt + offs_v[None, :], mask=col_ok[:, None], other=0.0)
+        visible = col_ok[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offset + offs_m[:, None])
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+        s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale
+        s1 = tl.where(visible, s1, float("-inf"))
+        s2 = tl.where(visible, s2, float("-inf"))
+
+        m1_new = tl.maximum(m1, tl.max(s1, 1))
+        p1 = tl.exp2(s1 - m1_new[:, None])
+        alpha1 = tl.exp2(m1 - m1_new)
+        l1 = l1 * alpha1 + tl.sum(p1, 1)
+        acc1 = tl.dot(p1.to(v.dtype), v, acc1 * alpha1[:, None], input_precision=PRECISION)
+        m1 = m1_new
+
+        m2_new = tl.maximum(m2, tl.max(s2, 1))
+        p2 = tl.exp2(s2 - m2_new[:, None])
+        alpha2 = tl.exp2(m2 - m2_new)
+        l2 = l2 * alpha2 + tl.sum(p2, 1)
+        acc2 = tl.dot(p2.to(v.dtype), v, acc2 * alpha2[:, None], input_precision=PRECISION)
+        m2 = m2_new
+
+    o2 = acc2 / l2[:, None]
+    out = acc1 / l1[:, None] - lam * o2  # (BLOCK_M, 2d)
+    o_rows = b * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_ot + offs_v[None, :]
+    tl.store(OUT + o_rows, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    if STORE_O2:
+        tl.store(OUT2 + o_rows, o2.to(OUT2.dtype.element_ty), mask=row_ok[:, None])
+    lse_rows = pid_bh.to(tl.int64) * T + offs_m
+    tl.store(LSE1 + lse_rows, m1 + tl.log2(l1), mask=row_ok)
+    tl.store(LSE2 + lse_rows, m2 + tl.log2(l2), mask=row_ok)
+
+
+def _diff_attn_bwd_rowsums(
+    OUT, OUT2, DO, LAM, DELTA1, DELTA2,
+    stride_ob, stride_oh, stride_ot,
+    stride_dob, stride_doh, stride_dot,
+    H, T,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """DELTA2 = rowsum(dO ⊙ O2), DELTA1 = rowsum(dO ⊙ O1) = rowsum(dO ⊙ O) + λ·DELTA2, fp32 (B, H, T)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_v = tl.arange(0, 2 * HEAD_DIM)
+    row_ok = rows < T
+    o_rows = b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + offs_v[None, :]
+    do_rows = b * stride_dob + h * stride_doh + rows[:, None] * stride_dot + offs_v[None, :]
+    o = tl.load(OUT + o_rows, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    o2 = tl.load(OUT2 + o_rows, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + do_rows, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    delta2 = tl.sum(do * o2, 1)
+    delta1 = tl.sum(do * o, 1) + tl.load(LAM + h) * delta2
+    tl.store(DELTA1 + pid_bh.to(tl.int64) * T + rows, delta1, mask=row_ok)
+    tl.store(DELTA2 + pid_bh.to(tl.int64) * T + rows, delta2, mask=row_ok)
+
+
+def _diff_attn_bwd(
+    Q1, Q2, K1, K2, V, LAM, DO, LSE1, LSE2, DELTA1, DELTA2, DQ1, DQ2, DK1, DK2, DV,
+    stride_qb, stride_qh, stride_qt,
+    stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt,
+    stride_dob, stride_doh, stride_dot,
+    stride_dkb, stride_dkh, stride_dkt,
+    stride_dvb, stride_dvh, stride_dvt,
+    H, HKV, N_REP, T, S, qk_scale, sm_scale, LENGTH_BUCKET,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bg = tl.program_id(1)
+    b = (pid_bg // HKV).to(tl.int64)
+    g = pid_bg % HKV
+    start_n = pid_n * BLOCK_N
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_v = tl.arange(0, 2 * HEAD_DIM)
+    col_ok = cols < S
+
+    k_rows = b * stride_kb + g.to(tl.int64) * stride_kh + cols[:, None] * stride_kt + offs_d[None, :]
+    k1 = tl.load(K1 + k_rows, mask=col_ok[:, None], other=0.0)  # (BLOCK_N, d), loaded once
+    k2 = tl.load(K2 + k_rows, mask=col_ok[:, None], other=0.0)
+    v_rows = b * stride_vb + g.to(tl.int64) * stride_vh + cols[:, None] * stride_vt + offs_v[None, :]
+    v = tl.load(V + v_rows, mask=col_ok[:, None], other=0.0)  # (BLOCK_N, 2d)
+    dk1 = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dk2 = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, 2 * HEAD_DIM], tl.float32)
+
+    offset = S - T
+    lo = 0
+    if CAUSAL:  # the first query that sees key start_n is start_n - offset
+        lo = (tl.maximum(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+    for r in range(N_REP):  # every query head of this KV group
+        h = (g * N_REP + r).to(tl.int64)
+        lam = tl.load(LAM + h)
+        q_base = b * stride_qb + h * stride_qh
+        do_base = b * stride_dob + h * stride_doh
+        row_base = (b * H + h) * T  # LSE, DELTA and DQ are contiguous (B, H, T[, d])
+        for start_m in range(lo, T, BLOCK_M):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            row_ok = rows < T
+            q1 = tl.load(Q1 + q_base + rows[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            q2 = tl.load(Q2 + q_base + rows[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            do = tl.load(DO + do_base + rows[:, None] * stride_dot + offs_v[None, :], mask=row_ok[:, None], other=0.0)
+            lse1 = tl.load(LSE1 + row_base + rows, mask=row_ok, other=0.0)
+            lse2 = tl.load(LSE2 + row_base + rows, mask=row_ok, other=0.0)
+            delta1 = tl.load(DELTA1 + row_base + rows, mask=row_ok, other=0.0)
+            delta2 = tl.load(DELTA2 + row_base + rows, mask=row_ok, other=0.0)
+
+            # Transposed maps (BLOCK_N, BLOCK_M): keys are rows here.
+            visible = col_ok[:, None] & row_ok[None, :]
+            if CAUSAL:
+                visible = visible & (cols[:, None] <= offset + rows[None, :])
+            s1t = tl.dot(k1, tl.trans(q1), input_precision=PRECISION) * qk_scale
+            s2t = tl.dot(k2, tl.trans(q2), input_precision=PRECISION) * qk_scale
+            p1t = tl.where(visible, tl.exp2(s1t - lse1[None, :]), 0.0)
+            p2t = tl.where(visible, tl.exp2(s2t - lse2[None, :]), 0.0)
+
+            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dP = dO·Vᵀ, shared by both maps
+            dv = tl.dot((p1t - lam * p2t).to(do.dtype), do, dv, input_precision=PRECISION)
+            ds1t = p1t * (dpt - delta1[None, :])
+            ds2t = -lam * p2t * (dpt - delta2[None, :])
+            dk1 = tl.dot(ds1t.to(q1.dtype), q1, dk1, input_precision=PRECISION)
+            dk2 = tl.dot(ds2t.to(q2.dtype), q2, dk2, input_precision=PRECISION)
+
+            dq_rows = (row_base + rows)[:, None] * HEAD_DIM + offs_d[None, :]
+            dq1 = tl.dot(tl.trans(ds1t).to(k1.dtype), k1, input_precision=PRECISION) * sm_scale
+            dq2 = tl.dot(tl.trans(ds2t).to(k2.dtype), k2, input_precision=PRECISION) * sm_scale
+            tl.atomic_add(DQ1 + dq_rows, dq1, mask=row_ok[:, None])
+            tl.atomic_add(DQ2 + dq_rows, dq2, mask=row_ok[:, None])
+
+    dk_rows = b * stride_dkb + g.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkt + offs_d[None, :]
+    tl.store(DK1 + dk_rows, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DK2 + dk_rows, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=col_ok[:, None])
+    dv_rows = b * stride_dvb + g.to(tl.int64) * stride_dvh + cols[:, None] * stride_dvt + offs_v[None, :]
+    tl.store(DV + dv_rows, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+_rowsums_kernel = triton.jit(_diff_attn_bwd_rowsums)
+_ROWSUM_BLOCK = 16 if INTERPRET else 64
+if INTERPRET:
+    _fwd_kernel = triton.jit(_diff_attn_fwd)
+    _bwd_kernel = triton.jit(_diff_attn_bwd)
+else:
+    _fwd_kernel = triton.autotune(
+        configs=_FWD_CONFIGS,
+        key=["LENGTH_BUCKET", "HEAD_DIM", "CAUSAL", "STORE_O2"],
+        prune_configs_by={"early_config_prune": _prune_fwd},
+    )(triton.jit(_diff_attn_fwd))
+    _bwd_kernel = triton.autotune(
+        configs=_BWD_CONFIGS,
+        key=["LENGTH_BUCKET", "HEAD_DIM", "CAUSAL"],
+        prune_configs_by={"early_config_prune": _prune_bwd},
+        reset_to_zero=["DQ1", "DQ2"],  # dQ is accumulated atomically: zero it before every trial
+    )(triton.jit(_diff_attn_bwd))
+
+
+def _launch_blocks() -> dict[str, int]:
+    """Explicit block sizes under the interpreter; the autotuner chooses them on a GPU."""
+    return dict(_INTERPRET_BLOCKS) if INTERPRET else {}
+
+
+def _length_bucket(t: int, s: int) -> int:
+    """Autotuning key: the next power of two of the longest length, so that every prompt length
+    does not trigger a new tuning run."""
+    return 1 << max(t, s, 16).bit_length()
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact fp32 products (not TF32) so the fp32 path matches the reference."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _unit_last_stride(*xs: Tensor) -> tuple[Tensor, ...]:
+    return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in xs)
+
+
+def _same_strides(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """The kernels take one set of strides for each pair (q1, q2), (k1, k2) and (O, O2)."""
+    return (a, b) if a.stride() == b.stride() else (a.contiguous(), b.contiguous())
+
+
+def _prepare(q1, q2, k1, k2, v):
+    q1, q2, k1, k2, v = _unit_last_stride(q1, q2, k1, k2, v)
+    q1, q2 = _same_strides(q1, q2)
+    k1, k2 = _same_strides(k1, k2)
+    return q1, q2, k1, k2, v
+
+
+@torch.library.custom_op("diff_transformer::triton_diff_attention_fwd", mutates_args=())
+def _forward_op(
+    q1: Tensor, q2: Tensor, k1: Tensor, k2: Tensor, v: Tensor, lam: Tensor,
+    causal: bool, scale: float, store_o2: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """-> out (B, H, T, 2d), O2 (same, or empty unless store_o2), lse1, lse2 (B, H, T) fp32 log2 units."""
+    q1, q2, k1, k2, v = _prepare(q1, q2, k1, k2, v)
+    b, h, t, d = q1.shape
+    hkv, s = k1.shape[1], k1.shape[2]
+    out = torch.empty(b, h, t, 2 * d, device=q1.device, dtype=q1.dtype)
+    o2 = torch.empty_like(out) if store_o2 else out.new_empty(0)
+    lse1 = torch.empty(b, h, t, device=q1.device, dtype=torch.float32)
+    lse2 = torch.empty_like(lse1)
+
+    def grid(meta):
+        return (triton.cdiv(t, meta["BLOCK_M"]), b * h)
+
+    _fwd_kernel[grid](
+        q1, q2, k1, k2, v, lam, out, o2 if store_o2 else out, lse1, lse2,
+        q1.stride(0), q1.stride(1), q1.stride(2),
+        k1.stride(0), k1.stride(1), k1.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        h, h // hkv, t, s, scale * _LOG2_E, _length_bucket(t, s),
+        HEAD_DIM=d, CAUSAL=causal, STORE_O2=store_o2, PRECISION=_precision(q1.dtype),
+        **_launch_blocks(),
+    )
+    return out, o2, lse1, lse2
+
+
+@_forward_op.register_fake
+def _(q1, q2, k1, k2, v, lam, causal, scale, store_o2):
+    b, h, t, d = q1.shape
+    out = q1.new_empty(b, h, t, 2 * d)
+    o2 = q1.new_empty(b, h, t, 2 * d) if store_o2 else q1.new_empty(0)
+    return out, o2, q1.new_empty(b, h, t, dtype=torch.float32), q1.new_empty(b, h, t, dtype=torch.float32)
+
+
+@torch.library.custom_op("diff_transformer::triton_diff_attention_bwd", mutates_args=())
+def _backward_op(
+    grad_out: Tensor, q1: Tensor, q2: Tensor, k1: Tensor, k2: Tensor, v: Tensor, lam: Tensor,
+    out: Tensor, o2: Tensor, lse1: Tensor, lse2: Tensor, causal: bool, scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """-> dq1, dq2 (B, H, T, d), dk1, dk2 (B, Hkv, S, d), dv (B, Hkv, S, 2d), dλ (H,) fp32."""
+    q1, q2, k1, k2, v = _prepare(q1, q2, k1, k2, v)
+    grad_out, out, o2 = _unit_last_stride(grad_out, out, o2)
+    out, o2 = _same_strides(out, o2)
+    b, h, t, d = q1.shape
+    hkv, s = k1.shape[1], k1.shape[2]
+    delta1 = torch.empty(b, h, t, device=q1.device, dtype=torch.float32)
+    delta2 = torch.empty_like(delta1)
+    _rowsums_kernel[(triton.cdiv(t, _ROWSUM_BLOCK), b * h)](
+        out, o2, grad_out, lam, delta1, delta2,
+        out.stride(0), out.stride(1), out.stride(2),
+        grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
+        h, t, HEAD_DIM=d, BLOCK_M=_ROWSUM_BLOCK,
+    )
+    dq1 = torch.zeros(b, h, t, d, device=q1.device, dtype=torch.float32)
+    dq2 = torch.zeros_like(dq1)
+    dk1 = torch.empty(b, hkv, s, d, device=k1.device, dtype=k1.dtype)
+    dk2 = torch.empty_like(dk1)
+    dv = torch.empty(b, hkv, s, 2 * d, device=v.device, dtype=v.dtype)
+
+    def grid(meta):
+        return (triton.cdiv(s, meta["BLOCK_N"]), b * hkv)
+
+    _bwd_kernel[grid](
+        q1, q2, k1, k2, v, lam, grad_out, lse1, lse2, delta1, delta2, dq1, dq2, dk1, dk2, dv,
+        q1.stride(0), q1.stride(1), q1.stride(2),
+        k1.stride(0), k1.stride(1), k1.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
+        dk1.stride(0), dk1.stride(1), dk1.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2),
+        h, hkv, h // hkv, t, s, scale * _LOG2_E, scale, _length_bucket(t, s),
+        HEAD_DIM=d, CAUSAL=causal, PRECISION=_precision(q1.dtype),
+        **_launch_blocks(),
+    )
+    dlam = -delta2.sum(dim=(0, 2))  # (H,)
+    return dq1.to(q1.dtype), dq2.to(q2.dtype), dk1, dk2, dv, dlam
+
+
+@_backward_op.register_fake
+def _(grad_out, q1, q2, k1, k2, v, lam, out, o2, lse1, lse2, causal, scale):
+    return (  # contiguous, like the real gradients
+        q1.new_empty(q1.shape), q2.new_empty(q2.shape), k1.new_empty(k1.shape), k2.new_empty(k2.shape),
+        v.new_empty(v.shape), lam.new_empty(lam.shape, dtype=torch.float32),
+    )
+
+
+class TritonDiffAttention(torch.autograd.Function):
+    """Autograd wrapper over the two kernels; ``lam`` here is (H,) fp32 (see the function below)."""
+
+    @staticmethod
+    def forward(ctx, q1, q2, k1, k2, v, lam, causal: bool, scale: float, store_o2: bool):
+        out, o2, lse1, lse2 = _forward_op(q1, q2, k1, k2, v, lam, causal, scale, store_o2)
+        ctx.save_for_backward(q1, q2, k1, k2, v, lam, out, o2, lse1, lse2)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q1, q2, k1, k2, v, lam, out, o2, lse1, lse2 = ctx.saved_tensors
+        if o2.numel() == 0:
+            raise RuntimeError("triton_diff_attention: the forward ran without gradients enabled, so it kept no O2")
+        grads = _backward_op(grad_out, q1, q2, k1, k2, v, lam, out, o2, lse1, lse2, ctx.causal, ctx.scale)
+        return (*grads, None, None, None)
+
+
+def check_supported(q1: Tensor) -> None:
+    """Raise a clear error for inputs the kernels cannot take."""
+    if q1.device.type == "cpu" and not INTERPRET:
+        raise RuntimeError(
+            "backend 'triton' needs a CUDA GPU; these tensors are on CPU. To run the kernels on CPU "
+            "(slowly, for tests) set TRITON_INTERPRET=1 before diff_transformer.ops.triton_diff is imported."
+        )
+    if q1.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"backend 'triton' takes float16, bfloat16 or float32 tensors, got {q1.dtype}")
+    d = q1.shape[-1]
+    if d not in TRITON_HEAD_DIMS:
+        raise ValueError(f"backend 'triton' supports head dims d in {TRITON_HEAD_DIMS} (v of width 2d), got d={d}")
+
+
+def triton_diff_attention(
+    q1: Tensor,
+    q2: Tensor,
+    k1: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """The fused kernel with the signature of the other backends (shapes checked by the caller).
+
+    q1, q2 (B, H, T, d); k1, k2 (B, Hkv, S, d); v (B, Hkv, S, 2d); lam 0-d or (H,), any float
+    dtype (its gradient flows back through the cast). Returns (B, H, T, 2d) in q1's dtype.
+    """
+    if attn_mask is not None:
+        raise ValueError(
+            "backend 'triton' takes no attn_mask (only the causal mask is fused); use 'sdpa_split', "
+            "'sdpa' or 'reference', or backend='auto', which avoids 'triton' when a mask is given"
+        )
+    check_supported(q1)
+    h, d = q1.shape[1], q1.shape[-1]
+    lam_heads = lam.to(torch.float32).reshape(-1).expand(h).contiguous()  # (H,); the expand sums dλ back
+    store_o2 = torch.is_grad_enabled() and any(x.requires_grad for x in (q1, q2, k1, k2, v, lam))
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return TritonDiffAttention.apply(q1, q2, k1, k2, v, lam_heads, causal, scale, store_o2)

@@ -1,0 +1,118 @@
+"""The benchmark commands run and report sound figures (no timing is asserted: they only print)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from diff_transformer.bench.attention import (
+    AttentionBenchSettings,
+    attention_flops,
+    plan,
+    quadratic_bytes,
+    run_attention_bench,
+    visible_pairs,
+)
+from diff_transformer.bench.measure import peak_memory
+from diff_transformer.bench.model import ModelBenchSettings, diffllama_config, model_config, run_model_bench
+from diff_transformer.cli import main
+from diff_transformer.model import LanguageModel
+
+
+def test_visible_pairs():
+    assert visible_pairs(4, 4, causal=False) == 16
+    assert visible_pairs(4, 4, causal=True) == 10  # 1 + 2 + 3 + 4
+    assert visible_pairs(2, 5, causal=True) == 4 + 5  # queries at positions 3 and 4
+    assert visible_pairs(1, 7, causal=True) == 7
+
+
+def test_flop_formulas_follow_spec_units():
+    """SPEC §4, in units of h·N²·d: standard fwd 4, bwd 10; fused DIFF fwd 6, bwd 10; causal ~halves."""
+    kw = dict(batch=2, heads=8, t=128, s=128, head_dim=64, causal=False)
+    unit = 2 * 8 * 128 * 128 * 64
+    assert attention_flops("standard", "fwd", **kw) == 4 * unit
+    assert attention_flops("standard", "fwd+bwd", **kw) == 14 * unit
+    assert attention_flops("diff", "fwd", **kw) == 6 * unit
+    assert attention_flops("diff", "fwd+bwd", **kw) == 16 * unit
+    causal = attention_flops("diff", "fwd", **{**kw, "causal": True})
+    assert causal == pytest.approx(3 * unit, rel=0.01)
+
+
+def test_reference_maps_are_counted_and_skipped_over_budget():
+    cpu = torch.device("cpu")
+    # one fp32 map over 8 DIFF heads at 16K tokens: 8 GiB; the reference keeps about six
+    need = quadratic_bytes("diff", "reference", "fwd", cpu, batch=1, heads=16, t=16384, s=16384)
+    assert need == 6 * 8 * 16384**2 * 4
+    assert quadratic_bytes("diff", "sdpa_split", "fwd", cpu, batch=1, heads=16, t=16384, s=16384) == 0
+    settings = AttentionBenchSettings(
+        lengths=(64,), heads=4, head_dim=16, backends=("reference", "sdpa_split"), modes=("fwd",),
+        repeats=1, warmup=0, measure_memory=False, memory_budget_gib=1e-6,
+    )
+    results = {r.backend: r for r in run_attention_bench(settings, progress=False) if r.kind == "diff"}
+    assert results["reference"].seconds is None and "skipped" in results["reference"].note
+    assert results["sdpa_split"].seconds > 0
+
+
+def test_attention_bench_measures_every_case():
+    settings = AttentionBenchSettings(lengths=(48,), heads=4, kv_heads=2, head_dim=16, repeats=1, warmup=0)
+    results = run_attention_bench(settings, progress=False)
+    assert len(results) == len(plan(settings))
+    cases = {(r.mode, r.kind, r.backend) for r in results}
+    assert ("decode", "diff", "decode") in cases and ("fwd", "diff", "decode") not in cases
+    for r in results:
+        if r.backend == "triton":  # no GPU here: noted, not measured
+            assert r.seconds is None and "CUDA" in r.note
+            continue
+        assert r.seconds > 0 and r.tflops > 0 and r.peak_bytes >= 0, r
+
+
+def test_cpu_peak_memory_sees_a_large_temporary():
+    """The profiler-based CPU peak counts a 64 MiB temporary freed inside the call."""
+
+    def make_and_drop():
+        x = torch.ones(16 * 2**20)  # 64 MiB of fp32
+        return float(x[0])
+
+    assert 64 * 2**20 <= peak_memory(make_and_drop, torch.device("cpu")) < 70 * 2**20
+
+
+def test_diffllama_has_the_same_shape():
+    """Built from our DIFF config, DiffLlama holds our parameters minus the head-norm weights
+    (2d per layer: HF's head norm has no weight)."""
+    pytest.importorskip("transformers")
+    from transformers import DiffLlamaForCausalLM
+
+    config = model_config(ModelBenchSettings(preset="debug", length=16, decode_tokens=4), "diff")
+    ours = LanguageModel(config, device="meta").num_parameters()
+    theirs = sum(p.numel() for p in DiffLlamaForCausalLM(diffllama_config(config)).parameters())
+    assert theirs == ours - 2 * config.head_dim * config.n_layers
+
+
+def test_model_bench_runs():
+    settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, repeats=1, warmup=0)
+    results = run_model_bench(settings, progress=False)
+    names = [r.model for r in results]
+    assert names[:2] == ["DIFF", "Transformer"]
+    for r in results:
+        assert r.train_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0
+
+
+def test_cli_json(capsys):
+    args = ["bench", "attention", "--device", "cpu", "--lengths", "32", "--heads", "4", "--head-dim", "16",
+            "--backends", "sdpa_split", "decode", "--modes", "fwd", "decode", "--repeats", "1", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["benchmark"] == "attention" and out["machine"]["device"] == "cpu"
+    rows = {(r["mode"], r["kind"], r["backend"]) for r in out["results"]}
+    assert rows == {("fwd", "standard", "sdpa"), ("fwd", "diff", "sdpa_split"), ("decode", "standard", "sdpa"),
+                    ("decode", "diff", "sdpa_split"), ("decode", "diff", "decode")}
+
+
+def test_cli_table(capsys):
+    args = ["bench", "model", "--preset", "debug", "--length", "16", "--decode-tokens", "3", "--repeats", "1",
+            "--warmup", "0", "--no-hf"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "DIFF vs Transformer" in out and "DiffLlama" not in out
