@@ -67,13 +67,26 @@ def model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
 
 
-def save_pretrained(model, directory: str | Path, *, tokenizer=None, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` (a LanguageModel) and optionally its tokenizer to ``directory``."""
+def save_pretrained(
+    model,
+    directory: str | Path,
+    *,
+    tokenizer=None,
+    extra: dict[str, Any] | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+    extra_files: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write ``model`` (a LanguageModel) and optionally its tokenizer to ``directory``.
+
+    ``state`` replaces the model's own state dict (e.g. full weights gathered from FSDP shards);
+    ``extra_files(tmp_dir)`` writes more files into the same atomically written directory.
+    """
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
         )
-    state = model_state_dict(model)
+    if state is None:
+        state = model_state_dict(model)
 
     def write(tmp: Path) -> None:
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.config.to_dict(), **(extra or {})}
@@ -81,6 +94,8 @@ def save_pretrained(model, directory: str | Path, *, tokenizer=None, extra: dict
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
         if tokenizer is not None:
             tokenizer.save(tmp)
+        if extra_files is not None:
+            extra_files(tmp)
 
     return write_directory_atomically(directory, write)
 
@@ -91,13 +106,15 @@ def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     if not path.is_file():
         raise CheckpointError(f"{directory}: not a checkpoint directory (no {CONFIG_FILE})")
     try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # invalid JSON or not UTF-8
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "model" not in meta:
         raise CheckpointError(f"{path}: not a {FORMAT} config (expected keys 'format' and 'model')")
     version = meta.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int):
+        raise CheckpointError(f"{path}: format_version must be an integer, got {version!r}")
+    if version > FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: format_version {version!r} is newer than this library reads ({FORMAT_VERSION}); upgrade diff-transformer"
         )
@@ -108,14 +125,19 @@ def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """Load a safetensors file; a truncated or corrupted file is a CheckpointError."""
+    """Load a safetensors file; a truncated or corrupted file, or one holding NaN/Inf values
+    (safetensors has no checksum: damaged bytes show up as such), is a CheckpointError."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: weights file is missing")
     try:
-        return load_file(str(path))
+        tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: truncated or corrupted safetensors file ({exc})") from exc
+    non_finite = sorted(k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if non_finite:
+        raise CheckpointError(f"{path}: corrupted weights, NaN or Inf values in {', '.join(non_finite)}")
+    return tensors
 
 
 def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
@@ -158,7 +180,10 @@ def load_checkpoint_tokenizer(directory: str | Path, vocab_size: int | None = No
     directory = Path(directory)
     if not ((directory / BPE_FILE).exists() or (directory / BYTES_CONFIG).exists()):
         return None
-    tokenizer = load_tokenizer(directory)
+    try:
+        tokenizer = load_tokenizer(directory)
+    except (ValueError, OSError) as exc:
+        raise CheckpointError(f"{directory}: unreadable tokenizer ({exc})") from exc
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise CheckpointError(
             f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {vocab_size}"

@@ -1,0 +1,59 @@
+"""diff-transformer export-hf / import-hf: move checkpoints to and from Hugging Face transformers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    export = subparsers.add_parser(
+        "export-hf",
+        help="write a checkpoint as a transformers DiffLlama (DIFF) or Llama (standard) directory",
+        description="Write CHECKPOINT as a directory that transformers.AutoModelForCausalLM.from_pretrained(OUT) "
+        "loads as DiffLlamaForCausalLM (DIFF attention) or LlamaForCausalLM (standard attention): config.json, "
+        "model.safetensors (fp32) and, when the checkpoint has one, the tokenizer as a PreTrainedTokenizerFast. "
+        "DIFF V2, a constant lambda_init, DIFF without head norm and standard attention with head norm have no "
+        "transformers equivalent and are refused. Needs the 'hf' extra.",
+    )
+    export.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory of this project")
+    export.add_argument("out", metavar="OUT", help="output directory (replaced atomically if it exists)")
+    export.set_defaults(run=run_export)
+
+    imp = subparsers.add_parser(
+        "import-hf",
+        help="read a transformers DiffLlama or Llama directory into a checkpoint",
+        description="Read DIR (config.json, model.safetensors or its sharded index, tokenizer.json) of a "
+        "transformers DiffLlama or Llama model into a checkpoint of this project at OUT. Pickled weights "
+        "(pytorch_model.bin) are refused. The tokenizer must contain <|endoftext|>; otherwise pass --no-tokenizer.",
+    )
+    imp.add_argument("directory", metavar="DIR", help="transformers model directory")
+    imp.add_argument("out", metavar="OUT", help="output checkpoint directory (replaced atomically if it exists)")
+    imp.add_argument("--no-tokenizer", action="store_true", help="import the weights only, not tokenizer.json")
+    imp.set_defaults(run=run_import)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from ..checkpoint import CheckpointError
+    from ..interop.hf import HFConversionError, export_hf
+
+    try:
+        out = export_hf(args.checkpoint, args.out)
+    except (CheckpointError, HFConversionError) as exc:
+        print(f"export-hf: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from ..checkpoint import CheckpointError
+    from ..interop.hf import HFConversionError, import_hf
+
+    try:
+        out = import_hf(args.directory, args.out, with_tokenizer=not args.no_tokenizer)
+    except (CheckpointError, HFConversionError) as exc:
+        print(f"import-hf: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
