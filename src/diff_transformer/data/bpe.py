@@ -1,0 +1,78 @@
+"""Byte-level BPE: the shipped tokenizer, and training one on any text with Hugging Face ``tokenizers``.
+
+The shipped tokenizer (assets/tokenizer/tokenizer.json) was trained by scripts/build_corpus.py
+with :func:`train_bpe` on the embedded corpus: vocab 8192 = 256 byte tokens + the end-of-text
+token "<|endoftext|>" + 7,935 merges. Byte-level means any UTF-8 text encodes without unknown
+tokens and decodes back exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from ..tokenizer import EOS_TOKEN, BPETokenizer
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_TOKENIZER_FILE = ASSETS / "tokenizer" / "tokenizer.json"
+DEFAULT_VOCAB_SIZE = 8192
+
+
+def default_tokenizer() -> BPETokenizer:
+    """The shipped byte-level BPE (vocab 8192) trained on the embedded corpus."""
+    if not DEFAULT_TOKENIZER_FILE.is_file():
+        raise FileNotFoundError(f"{DEFAULT_TOKENIZER_FILE} is missing: the package was installed without its assets")
+    return BPETokenizer(DEFAULT_TOKENIZER_FILE)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, min_frequency: int = 2,
+              show_progress: bool = True):
+    """A byte-level BPE (a ``tokenizers.Tokenizer``) trained on ``texts``, with "<|endoftext|>" as id 0.
+
+    The vocabulary holds the 256 byte symbols, the end-of-text token, and merges up to
+    ``vocab_size`` (fewer if the text has no more pairs seen ``min_frequency`` times).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    minimum = 256 + 1
+    if vocab_size < minimum or vocab_size > 2**32:
+        raise ValueError(f"vocab_size must be between {minimum} (bytes + end-of-text) and 2**32, got {vocab_size}")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def save_tokenizer_file(tokenizer, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write a ``tokenizers.Tokenizer`` to ``path`` atomically (temporary file, then rename)."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass --overwrite to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.close(fd)
+    try:
+        tokenizer.save(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; give it the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

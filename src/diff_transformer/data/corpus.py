@@ -1,0 +1,100 @@
+"""The embedded corpus (public-domain English shipped with the package) and its prepared cache.
+
+assets/corpus/*.jsonl.xz hold one JSON object per line, {"name", "title", "text"}, one per work:
+Shakespeare's plays and poems, the books of the King James Bible, and Jane Austen's six novels
+(sources and licences: assets/corpus/README.md; rebuilt by scripts/build_corpus.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .bpe import ASSETS, DEFAULT_TOKENIZER_FILE, default_tokenizer
+from .inputs import in_memory_documents
+from .prepare import DEFAULT_VAL_FRACTION, FORMAT_VERSION, META_FILE, write_shards
+
+CORPUS_DIR = ASSETS / "corpus"
+CORPUS_FILES = ("shakespeare.jsonl.xz", "kjv.jsonl.xz", "austen.jsonl.xz")
+CACHE_ENV = "DIFF_TRANSFORMER_CACHE"
+DEFAULT_SPLIT_SEED = 0
+
+
+@functools.lru_cache(maxsize=1)
+def _corpus_records() -> tuple[dict, ...]:
+    records = []
+    for name in CORPUS_FILES:
+        path = CORPUS_DIR / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the package was installed without its assets")
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            records.extend(json.loads(line) for line in f)
+    return tuple(records)
+
+
+def corpus_documents() -> list[tuple[str, str]]:
+    """(name, text) of every document of the embedded corpus, e.g. ("shakespeare/hamlet", "HAMLET...")."""
+    return [(r["name"], r["text"]) for r in _corpus_records()]
+
+
+def corpus_titles() -> dict[str, str]:
+    """Document name -> title, e.g. "kjv/19_psalms" -> "The Book of Psalms"."""
+    return {r["name"]: r["title"] for r in _corpus_records()}
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir``, else $DIFF_TRANSFORMER_CACHE, else ~/.cache/diff-transformer."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path.home() / ".cache" / "diff-transformer"
+
+
+def _fingerprint() -> str:
+    """What the prepared corpus depends on: corpus files, tokenizer, format, split settings."""
+    digest = hashlib.sha256()
+    for path in [CORPUS_DIR / name for name in CORPUS_FILES] + [DEFAULT_TOKENIZER_FILE]:
+        digest.update(path.read_bytes())
+    digest.update(f"format {FORMAT_VERSION} val {DEFAULT_VAL_FRACTION} seed {DEFAULT_SPLIT_SEED}".encode())
+    return digest.hexdigest()[:16]
+
+
+def default_dataset(cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
+    """The embedded corpus prepared with the shipped BPE: a dataset directory for TokenShards.
+
+    Built once (about ten seconds) into ``cache_root(cache_dir)/corpus-<fingerprint>`` and reused.
+    Safe when several processes ask at once (torchrun ranks): they take turns under a file lock,
+    the first builds into a temporary directory and renames it into place, the others find it.
+    """
+    root = cache_root(cache_dir)
+    target = root / f"corpus-{_fingerprint()}"
+    if (target / META_FILE).is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".corpus.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (target / META_FILE).is_file():
+            return target  # another process built it while this one waited
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
+        try:
+            os.chmod(tmp, 0o755)
+            write_shards(
+                in_memory_documents(corpus_documents()), tmp, default_tokenizer(), tokenizer_source="default",
+                sources=[{"path": "embedded corpus", "kind": "corpus", "documents": len(_corpus_records())}],
+                val_fraction=DEFAULT_VAL_FRACTION, seed=DEFAULT_SPLIT_SEED, progress=progress,
+            )
+            os.rename(tmp, target)  # atomic; fails if the target appeared meanwhile (a lock-less writer)
+        except OSError:
+            if not (target / META_FILE).is_file():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,404 @@
+"""Generated examples (key-information retrieval, associative recall, in-context classification)
+that the training data mixture can interleave with corpus text, and that the evaluation suite scores.
+
+A generator takes a seeded ``random.Random``, the tokenizer, the number of positions ``length``
+and a ``filler(rng, n) -> n corpus tokens`` callable, and returns ``(tokens, loss_mask)``:
+``length + 1`` token ids (inputs are tokens[:-1], targets tokens[1:]) and either None (every
+target counts) or ``length`` booleans, True where the target counts in the loss.
+
+Registered generators (``GENERATORS``; a training config mixes them with ``data.mix``):
+
+    needle  multi-needle retrieval: a haystack of corpus text holding N needles
+            "The magic number of CITY is NUMBER.", a question about R of the cities and the
+            answers; only the answer numbers count in the loss (paper Table 2, Fig. 5).
+    mqar    multi-query associative recall (Zoology): key-value pairs, then the keys again at
+            power-law distributed distances; only the recalled values count in the loss.
+    icl     in-context classification episodes "Input: ...\\nLabel: ...": a fresh random
+            keyword -> label mapping per episode, so only the context can tell the label;
+            only the label tokens count in the loss.
+
+The same builders (:func:`build_needle_example`, :func:`build_mqar_example`,
+:func:`keyword_task`, :func:`format_demonstration`) make the evaluation suite's test items, so
+training and evaluation see exactly the same format.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+Filler = Callable[[random.Random, int], list[int]]
+
+
+class ExampleGenerator(Protocol):
+    def __call__(
+        self, rng: random.Random, tokenizer, length: int, filler: Filler
+    ) -> tuple[list[int], list[bool] | None]: ...
+
+
+GENERATORS: dict[str, ExampleGenerator] = {}
+
+
+def register(name: str) -> Callable[[ExampleGenerator], ExampleGenerator]:
+    def add(generator: ExampleGenerator) -> ExampleGenerator:
+        GENERATORS[name] = generator
+        return generator
+
+    return add
+
+
+def _loss_mask(n_tokens: int, scored_spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """Targets mask (n_tokens - 1) that is True where tokens[start:end] of a span are targets."""
+    mask = [False] * (n_tokens - 1)
+    for start, end in scored_spans:
+        for position in range(start, end):
+            mask[position - 1] = True  # token at `position` is the target of input position - 1
+    return mask
+
+
+def _with_prefix(rng: random.Random, filler: Filler, body: list[int], length: int) -> tuple[list[int], int]:
+    """Corpus text in front of ``body`` so that the whole is ``length + 1`` tokens; returns (tokens, offset)."""
+    pad = length + 1 - len(body)
+    if pad < 0:
+        raise ValueError(f"generated example of {len(body)} tokens does not fit {length + 1}")
+    return (filler(rng, pad) if pad else []) + body, pad
+
+
+# --- multi-needle retrieval ----------------------------------------------------------------------
+
+CITIES = (
+    "Paris", "London", "Tokyo", "Cairo", "Lima", "Oslo", "Madrid", "Rome", "Berlin", "Vienna",
+    "Dublin", "Lisbon", "Athens", "Moscow", "Delhi", "Seoul", "Bangkok", "Sydney", "Toronto",
+    "Chicago", "Boston", "Denver", "Dallas", "Miami", "Havana", "Bogota", "Quito", "Santiago",
+    "Nairobi", "Lagos", "Accra", "Dakar", "Tunis", "Algiers", "Baghdad", "Tehran", "Kabul",
+    "Karachi", "Dhaka", "Hanoi", "Manila", "Jakarta", "Beijing", "Shanghai", "Osaka", "Prague",
+    "Warsaw", "Budapest", "Helsinki", "Stockholm", "Geneva", "Zurich", "Munich", "Hamburg",
+    "Venice", "Florence", "Naples", "Seville", "Porto", "Edinburgh",
+)
+MAX_NEEDLES = 6  # the paper's largest N in Table 2
+MAX_QUERIES = 2  # the paper's largest R in Table 2
+
+
+@dataclass
+class NeedleExample:
+    """One retrieval document, answers included (teacher forcing), with the spans the evaluations need.
+
+    ``tokens`` = [eos] + haystack + question + answers. Spans are [start, end) token positions.
+    The prompt for query r is ``tokens[:answer_spans[r][0]]``; its answer text is ``answers[r]``.
+    """
+
+    tokens: list[int]
+    answers: list[str]  # the queried numbers, in query order
+    answer_spans: list[tuple[int, int]]  # the answer number tokens after "... of CITY is"
+    needle_spans: list[tuple[int, int]]  # every needle sentence in the haystack, in city order
+    needle_number_spans: list[tuple[int, int]]  # the number inside each needle sentence
+    queried_needles: list[int]  # index into needle_spans of the needle each query asks about
+    target_needle: int  # the needle placed at ``depth``
+    question_start: int  # first token after the haystack
+    depth: float
+
+
+def _needle_pieces(tokenizer, city: str, number: str) -> tuple[list[int], list[int], list[int]]:
+    """The sentence " The magic number of CITY is NUMBER." as (lead, number, full stop) tokens."""
+    return (
+        tokenizer.encode(f" The magic number of {city} is"),
+        tokenizer.encode(f" {number}"),
+        tokenizer.encode("."),
+    )
+
+
+def _question_text(cities: Sequence[str]) -> str:
+    if len(cities) == 1:
+        return f"\nQuestion: what is the magic number of {cities[0]}?\nAnswer:"
+    listed = ", ".join(cities[:-1]) + f" and {cities[-1]}"
+    return f"\nQuestion: what are the magic numbers of {listed}?\nAnswer:"
+
+
+@dataclass
+class _NeedlePlan:
+    """The sampled content of a needle document, before the filler is laid around it."""
+
+    numbers: list[str]
+    pieces: list[tuple[list[int], list[int], list[int]]]  # per needle: lead, number, full stop
+    queried: list[int]
+    question: list[int]
+
+    @property
+    def fixed_length(self) -> int:
+        """Tokens besides the filler: eos, needles, question, answers."""
+        needles = sum(_piece_len(p) for p in self.pieces)
+        answers = sum(_piece_len(self.pieces[i]) for i in self.queried)
+        return 1 + needles + len(self.question) + answers
+
+
+def _plan_needles(rng: random.Random, tokenizer, n_needles: int, n_queries: int, digits: int) -> _NeedlePlan:
+    if not 1 <= n_queries <= n_needles <= len(CITIES):
+        raise ValueError(f"need 1 <= n_queries ({n_queries}) <= n_needles ({n_needles}) <= {len(CITIES)}")
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    cities = rng.sample(CITIES, n_needles)
+    numbers = [str(n) for n in rng.sample(range(10 ** (digits - 1), 10**digits), n_needles)]
+    queried = [0] + rng.sample(range(1, n_needles), n_queries - 1)  # needle 0 is the target
+    rng.shuffle(queried)
+    return _NeedlePlan(
+        numbers=numbers,
+        pieces=[_needle_pieces(tokenizer, c, n) for c, n in zip(cities, numbers)],
+        queried=queried,
+        question=tokenizer.encode(_question_text([cities[i] for i in queried])),
+    )
+
+
+def _piece_len(pieces: tuple[list[int], ...]) -> int:
+    return sum(len(p) for p in pieces)
+
+
+def _assemble_needles(
+    rng: random.Random, tokenizer, filler: Filler, plan: _NeedlePlan, length: int, depth: float
+) -> NeedleExample:
+    n_filler = length - plan.fixed_length
+    if n_filler < 0:
+        raise ValueError(
+            f"a needle document with {len(plan.pieces)} needles and {len(plan.queried)} queries needs at "
+            f"least {plan.fixed_length} tokens with this tokenizer; got length={length}"
+        )
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    n_needles = len(plan.pieces)
+    # Insertion points into the filler: the target (needle 0) at `depth`, the others anywhere.
+    points = [round(depth * n_filler)] + [rng.randint(0, n_filler) for _ in range(n_needles - 1)]
+    hay_filler = filler(rng, n_filler) if n_filler else []
+    if len(hay_filler) != n_filler:
+        raise ValueError(f"filler returned {len(hay_filler)} tokens, {n_filler} were asked for")
+    tokens = [tokenizer.eos_id]
+    needle_spans: list[tuple[int, int]] = [(0, 0)] * n_needles
+    number_spans: list[tuple[int, int]] = [(0, 0)] * n_needles
+    consumed = 0
+    for i in sorted(range(n_needles), key=lambda i: (points[i], i)):
+        tokens += hay_filler[consumed : points[i]]
+        consumed = points[i]
+        lead, number, stop = plan.pieces[i]
+        start = len(tokens)
+        tokens += lead + number + stop
+        needle_spans[i] = (start, len(tokens))
+        number_spans[i] = (start + len(lead), start + len(lead) + len(number))
+    tokens += hay_filler[consumed:]
+    question_start = len(tokens)
+    tokens += plan.question
+    answer_spans = []
+    for i in plan.queried:
+        lead, number, stop = plan.pieces[i]
+        tokens += lead
+        answer_spans.append((len(tokens), len(tokens) + len(number)))
+        tokens += number + stop
+    return NeedleExample(
+        tokens=tokens,
+        answers=[plan.numbers[i] for i in plan.queried],
+        answer_spans=answer_spans,
+        needle_spans=needle_spans,
+        needle_number_spans=number_spans,
+        queried_needles=list(plan.queried),
+        target_needle=0,
+        question_start=question_start,
+        depth=depth,
+    )
+
+
+def build_needle_example(
+    rng: random.Random,
+    tokenizer,
+    filler: Filler,
+    *,
+    length: int,
+    n_needles: int,
+    n_queries: int,
+    depth: float,
+    digits: int = 4,
+) -> NeedleExample:
+    """A document of exactly ``length`` tokens: haystack with ``n_needles`` needles, the target one at
+    ``depth`` (0 = right after the start, 1 = right before the question), then a question about
+    ``n_queries`` cities (the target's among them, in random order) and their answers.
+    """
+    plan = _plan_needles(rng, tokenizer, n_needles, n_queries, digits)
+    return _assemble_needles(rng, tokenizer, filler, plan, length, depth)
+
+
+@register("needle")
+def needle_generator(rng: random.Random, tokenizer, length: int, filler: Filler) -> tuple[list[int], list[bool]]:
+    """Training example: corpus text, then a needle document of random size (N <= 6 needles,
+    R <= 2 queries, target at a random depth) ending the sequence; loss on the answer numbers.
+    N shrinks until the document fits."""
+    n_needles = rng.randint(1, MAX_NEEDLES)
+    while True:
+        plan = _plan_needles(rng, tokenizer, n_needles, rng.randint(1, min(MAX_QUERIES, n_needles)), digits=4)
+        if plan.fixed_length <= length + 1 or n_needles == 1:
+            break
+        n_needles -= 1
+    doc_length = rng.randint(plan.fixed_length, max(plan.fixed_length, length + 1))
+    example = _assemble_needles(rng, tokenizer, filler, plan, doc_length, depth=rng.random())
+    tokens, offset = _with_prefix(rng, filler, example.tokens, length)
+    return tokens, _loss_mask(len(tokens), [(s + offset, e + offset) for s, e in example.answer_spans])
+
+
+# --- multi-query associative recall (Zoology) ---------------------------------------------------
+
+MQAR_PAIR_COUNTS = (4, 8, 16, 32, 64)
+MQAR_POWER_A = 0.01  # Zoology's default: query distances drawn with p(gap slot i) ∝ i^(a - 1)
+
+
+@dataclass
+class MQARExample:
+    """[eos] k1 v1 ... kP vP, then each key once more (at power-law distances) followed by its
+    value, gap tokens elsewhere. ``value_positions`` are the token positions to recall."""
+
+    tokens: list[int]
+    value_positions: list[int]
+
+
+def mqar_vocabulary(tokenizer) -> tuple[list[int], list[int], int]:
+    """Keys (the lower half of the usable ids), values (the upper half) and the gap token ("\\n")."""
+    gap = tokenizer.encode("\n")[0]
+    usable = [i for i in range(tokenizer.vocab_size) if i not in (tokenizer.eos_id, gap)]
+    half = len(usable) // 2
+    return usable[:half], usable[half:], gap
+
+
+def build_mqar_example(
+    rng: random.Random, tokenizer, *, length: int, n_pairs: int, power_a: float = MQAR_POWER_A
+) -> MQARExample:
+    """One MQAR sequence of exactly ``length`` tokens holding ``n_pairs`` key-value pairs."""
+    keys, values, gap = mqar_vocabulary(tokenizer)
+    if n_pairs < 1 or n_pairs > min(len(keys), len(values)):
+        raise ValueError(f"n_pairs must be in [1, {min(len(keys), len(values))}], got {n_pairs}")
+    region = length - 1 - 2 * n_pairs  # room for the queries after [eos] and the pairs
+    slots = region // 2  # a query takes two positions: the key, then its value
+    if slots < n_pairs:
+        raise ValueError(f"MQAR with {n_pairs} pairs needs length >= {1 + 4 * n_pairs}, got {length}")
+    pair_keys = rng.sample(keys, n_pairs)
+    pair_values = [rng.choice(values) for _ in range(n_pairs)]
+    tokens = [tokenizer.eos_id]
+    for k, v in zip(pair_keys, pair_values):
+        tokens += [k, v]
+    query_start = len(tokens)
+    tokens += [gap] * (length - query_start)
+    # Weighted sampling without replacement (Efraimidis-Spirakis): the largest u^(1/w) win.
+    weights = [(i + 1) ** (power_a - 1) for i in range(slots)]
+    chosen = sorted(range(slots), key=lambda i: rng.random() ** (1.0 / weights[i]), reverse=True)[:n_pairs]
+    order = rng.sample(range(n_pairs), n_pairs)  # which key goes to which chosen slot
+    value_positions = []
+    for slot, pair in zip(sorted(chosen), order):
+        position = query_start + 2 * slot
+        tokens[position] = pair_keys[pair]
+        tokens[position + 1] = pair_values[pair]
+        value_positions.append(position + 1)
+    return MQARExample(tokens=tokens, value_positions=value_positions)
+
+
+@register("mqar")
+def mqar_generator(rng: random.Random, tokenizer, length: int, filler: Filler) -> tuple[list[int], list[bool]]:
+    """Training example: one MQAR sequence filling all ``length + 1`` tokens, with a pair count drawn
+    from 4..64 among those that fit; loss on the recalled values only. ``filler`` is unused."""
+    fitting = [p for p in MQAR_PAIR_COUNTS if 1 + 4 * p <= length + 1] or [max(1, length // 4)]
+    example = build_mqar_example(rng, tokenizer, length=length + 1, n_pairs=rng.choice(fitting))
+    return example.tokens, _loss_mask(len(example.tokens), [(p, p + 1) for p in example.value_positions])
+
+
+# --- in-context classification ---------------------------------------------------------------------
+
+ICL_WORDS = (
+    "apple", "river", "stone", "cloud", "horse", "bread", "chair", "garden", "window", "candle",
+    "forest", "bridge", "letter", "mirror", "basket", "castle", "needle", "pillow", "hammer", "lantern",
+    "meadow", "island", "feather", "button", "carpet", "ladder", "saddle", "kettle", "anchor", "barrel",
+    "cottage", "harbor", "orchard", "valley", "thunder", "ribbon", "violin", "wagon", "marble", "copper",
+    "silver", "timber", "pepper", "honey", "cheese", "butter", "lemon", "cherry", "walnut", "acorn",
+    "falcon", "rabbit", "salmon", "turtle", "spider", "beetle", "badger", "otter", "raven", "sparrow",
+    "tailor", "farmer", "sailor", "doctor", "bishop", "knight", "soldier", "painter", "miller", "baker",
+    "engine", "rocket", "magnet", "pencil", "ticket", "wallet", "jacket", "helmet", "blanket", "bottle",
+    "desert", "glacier", "canyon", "volcano", "prairie", "swamp", "jungle", "tundra", "lagoon", "cavern",
+    "winter", "summer", "autumn", "spring", "morning", "evening", "midnight", "season", "moment", "decade",
+)
+LABEL_WORDS = (
+    "red", "blue", "green", "gold", "black", "white", "north", "south", "east", "west", "yes", "no",
+    "good", "bad", "high", "low", "hot", "cold", "left", "right", "old", "new", "fast", "slow",
+    "king", "queen", "day", "night", "land", "sea",
+)
+
+
+@dataclass
+class ClassificationTask:
+    """Labelled texts; ``items`` are (text, label index) pairs, ``labels`` the label words."""
+
+    name: str
+    labels: list[str]
+    items: list[tuple[str, int]]
+
+
+def keyword_task(
+    rng: random.Random,
+    *,
+    n_classes: int,
+    n_items: int,
+    keywords_per_class: int = 2,
+    words_per_input: int = 4,
+    name: str = "keywords",
+) -> ClassificationTask:
+    """A classification task whose label is set by which keyword an input holds.
+
+    Every class gets ``keywords_per_class`` keywords and a label word, all drawn at random, so the
+    keyword -> label mapping can only be learnt from the demonstrations in the context. An input
+    is one keyword among ``words_per_input - 1`` distractor words (never keywords).
+    """
+    if not 2 <= n_classes <= len(LABEL_WORDS):
+        raise ValueError(f"n_classes must be in [2, {len(LABEL_WORDS)}], got {n_classes}")
+    n_keywords = n_classes * keywords_per_class
+    if keywords_per_class < 1 or words_per_input < 1 or n_keywords + words_per_input - 1 > len(ICL_WORDS):
+        raise ValueError(
+            f"{n_classes} classes x {keywords_per_class} keywords + {words_per_input - 1} distractors "
+            f"need more than the {len(ICL_WORDS)} words available"
+        )
+    words = rng.sample(ICL_WORDS, len(ICL_WORDS))
+    keywords, distractors = words[:n_keywords], words[n_keywords:]
+    labels = rng.sample(LABEL_WORDS, n_classes)
+    items = []
+    for _ in range(n_items):
+        label = rng.randrange(n_classes)
+        keyword = keywords[label * keywords_per_class + rng.randrange(keywords_per_class)]
+        text = rng.sample(distractors, words_per_input - 1)
+        text.insert(rng.randint(0, len(text)), keyword)
+        items.append((" ".join(text), label))
+    return ClassificationTask(name=name, labels=labels, items=items)
+
+
+def encode_query(tokenizer, text: str) -> list[int]:
+    """Tokens of "Input: TEXT\\nLabel:"; a label continuation follows (see :func:`encode_label`)."""
+    return tokenizer.encode(f"Input: {text}\nLabel:")
+
+
+def encode_label(tokenizer, label: str) -> list[int]:
+    """Tokens of " LABEL", the continuation scored by constrained decoding."""
+    return tokenizer.encode(f" {label}")
+
+
+def encode_demonstration(tokenizer, text: str, label: str) -> list[int]:
+    """Query + label + newline, encoded piece by piece exactly as they are scored."""
+    return encode_query(tokenizer, text) + encode_label(tokenizer, label) + tokenizer.encode("\n")
+
+
+@register("icl")
+def icl_generator(rng: random.Random, tokenizer, length: int, filler: Filler) -> tuple[list[int], list[bool]]:
+    """Training example: [eos] then demonstrations of one fresh keyword task (2-8 classes) until the
+    sequence is full, corpus text in front for the remainder; loss on the label tokens."""
+    task = keyword_task(rng, n_classes=rng.randint(2, 8), n_items=length)
+    body = [tokenizer.eos_id]
+    label_spans = []
+    for text, label in task.items:
+        query = encode_query(tokenizer, text)
+        answer = encode_label(tokenizer, task.labels[label])
+        newline = tokenizer.encode("\n")
+        if len(body) + len(query) + len(answer) + len(newline) > length + 1:
+            break
+        body += query
+        label_spans.append((len(body), len(body) + len(answer)))
+        body += answer + newline
+    tokens, offset = _with_prefix(rng, filler, body, length)
+    return tokens, _loss_mask(len(tokens), [(s + offset, e + offset) for s, e in label_spans])
