@@ -26,20 +26,21 @@ if TYPE_CHECKING:
     from .cache import KVCache
 
 
-def rope_angles(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos, sin of the rotary angles, each (T, d/2) fp32, for integer positions (T,)."""
+def rope_frequencies(positions: Tensor, head_dim: int, theta: float) -> Tensor:
+    """e^(i·p·θ^(−2j/d)) for integer positions p (T,) and pairs j < d/2: complex64 (T, d/2)."""
     inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+    return torch.polar(torch.ones_like(angles), angles)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Interleaved rotary embedding: rotate pairs (x[2i], x[2i+1]) by angle i. x (B, T, n, d)."""
-    pairs = x.float().unflatten(-1, (-1, 2))  # (B, T, n, d/2, 2)
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, d/2) broadcasts over B and heads
-    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    return rotated.flatten(-2).type_as(x)
+def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
+    """Interleaved rotary embedding: rotate each pair (x[2i], x[2i+1]) by the angle of pair i.
+
+    x (B, T, n, d); freqs (T, d/2) complex. A pair is one complex number, so the rotation is
+    one complex product (four operator calls, which matters when decoding small models).
+    """
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (B, T, n, d/2)
+    return torch.view_as_real(pairs * freqs[:, None, :]).flatten(-2).type_as(x)
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
@@ -85,11 +86,11 @@ class _Attention(nn.Module):
         self.head_dim = config.head_dim
         self.tap: AttentionTap | None = None
 
-    def _rope(self, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None, start: int) -> tuple[Tensor, Tensor]:
+    def _rope(self, q: Tensor, k: Tensor, rope: Tensor | None, start: int) -> tuple[Tensor, Tensor]:
         if rope is None:  # standalone use: positions start .. start + T - 1
             positions = torch.arange(start, start + q.shape[1], device=q.device)
-            rope = rope_angles(positions, self.head_dim, self.config.rope_theta)
-        return apply_rope(q, *rope), apply_rope(k, *rope)
+            rope = rope_frequencies(positions, self.head_dim, self.config.rope_theta)
+        return apply_rope(q, rope), apply_rope(k, rope)
 
     def _tap_kwargs(self) -> dict:
         if self.tap is None:
@@ -121,7 +122,7 @@ class StandardAttention(_Attention):
     def forward(
         self,
         x: Tensor,
-        rope: tuple[Tensor, Tensor] | None = None,
+        rope: Tensor | None = None,
         *,
         cache: "KVCache | None" = None,
         attn_mask: Tensor | None = None,
@@ -180,7 +181,7 @@ class DiffAttention(_Attention):
     def forward(
         self,
         x: Tensor,
-        rope: tuple[Tensor, Tensor] | None = None,
+        rope: Tensor | None = None,
         *,
         cache: "KVCache | None" = None,
         attn_mask: Tensor | None = None,
@@ -229,7 +230,7 @@ class DiffV2Attention(_Attention):
     def forward(
         self,
         x: Tensor,
-        rope: tuple[Tensor, Tensor] | None = None,
+        rope: Tensor | None = None,
         *,
         cache: "KVCache | None" = None,
         attn_mask: Tensor | None = None,

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import ATTENTION_CLASSES, AttentionTap, DiffAttention, RMSNorm, rope_angles
+from .attention import ATTENTION_CLASSES, AttentionTap, DiffAttention, RMSNorm, rope_frequencies
 from .cache import KVCache
 from .config import ModelConfig
 
@@ -49,7 +49,7 @@ class Block(nn.Module):
         self.ffn = SwiGLU(config.d_model, config.ffn_hidden)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache | None, attn_mask: Tensor | None
+        self, x: Tensor, rope: Tensor, cache: KVCache | None, attn_mask: Tensor | None
     ) -> Tensor:
         x = x + self.attn(self.attn_norm(x), rope, cache=cache, attn_mask=attn_mask)
         return x + self.ffn(self.ffn_norm(x))
@@ -118,7 +118,7 @@ class LanguageModel(nn.Module):
         if start + t > self.config.max_seq_len:
             raise ValueError(f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}")
         positions = torch.arange(start, start + t, device=tokens.device)
-        rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta)
+        rope = rope_frequencies(positions, self.config.head_dim, self.config.rope_theta)  # (T, d/2) complex
         attn_mask = None if padding_mask is None else self._padding_to_attn_mask(padding_mask, t, start + t)
         x = self.embed(tokens)
         for layer in self.layers:
