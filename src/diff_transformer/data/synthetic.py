@@ -91,7 +91,7 @@ class NeedleExample:
     tokens: list[int]
     answers: list[str]  # the queried numbers, in query order
     answer_spans: list[tuple[int, int]]  # the answer number tokens after "... of CITY is"
-    needle_spans: list[tuple[int, int]]  # every needle sentence in the haystack, in city order
+    needle_spans: list[tuple[int, int]]  # every needle sentence in the haystack (needle 0 is the target)
     needle_number_spans: list[tuple[int, int]]  # the number inside each needle sentence
     queried_needles: list[int]  # index into needle_spans of the needle each query asks about
     target_needle: int  # the needle placed at ``depth``

@@ -1,0 +1,136 @@
+"""diff-transformer eval NAME: the paper's evaluations on one or more checkpoints.
+
+    diff-transformer eval needle --checkpoint out/compare/diff --checkpoint out/compare/standard
+    diff-transformer eval quantization --checkpoint out/compare/diff --bits 8 6 4 --out out/quant
+    diff-transformer eval icl --checkpoint DIR --data my.jsonl --text-field sentence --label-field label
+    diff-transformer eval scaling --results runs.json
+
+Each writes OUT/NAME.json and OUT/NAME.png and prints the Markdown report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ..evaluation.common import DEFAULT_OUT, add_option_flags, options_from_flags
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..evaluation import EVALUATIONS
+    from ..evaluation import scaling
+
+    p = subparsers.add_parser(
+        "eval",
+        help="run one of the paper's evaluations on checkpoints",
+        description="Run one of the paper's evaluations on one or more checkpoints (any attention kind). "
+        "Writes OUT/NAME.json and OUT/NAME.png and prints a Markdown report with the paper's figures beside ours.",
+    )
+    names = p.add_subparsers(dest="evaluation", required=True, metavar="NAME")
+    for name, spec in EVALUATIONS.items():
+        sub = names.add_parser(name, help=spec.title, description=f"{spec.title}. " + _first_paragraph(spec.run))
+        _common_flags(sub, checkpoint_required=True)
+        sub.add_argument("--quick", action="store_true", help="a small budget (smoke test); flags below still apply")
+        add_option_flags(sub, spec.options_type)
+        sub.set_defaults(run=run_model_evaluation, spec=spec)
+    sub = names.add_parser(
+        scaling.NAME, help=scaling.TITLE,
+        description=f"{scaling.TITLE}: fit L(x) = a·x^(−b) + c per architecture from several runs and report the "
+        "fraction of parameters (or tokens) DIFF needs to match the Transformer. Runs come from --results files "
+        "and/or --checkpoint directories (validation loss measured on held-out text).",
+    )
+    _common_flags(sub, checkpoint_required=False)
+    sub.add_argument("--results", nargs="+", default=[], metavar="FILE",
+                     help="JSON: a list of {attention, params, tokens, loss}, {\"runs\": [...]}, or a compare metrics.json")
+    sub.add_argument("--x", choices=scaling.X_KINDS, default="params", help="scale variable (default: params)")
+    sub.add_argument("--windows", type=int, default=16, help="held-out windows for a checkpoint's loss (default: 16)")
+    sub.set_defaults(run=run_scaling)
+
+
+def _first_paragraph(function) -> str:
+    module = sys.modules[function.__module__]
+    doc = (module.__doc__ or "").strip().split("\n\n")
+    return " ".join(doc[1].split()) if len(doc) > 1 else ""
+
+
+def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> None:
+    p.add_argument("--checkpoint", action="append", required=checkpoint_required, default=[], metavar="DIR",
+                   help="checkpoint directory; repeat to evaluate several models together")
+    p.add_argument("--label", action="append", default=[], help="a name per --checkpoint, in order (default: KIND:DIRNAME, the run folder for RUN/checkpoint)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default: {DEFAULT_OUT})")
+    p.add_argument("--tokenizer", default=None, help="tokenizer for checkpoints without one ('bytes', a JSON file)")
+    p.add_argument("--text", default=None, metavar="FILE",
+                   help="held-out text file to evaluate on (default: the embedded corpus' validation documents)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _load(args: argparse.Namespace):
+    from ..evaluation import EvalText, load_model
+
+    if args.label and len(args.label) != len(args.checkpoint):
+        raise SystemExit(f"error: {len(args.label)} --label for {len(args.checkpoint)} --checkpoint; give one per checkpoint")
+    labels = args.label or [None] * len(args.checkpoint)
+    models = [load_model(c, device=args.device, tokenizer=args.tokenizer, label=l) for c, l in zip(args.checkpoint, labels)]
+    if len({m.label for m in models}) != len(models):
+        raise SystemExit("error: two checkpoints have the same label; give --label for each")
+    text = None
+    if args.text:
+        with open(args.text, encoding="utf-8") as fh:
+            text = EvalText([fh.read()])
+    return models, text or EvalText()
+
+
+def _reporting_errors(run):
+    """Bad input (a missing file, a malformed checkpoint or JSONL, a bad option) ends with one
+    "error:" line and exit status 2 instead of a traceback."""
+
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return wrapped
+
+
+@_reporting_errors
+def run_model_evaluation(args: argparse.Namespace) -> int:
+    """Exit status 0 when the evaluation ran on every model, 1 when it could not on some."""
+    from pathlib import Path
+
+    from ..evaluation import run_evaluation
+
+    spec = args.spec
+    options = options_from_flags(spec.options_type, args, spec.options_type.quick() if args.quick else None)
+    models, text = _load(args)
+    data, section, files = run_evaluation(spec, models, Path(args.out), options=options, text=text, progress=not args.no_progress)
+    print(f"## {spec.title}\n\n{section}\n")
+    for path in files:
+        print(f"wrote {path}")
+    return 1 if data["errors"] else 0
+
+
+@_reporting_errors
+def run_scaling(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..evaluation import scaling
+    from ..evaluation.common import write_json
+
+    runs = scaling.load_runs(args.results)
+    if args.checkpoint:
+        models, text = _load(args)
+        runs += [scaling.run_from_checkpoint(m, text, windows=args.windows) for m in models]
+    if not runs:
+        raise SystemExit("error: give --results FILE and/or --checkpoint DIR")
+    result = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(runs, args.x)}
+    out = Path(args.out)
+    json_path = write_json(out / f"{scaling.NAME}.json", result)
+    scaling.plot(result, out / f"{scaling.NAME}.png")
+    print(f"## {scaling.TITLE}\n\n{scaling.report(result)}\n")
+    print(f"wrote {json_path}\nwrote {out / f'{scaling.NAME}.png'}")
+    return 0

@@ -1,0 +1,35 @@
+"""The paper's evaluations, each runnable on any checkpoint (standard, DIFF or DIFF V2).
+
+    diff-transformer eval NAME --checkpoint DIR [--checkpoint DIR ...] [--out DIR] [options]
+
+writes OUT/NAME.json and OUT/NAME.png. From Python, :func:`run_suite` runs all of them on
+several models (``compare`` does, after training) and returns Markdown sections for a report.
+
+    needle           multi-needle retrieval accuracy by depth and length   Table 2, Fig. 5
+    attention-noise  attention on the answer vs on the rest of the context  Table 3, Fig. 1
+    outliers         largest attention logits and hidden states             Table 5
+    quantization     accuracy and loss with 16/8/6/4-bit attention logits   Fig. 8
+    ar-hit           validation loss on AR-Hit and other tokens             Table 6
+    position-nll     cumulative average NLL by position                     Fig. 4
+    icl              many-shot classification and order robustness          Fig. 6, 7, 9
+    mqar             multi-query associative recall (Zoology)               –
+    scaling          fitted scaling laws from several runs                  Fig. 3
+"""
+
+from __future__ import annotations
+
+from .common import Evaluation, EvalText, ModelUnderTest, load_model
+from .suite import EVALUATIONS, NAMES, SuiteResult, report_sections, run_evaluation, run_suite
+
+__all__ = [
+    "EVALUATIONS",
+    "NAMES",
+    "EvalText",
+    "Evaluation",
+    "ModelUnderTest",
+    "SuiteResult",
+    "load_model",
+    "report_sections",
+    "run_evaluation",
+    "run_suite",
+]

@@ -1,0 +1,263 @@
+"""Scaling laws (paper Figure 3): fit L(x) = a·x^(−b) + c per architecture, x = parameters or
+training tokens, and find the fraction of x DIFF needs to reach the Transformer's loss.
+
+Input: several runs, each {attention, params, tokens, loss} (a JSON list, a {"runs": [...]}
+file, or the metrics.json that ``diff-transformer compare`` writes), or checkpoints whose
+validation loss is measured here. The fit has no scipy: for each c on a grid below the smallest
+loss, log(L − c) = log a − b·log x is a least-squares line; the c with the smallest squared
+error in L wins, then a golden-section search refines c between its grid neighbours. Three
+distinct x per architecture are needed for the three parameters; with two, c is fixed at 0
+(a pure power law) and the report says so; with one there is no fit, only the losses.
+
+Matching fraction: at each baseline x_T, the fitted baseline loss L_T(x_T) and the DIFF x_D
+with L_D(x_D) = L_T(x_T); the fraction is x_D / x_T (the paper: ~0.62-0.65 for parameters,
+~0.64 for tokens). It is undefined where L_T(x_T) is below DIFF's fitted floor c.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import paper
+from .common import (
+    BASELINE,
+    DIFF_KINDS,
+    KIND_COLORS,
+    EvalText,
+    ModelUnderTest,
+    fmt,
+    markdown_table,
+    new_figure,
+    save_figure,
+    token_nll,
+)
+
+NAME = "scaling"
+TITLE = "Scaling laws (paper Fig. 3)"
+X_KINDS = ("params", "tokens")
+
+
+@dataclass
+class PowerLaw:
+    """L(x) = a·x^(−b) + c fitted to ``points`` runs; ``fixed_c`` when c was held at 0."""
+
+    a: float
+    b: float
+    c: float
+    rmse: float
+    points: int
+    fixed_c: bool = False
+
+    def __call__(self, x: float) -> float:
+        return self.a * x ** (-self.b) + self.c
+
+    def inverse(self, loss: float) -> float | None:
+        """The x where the law reaches ``loss``; None below its floor c (or for a flat law)."""
+        if loss <= self.c or self.a <= 0 or self.b == 0:
+            return None
+        return ((loss - self.c) / self.a) ** (-1.0 / self.b)
+
+
+def _line_fit(log_x: np.ndarray, y: np.ndarray, c: float) -> tuple[float, float, float]:
+    """(a, b, squared error in y) of the best power law with floor c."""
+    slope, intercept = np.polyfit(log_x, np.log(y - c), 1)
+    a, b = math.exp(intercept), -slope
+    sse = float(np.sum((a * np.exp(-b * log_x) + c - y) ** 2))
+    return a, b, sse
+
+
+def fit_power_law(x: Iterable[float], loss: Iterable[float], *, grid: int = 400) -> PowerLaw:
+    """Fit L = a·x^(−b) + c (see the module docstring); needs two or more distinct x > 0."""
+    x = np.asarray(list(x), dtype=np.float64)
+    y = np.asarray(list(loss), dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError("x and loss must be two sequences of the same length")
+    if np.any(x <= 0) or np.any(~np.isfinite(x)) or np.any(~np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError("x and loss must be positive and finite")
+    distinct = len(np.unique(x))
+    if distinct < 2:
+        raise ValueError(f"a power law needs at least two distinct x, got {distinct}")
+    log_x = np.log(x)
+    if distinct == 2:
+        a, b, sse = _line_fit(log_x, y, 0.0)
+        return PowerLaw(a, b, 0.0, math.sqrt(sse / len(y)), len(y), fixed_c=True)
+    top = float(y.min()) * (1 - 1e-9)
+    cs = np.linspace(0.0, top, grid, endpoint=False)
+    errors = [_line_fit(log_x, y, c)[2] for c in cs]
+    best = int(np.argmin(errors))
+    lo, hi = cs[max(best - 1, 0)], (cs[best + 1] if best + 1 < len(cs) else top)
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(100):  # golden-section search for the c of least error in [lo, hi]
+        m1, m2 = hi - golden * (hi - lo), lo + golden * (hi - lo)
+        if _line_fit(log_x, y, m1)[2] <= _line_fit(log_x, y, m2)[2]:
+            hi = m2
+        else:
+            lo = m1
+    c = (lo + hi) / 2
+    a, b, sse = _line_fit(log_x, y, c)
+    if sse > errors[best]:
+        c = float(cs[best])
+        a, b, sse = _line_fit(log_x, y, c)
+    return PowerLaw(a, b, c, math.sqrt(sse / len(y)), len(y))
+
+
+# --- runs ------------------------------------------------------------------------------------------------
+
+
+def _run_record(item: dict, source: str) -> dict[str, Any]:
+    missing = [k for k in ("attention", "loss") if k not in item]
+    if missing:
+        raise ValueError(f"{source}: a run needs 'attention' and 'loss' (missing {', '.join(missing)}): {item}")
+    params = item.get("params", item.get("parameters"))
+    return {"label": item.get("label", item.get("name")), "attention": str(item["attention"]),
+            "params": None if params is None else float(params),
+            "tokens": None if item.get("tokens") is None else float(item["tokens"]), "loss": float(item["loss"])}
+
+
+def runs_from_json(data: Any, source: str = "results") -> list[dict[str, Any]]:
+    """Runs from a list of run dicts, {"runs": [...]}, or a compare metrics.json ({"models": {...}})."""
+    if isinstance(data, dict) and isinstance(data.get("runs"), list):
+        data = data["runs"]
+    if isinstance(data, dict) and isinstance(data.get("models"), dict):
+        data = [{"label": name, **_compare_model(model, f"{source}: models.{name}")} for name, model in data["models"].items()]
+    if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
+        raise ValueError(f"{source}: expected a list of runs {{attention, params, tokens, loss}}, a {{\"runs\": [...]}} "
+                         "object, or a compare metrics.json")
+    return [_run_record(item, source) for item in data]
+
+
+def _compare_model(model: dict, source: str) -> dict[str, Any]:
+    """One model entry of a compare metrics.json as a run."""
+    loss = model.get("loss", model.get("final_val_loss", model.get("val_loss")))
+    if isinstance(loss, dict):
+        loss = loss.get("mean")
+    if loss is None:
+        raise ValueError(f"{source}: no final validation loss (loss / final_val_loss / val_loss)")
+    return {"attention": model.get("attention"), "params": model.get("params", model.get("parameters")),
+            "tokens": model.get("tokens"), "loss": loss}
+
+
+def load_runs(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    runs = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such results file")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        runs += runs_from_json(data, str(path))
+    return runs
+
+
+# --- the evaluation ------------------------------------------------------------------------------------
+
+
+def evaluate(runs: list[dict[str, Any]], x_kind: str = "params") -> dict[str, Any]:
+    """Fit every architecture and the matching fractions of each DIFF kind against the baseline."""
+    if x_kind not in X_KINDS:
+        raise ValueError(f"x must be one of {', '.join(X_KINDS)}, got {x_kind!r}")
+    by_kind: dict[str, list[dict]] = {}
+    for run in runs:
+        if run[x_kind] is None:
+            raise ValueError(f"run {run} has no {x_kind!r}")
+        by_kind.setdefault(run["attention"], []).append(run)
+    fits: dict[str, PowerLaw | None] = {}
+    architectures = {}
+    for kind, points in by_kind.items():
+        points.sort(key=lambda r: r[x_kind])
+        distinct = len({r[x_kind] for r in points})
+        fit = fit_power_law([r[x_kind] for r in points], [r["loss"] for r in points]) if distinct >= 2 else None
+        fits[kind] = fit
+        architectures[kind] = {"points": points, "fit": asdict(fit) if fit else None}
+    matching = {}
+    base_fit = fits.get(BASELINE)
+    for kind in DIFF_KINDS:
+        if kind not in by_kind or BASELINE not in by_kind:
+            continue
+        entries = []
+        if base_fit and fits[kind]:
+            for run in by_kind[BASELINE]:
+                x_base = run[x_kind]
+                target = base_fit(x_base)
+                x_diff = fits[kind].inverse(target)
+                entries.append({"baseline_x": x_base, "loss": target, "diff_x": x_diff,
+                                "fraction": None if x_diff is None else x_diff / x_base})
+        same_x = [(b, d) for b in by_kind[BASELINE] for d in by_kind[kind] if b[x_kind] == d[x_kind]]
+        fractions = [e["fraction"] for e in entries if e["fraction"] is not None]
+        matching[kind] = {
+            "fractions": entries,
+            "median_fraction": float(np.median(fractions)) if fractions else None,
+            "loss_differences_at_same_x": [{"x": b[x_kind], "baseline": b["loss"], kind: d["loss"],
+                                            "difference": d["loss"] - b["loss"]} for b, d in same_x],
+        }
+    return {"x": x_kind, "architectures": architectures, "matching": matching}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    fig, axes = new_figure(ncols=1, size=(6.4, 4.2))
+    ax = axes[0]
+    for i, (kind, arch) in enumerate(result["architectures"].items()):
+        color = KIND_COLORS.get(kind, f"C{i}")
+        xs = [p[result["x"]] for p in arch["points"]]
+        ax.scatter(xs, [p["loss"] for p in arch["points"]], color=color, label=f"{kind} runs")
+        if arch["fit"]:
+            law = PowerLaw(**arch["fit"])
+            grid = np.geomspace(min(xs) / 1.5, max(xs) * 1.5, 100)
+            ax.plot(grid, [law(x) for x in grid], color=color,
+                    label=f"{kind}: {law.a:.3g}·x^-{law.b:.3f} + {law.c:.3f}" + (" (c fixed)" if law.fixed_c else ""))
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters" if result["x"] == "params" else "training tokens")
+    ax.set_ylabel("validation loss")
+    ax.set_title("Scaling (cf. Fig. 3)")
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def report(result: dict[str, Any]) -> str:
+    x_name = "parameters" if result["x"] == "params" else "training tokens"
+    rows = []
+    for kind, arch in result["architectures"].items():
+        fit = arch["fit"]
+        law = "–" if not fit else f"{fit['a']:.4g}·x^(−{fit['b']:.4f}) + {fit['c']:.4f}" + (" (c fixed at 0)" if fit["fixed_c"] else "")
+        rows.append([kind, len(arch["points"]), law, fmt(fit["rmse"], 4) if fit else "–"])
+    lines = [markdown_table(["Architecture", "Runs", f"L({x_name})", "RMSE"], rows), ""]
+    claim = paper.SCALING_FIG3
+    paper_fraction = (f"{claim['parameter_fraction'][0]:.2f}–{claim['parameter_fraction'][1]:.2f}"
+                      if result["x"] == "params" else f"{claim['token_fraction']:.2f}")
+    for kind, match in result["matching"].items():
+        median = match["median_fraction"]
+        if median is not None:
+            verdict = "agrees with the paper's direction (DIFF needs less)" if median < 1 else "**contradicts the paper** (DIFF needs more)"
+            lines.append(f"{kind} reaches the Transformer's loss with {median:.2f}× its {x_name} (median over the baseline runs; "
+                         f"paper: {paper_fraction}) — {verdict}.")
+        elif match["fractions"]:
+            lines.append(f"{kind}: the Transformer's losses are below {kind}'s fitted floor; no matching fraction.")
+        else:
+            lines.append(f"{kind}: too few distinct sizes to fit both laws; no matching fraction.")
+        for d in match["loss_differences_at_same_x"]:
+            lines.append(f"At {x_name} = {d['x']:.4g}: {kind} loss {d[kind]:.4f} vs Transformer {d['baseline']:.4f} "
+                         f"({d['difference']:+.4f}; the paper expects negative).")
+    lines += ["", f"Paper ({claim['source']}): {claim['claim']}."]
+    return "\n".join(lines)
+
+
+def run_from_checkpoint(mut: ModelUnderTest, text: EvalText, *, windows: int = 16, batch_size: int = 8) -> dict[str, Any]:
+    """A run record for a checkpoint: its parameters, the tokens it was trained on (from the
+    training state a training checkpoint holds, else None), and its validation loss on held-out
+    windows of its full context."""
+    from ..train.state import TRAINING_STATE_FILE, read_training_state
+
+    tokens = None
+    if mut.checkpoint and (Path(mut.checkpoint) / TRAINING_STATE_FILE).is_file():
+        tokens = read_training_state(mut.checkpoint)["progress"]["tokens"]
+    nll = token_nll(mut.model, text.windows(mut.tokenizer, mut.max_seq_len, windows), batch_size)
+    return {"label": mut.label, "attention": mut.attention, "params": float(mut.model.num_parameters()),
+            "tokens": None if tokens is None else float(tokens), "loss": float(nll.mean())}

@@ -1,0 +1,85 @@
+"""Attention maps handed to an AttentionTap, and the attention-noise evaluation built on them."""
+
+import random
+
+import pytest
+import torch
+
+from diff_transformer import AttentionTap, LanguageModel, ModelConfig
+from diff_transformer.data.synthetic import ICL_WORDS, build_needle_example
+from diff_transformer.evaluation import EvalText, ModelUnderTest
+from diff_transformer.evaluation import attention_noise
+from diff_transformer.tokenizer import ByteTokenizer
+
+KINDS = ["standard", "diff", "diff_v2"]
+TOK = ByteTokenizer()
+TEXT = EvalText([" ".join(random.Random(0).choices(ICL_WORDS, k=6000))])
+
+
+def model(kind: str) -> LanguageModel:
+    torch.manual_seed(0)
+    return LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=256)).eval()
+
+
+class Recorder(AttentionTap):
+    def __init__(self):
+        self.maps = {}
+
+    def record(self, layer_index, maps):
+        self.maps[layer_index] = maps
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_effective_map_rows_sum_as_expected(kind):
+    """Softmax rows sum to 1; DIFF rows to 1 − λ; DIFF V2 rows to 1 − σ(λ_h(x_t))."""
+    m = model(kind)
+    inputs = {}
+    hooks = [layer.attn.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0]))
+             for i, layer in enumerate(m.layers)]
+    tokens = torch.randint(0, 257, (2, 40))
+    with torch.no_grad(), m.tap_attention(Recorder()) as tap:
+        m(tokens)
+    for h in hooks:
+        h.remove()
+    for i, layer in enumerate(m.layers):
+        maps = tap.maps[i]
+        for probs in maps.probs:
+            torch.testing.assert_close(probs.sum(-1), torch.ones_like(probs.sum(-1)), atol=1e-5, rtol=0)
+        sums = maps.combined.sum(-1)  # (B, H, T)
+        if kind == "standard":
+            expected = torch.ones_like(sums)
+        elif kind == "diff":
+            expected = torch.full_like(sums, 1.0 - float(layer.attn.lam().detach()))
+        else:
+            lam = torch.sigmoid(layer.attn.lambda_proj(inputs[i]).float()).transpose(1, 2)  # (B, H, T)
+            expected = 1.0 - lam
+        torch.testing.assert_close(sums, expected, atol=1e-5, rtol=0)
+        for logits in maps.logits:  # masked (future) positions are -inf
+            assert torch.isinf(logits[..., 0, 1:]).all() and torch.isfinite(logits[..., -1, :]).all()
+
+
+def test_column_groups_partition_the_document():
+    filler = TEXT.filler(TOK)
+    ex = build_needle_example(random.Random(0), TOK, filler, length=400, n_needles=3, n_queries=2, depth=0.5)
+    groups = attention_noise.column_groups(ex)
+    stacked = torch.stack([groups[g] for g in attention_noise.GROUPS]).int()
+    assert (stacked.sum(0) == 1).all()
+    for i in ex.queried_needles:
+        start, end = ex.needle_number_spans[i]
+        assert groups["answer"][start:end].all()
+    assert groups["answer"].sum() == sum(e - s for s, e in (ex.needle_number_spans[i] for i in ex.queried_needles))
+    rows = attention_noise.answer_rows(ex)
+    assert [ex.tokens[r + 1] for r in rows] == [t for s, e in ex.answer_spans for t in ex.tokens[s:e]]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_noise_masses_are_normalised(kind):
+    mut = ModelUnderTest(kind, model(kind), TOK)
+    options = attention_noise.AttentionNoiseOptions(depths=(0.0, 1.0), samples=2, length=200)
+    result = attention_noise.run(mut, options, TEXT, progress=False)
+    assert result["depths"] == [0.0, 1.0] and len(result["answer"]) == 2
+    for entry in result["by_depth"]:
+        assert entry["answer"] + entry["noise"] + entry["other"] == pytest.approx(1.0, abs=1e-5)
+        assert 0.0 < entry["answer"] < 1.0 and 0.0 < entry["noise"] < 1.0
+        assert len(entry["per_layer"]["answer"]) == 2 and entry["layers_left_out"] == [0, 0]
+    assert len(result["profile"]["attention"]) == 200

@@ -1,0 +1,116 @@
+"""`diff-transformer eval NAME` and run_suite, end to end on saved tiny checkpoints."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from diff_transformer import LanguageModel, ModelConfig
+from diff_transformer.cli import main
+from diff_transformer.data.synthetic import ICL_WORDS
+from diff_transformer.evaluation import EVALUATIONS, NAMES, EvalText, run_suite
+from diff_transformer.tokenizer import ByteTokenizer
+
+WORDS = " ".join(random.Random(0).choices(ICL_WORDS, k=4000))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Debug-size models run the suite several times faster on one thread than on two (OpenMP
+    synchronisation dominates such small matrices); the thread count is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    out = {}
+    for kind in ("standard", "diff"):
+        torch.manual_seed(0)
+        model = LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=256))
+        out[kind] = model.save_pretrained(root / kind, ByteTokenizer())
+    text = root / "heldout.txt"
+    text.write_text(WORDS)
+    return out, text
+
+
+def test_every_evaluation_has_a_subcommand_and_options_that_parse():
+    from diff_transformer.cli import build_parser
+
+    parser = build_parser()
+    for name in NAMES:
+        args = parser.parse_args(["eval", name, "--checkpoint", "x"])
+        assert args.evaluation == name
+    args = parser.parse_args(["eval", "quantization", "--checkpoint", "x", "--bits", "8", "4", "--granularity", "head"])
+    assert args.bits == [8, 4] and args.granularity == "head"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "quantization", "--checkpoint", "x", "--granularity", "tensor"])
+    assert set(EVALUATIONS) | {"scaling"} == set(NAMES)
+
+
+def test_eval_command_writes_json_and_png(checkpoints, tmp_path, capsys):
+    ckpts, text = checkpoints
+    out = tmp_path / "out"
+    code = main(["eval", "ar-hit", "--checkpoint", str(ckpts["standard"]), "--checkpoint", str(ckpts["diff"]),
+                 "--label", "T", "--label", "D", "--text", str(text), "--out", str(out), "--quick", "--no-progress",
+                 "--ngram", "3"])
+    assert code == 0
+    data = json.loads((out / "ar-hit.json").read_text())
+    assert set(data["models"]) == {"T", "D"} and data["options"]["ngram"] == 3 and data["models"]["D"]["model"]["attention"] == "diff"
+    assert (out / "ar-hit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "| D (ours" in printed and "Transformer (paper, 1.4B)" in printed
+
+
+def test_bad_input_is_one_error_line(checkpoints, tmp_path, capsys):
+    ckpts, _ = checkpoints
+    assert main(["eval", "ar-hit", "--checkpoint", str(tmp_path / "missing")]) == 2
+    assert main(["eval", "icl", "--checkpoint", str(ckpts["diff"]), "--data", str(tmp_path / "none.jsonl"),
+                 "--tasks", "none", "--out", str(tmp_path)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors[0].startswith("error: ") and "no config.json" in errors[0]
+    assert errors[1] == f"error: {tmp_path / 'none.jsonl'}: no such JSONL file"
+
+
+def test_eval_scaling_command(tmp_path, capsys):
+    runs = [{"attention": kind, "params": n, "tokens": 1e9, "loss": 2.0 + 50 * (n * (1.6 if kind == "diff" else 1)) ** -0.3}
+            for kind in ("standard", "diff") for n in (1e6, 4e6, 1.6e7, 6.4e7)]
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    assert main(["eval", "scaling", "--results", str(tmp_path / "runs.json"), "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "scaling.json").read_text())
+    assert data["matching"]["diff"]["median_fraction"] == pytest.approx(1 / 1.6, rel=0.02)
+    assert (tmp_path / "scaling.png").exists()
+
+
+def test_run_suite_quick_on_two_models(checkpoints, tmp_path):
+    ckpts, _ = checkpoints
+    result = run_suite(ckpts, tmp_path, quick=True, text=EvalText([WORDS]), progress=False)
+    assert list(result.sections) == list(EVALUATIONS)
+    for name in EVALUATIONS:
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        assert set(data["models"]) == {"standard", "diff"}, (name, data["errors"])
+        assert (tmp_path / f"{name}.png").exists()
+        assert "paper" in result.sections[name].lower()
+    markdown = result.markdown(relative_to=tmp_path)
+    assert "![needle](needle.png)" in markdown and "### Multi-needle retrieval" in markdown
+    with pytest.raises(ValueError, match="unknown evaluation"):
+        run_suite(ckpts, tmp_path, evaluations=["nope"])
+
+
+def test_report_sections_link_plots_relative_to_the_report(monkeypatch, tmp_path):
+    from diff_transformer.evaluation import SuiteResult, report_sections, suite
+
+    seen = {}
+
+    def fake_suite(checkpoints, out_dir, **kwargs):
+        seen["out_dir"] = out_dir
+        return SuiteResult(sections={"mqar": "table"}, data={"mqar": {"title": "MQAR"}}, images={"mqar": out_dir / "mqar.png"})
+
+    monkeypatch.setattr(suite, "run_suite", fake_suite)
+    sections = report_sections({"diff": tmp_path / "diff"}, tmp_path)
+    assert seen["out_dir"] == tmp_path / "eval"
+    assert sections[0].startswith("## ") and "### MQAR\n\ntable" in sections[1] and "(eval/mqar.png)" in sections[1]
