@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["generate", "info"]
+COMMANDS = ["generate", "info", "hf", "data", "evaluate", "train", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

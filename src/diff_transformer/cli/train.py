@@ -1,0 +1,105 @@
+"""diff-transformer train | compare: train one model, or several side by side with a report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..config import ConfigError
+
+CONFIG_HELP = (
+    "a YAML config file, or the name of a shipped one (tiny, ablation-1.4b, paper-3b); default: tiny"
+)
+SET_HELP = "override a config value, e.g. --set optim.lr=1e-3 --set run.steps=100 (repeatable; values are YAML)"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train one model of a config (one CPU/GPU, or every process under torchrun)",
+        description="Train one model of a config. Runs unchanged under "
+        "`torchrun --nproc_per_node K -m diff_transformer train ...` (DDP, or FSDP2 with --set run.parallel=fsdp). "
+        "Writes metrics.jsonl, tensorboard/, summary.json and checkpoint/ into run.out_dir. "
+        "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly.",
+    )
+    p.add_argument("--config", default="tiny", help=CONFIG_HELP)
+    p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in run.checkpoint_dir")
+    p.set_defaults(run=run_train)
+
+    c = subparsers.add_parser(
+        "compare",
+        help="train several attention kinds side by side and write a report (the main job)",
+        description="Train each model with the same data order, seeds and token budget, then write "
+        "DIR/report.md (parameters, tokens, final validation loss ± std over seeds, tokens/s, peak memory, "
+        "beside the paper's figures), DIR/metrics.json, DIR/loss.png, and each model's final checkpoint in "
+        "DIR/<model>/. Default: the tiny preset on the embedded corpus, standard vs diff.",
+    )
+    c.add_argument("--config", default="tiny", help=CONFIG_HELP)
+    c.add_argument(
+        "--attention",
+        help="comma-separated attention kinds to train (standard,diff,diff_v2): every model of the config "
+        "with one of these kinds; default: the config's compare.models",
+    )
+    c.add_argument("--steps", type=int, help="optimizer steps per model (overrides run.steps)")
+    c.add_argument("--seeds", type=int, help="seeds per model (overrides compare.seeds)")
+    c.add_argument("--out", default="out/compare", help="output directory (default: out/compare)")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    c.add_argument("--resume", action="store_true", help="reuse finished runs in --out and continue interrupted ones")
+    c.add_argument("--nproc", type=int, default=1, help="processes per model run (torchrun; default 1)")
+    c.set_defaults(run=run_compare)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from ..checkpoint import CheckpointError
+    from ..train import TrainingError, load_config, train
+
+    try:
+        config = load_config(args.config, args.overrides)
+        result = train(config, args.model, resume=args.resume)
+    except (ConfigError, TrainingError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for all
+        return {"completed": 0, "paused": 0, "interrupted": 130}.get(result.status, 1)
+    if result.status == "diverged":
+        return 1
+    if result.status in ("interrupted", "paused"):
+        print(result.message, file=sys.stderr)
+        return 130 if result.status == "interrupted" else 0
+    val = f"{result.final_val_loss:.4f}" if result.final_val_loss is not None else "-"
+    print(
+        f"{result.model}: {result.steps} steps, {result.tokens:,} tokens, final validation loss {val}, "
+        f"{result.tokens_per_s:,.0f} tokens/s; checkpoint {result.checkpoint}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from ..train import TrainingError, load_config
+    from ..train.compare import CompareInterrupted, compare, select_models
+
+    overrides = list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"run.steps={args.steps}")
+    try:
+        config = load_config(args.config, overrides)
+        kinds = [k.strip() for k in args.attention.split(",") if k.strip()] if args.attention else None
+        models = select_models(config, kinds)
+        if args.seeds is not None and args.seeds < 1:
+            raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
+        if args.nproc < 1:
+            raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+        # Evaluation hook: pass `evaluation=` here to append evaluation sections to the report.
+        metrics = compare(config, args.out, models=models, seeds=args.seeds, resume=args.resume, nproc=args.nproc)
+    except (ConfigError, TrainingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except CompareInterrupted as exc:
+        print(exc, file=sys.stderr)
+        return 130
+    print(f"report: {args.out}/report.md ({metrics['wall_seconds'] / 60:.1f} min)", file=sys.stderr)
+    return 0

@@ -1,0 +1,404 @@
+"""Training configuration: typed dataclasses, read from YAML, with ``key=value`` overrides.
+
+A config file names an experiment: a base ``model`` and named ``models`` (variants merged over
+it), the ``data``, the ``optim``izer, the ``run`` and the ``compare`` selection::
+
+    name: tiny
+    model: {preset: tiny}                  # a ModelConfig preset plus any ModelConfig field
+    models:
+      standard: {attention: standard, label: Transformer, paper_row: transformer}
+      diff: {attention: diff, label: DIFF, paper_row: diff}
+    data: {dataset: default, seq_len: 256, batch_size: 16}
+    optim: {recipe: null, lr: 2.0e-3, min_lr: 2.0e-4, warmup_steps: 30, betas: [0.9, 0.95], weight_decay: 0.1}
+    run: {steps: 300, eval_every: 50, out_dir: out/train}
+    compare: {models: [standard, diff]}
+
+Every section is a dataclass below; an unknown key anywhere is a :class:`ConfigError` naming it.
+Overrides use dotted paths: ``optim.lr=1e-3``, ``models.diff.lambda_init=0.8``,
+``data.mix.needle=0.1``; the value is read as YAML (``run.compile=true``, ``optim.betas=[0.9,0.95]``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ATTENTION_KINDS, ConfigError, ModelConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class ModelEntry:
+    """One model of an experiment: a preset (or none) plus ModelConfig fields.
+
+    ``label`` is the name reports print; ``paper_row`` names the row of the paper's Table 6
+    (see :data:`diff_transformer.train.report.PAPER_TABLE6`) that this model corresponds to.
+    """
+
+    name: str
+    attention: str = "diff"
+    preset: str | None = None
+    label: str | None = None
+    paper_row: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
+
+    def model_config(self) -> ModelConfig:
+        """The ModelConfig this entry describes (validated by ModelConfig itself)."""
+        try:
+            if self.preset is None:
+                return ModelConfig.from_dict({**self.fields, "attention": self.attention})
+            return ModelConfig.from_preset(self.preset, attention=self.attention, **self.fields)
+        except (ConfigError, TypeError) as exc:
+            raise ConfigError(f"models.{self.name}: {exc}") from None
+
+    @property
+    def display_name(self) -> str:
+        return self.label or self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"attention": self.attention}
+        for key in ("preset", "label", "paper_row"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return {**out, **self.fields}
+
+
+@dataclass
+class DataConfig:
+    """What the model reads. Batches are counted in sequences of ``seq_len`` tokens."""
+
+    dataset: str = "default"  # "default" = the embedded corpus (prepared once into a cache), or a shard folder
+    cache_dir: str | None = None  # where "default" is prepared; None = the data layer's default cache
+    seq_len: int | None = None  # tokens per sequence; None = the model's max_seq_len
+    batch_size: int = 16  # sequences per optimizer step, summed over all processes
+    micro_batch_size: int | None = None  # sequences per forward pass and process; None = batch_size / processes
+    mix: dict[str, float] = field(default_factory=dict)  # generator name -> fraction of training sequences
+    eval_sequences: int = 64  # validation sequences scored at every evaluation (the same ones each time)
+
+    def __post_init__(self) -> None:
+        if self.seq_len is not None and self.seq_len <= 0:
+            raise ConfigError(f"data.seq_len must be positive, got {self.seq_len}")
+        if self.batch_size <= 0:
+            raise ConfigError(f"data.batch_size must be positive, got {self.batch_size}")
+        if self.micro_batch_size is not None and self.micro_batch_size <= 0:
+            raise ConfigError(f"data.micro_batch_size must be positive, got {self.micro_batch_size}")
+        if self.eval_sequences <= 0:
+            raise ConfigError(f"data.eval_sequences must be positive, got {self.eval_sequences}")
+        from ..data.synthetic import GENERATORS
+
+        for name, fraction in self.mix.items():
+            if name not in GENERATORS:
+                raise ConfigError(f"data.mix.{name}: no such generator; choose from {', '.join(GENERATORS)}")
+            if not 0.0 <= fraction < 1.0:
+                raise ConfigError(f"data.mix.{name} must be a fraction in [0, 1), got {fraction}")
+        if sum(self.mix.values()) >= 1.0:
+            raise ConfigError(f"data.mix fractions must sum to less than 1, got {sum(self.mix.values()):.3f}")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, linear warmup then linear decay to ``min_lr``. ``recipe`` names a preset (see
+    :data:`diff_transformer.train.optim.RECIPES`) that fills every field left unset (null)."""
+
+    recipe: str | None = None
+    lr: float | None = None  # peak learning rate
+    min_lr: float | None = None  # the floor the linear decay ends at
+    warmup_steps: int | None = None
+    betas: tuple[float, float] | None = None
+    weight_decay: float | None = None  # applied to matrices and embeddings, not to norms and λ vectors
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+
+    def __post_init__(self) -> None:
+        from .optim import RECIPES
+
+        if self.recipe is not None:
+            if self.recipe not in RECIPES:
+                raise ConfigError(f"optim.recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+            for key, value in RECIPES[self.recipe].items():
+                if getattr(self, key) is None:
+                    setattr(self, key, value)
+        missing = [f.name for f in dataclasses.fields(self) if f.name != "recipe" and getattr(self, f.name) is None]
+        if missing:
+            raise ConfigError(f"optim: set {', '.join(missing)} or name a recipe (optim.recipe) that sets them")
+        self.betas = tuple(self.betas)
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"optim: need 0 < lr and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError("optim.warmup_steps, optim.weight_decay and optim.grad_clip must not be negative")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+
+
+@dataclass
+class RunConfig:
+    """How long, where, on what, and how often to evaluate, log and save."""
+
+    steps: int = 300  # optimizer steps
+    seed: int = 0  # model init; the data order is fixed by data_seed
+    data_seed: int = 0  # which corpus windows, in which order (the same for every model and seed)
+    eval_every: int = 50  # steps between validation evaluations (and one at the end)
+    log_every: int = 10  # steps between training-metric records
+    checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end (and on SIGINT/SIGTERM)
+    stop_at_step: int | None = None  # end this invocation after this step (checkpoint saved; the schedule
+    #                                  still spans `steps`): time-sliced jobs, continued with --resume
+    out_dir: str = "out/train"  # metrics.jsonl, tensorboard/, summary.json
+    checkpoint_dir: str | None = None  # the training checkpoint; None = out_dir/checkpoint
+    device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda"
+    precision: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU; or "fp32", "bf16"
+    compile: bool = False  # torch.compile the model
+    parallel: str = "ddp"  # under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard per block)
+    tensorboard: bool = True  # also write TensorBoard event files in out_dir/tensorboard
+    progress: bool = True  # tqdm progress bar (rank 0)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "eval_every", "log_every"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"run.{name} must be positive, got {getattr(self, name)}")
+        if self.stop_at_step is not None and not 0 < self.stop_at_step <= self.steps:
+            raise ConfigError(f"run.stop_at_step must be in [1, run.steps={self.steps}], got {self.stop_at_step}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        choices = {"device": ("auto", "cpu", "cuda"), "precision": ("auto", "fp32", "bf16"), "parallel": ("ddp", "fsdp")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"run.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
+
+@dataclass
+class CompareConfig:
+    """What ``diff-transformer compare`` trains by default."""
+
+    models: list[str] = field(default_factory=list)  # model names; empty = every model of the config
+    seeds: int = 1  # training seeds per model: run.seed, run.seed + 1, ...
+
+    def __post_init__(self) -> None:
+        if self.seeds <= 0:
+            raise ConfigError(f"compare.seeds must be positive, got {self.seeds}")
+
+
+@dataclass
+class TrainConfig:
+    name: str
+    models: dict[str, ModelEntry]
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(recipe="paper-scaling"))
+    run: RunConfig = field(default_factory=RunConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    description: str = ""
+    source: str | None = None  # the file it was read from
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("models: a config needs at least one model")
+        for name in self.compare.models:
+            if name not in self.models:
+                raise ConfigError(f"compare.models: no model named {name!r}; the config has {', '.join(self.models)}")
+
+    def model(self, name: str | None = None) -> ModelEntry:
+        """The entry called ``name``; without a name, the only one (an error if there are several)."""
+        if name is None:
+            if len(self.models) > 1:
+                raise ConfigError(
+                    f"config {self.name!r} defines models {', '.join(self.models)}: choose one (--model NAME)"
+                )
+            return next(iter(self.models.values()))
+        if name not in self.models:
+            raise ConfigError(f"no model named {name!r} in config {self.name!r}; it has {', '.join(self.models)}")
+        return self.models[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data that :func:`config_from_dict` reads back (written beside every run)."""
+        out = {"name": self.name, "description": self.description}
+        out["models"] = {name: entry.to_dict() for name, entry in self.models.items()}
+        for section in ("data", "optim", "run", "compare"):
+            values = dataclasses.asdict(getattr(self, section))
+            if section == "optim":
+                values["betas"] = list(values["betas"])
+            out[section] = values
+        return out
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+_ENTRY_KEYS = {"attention", "preset", "label", "paper_row"}
+
+
+def _check_type(value: Any, annotation: Any, where: str) -> Any:
+    """``value`` if it fits ``annotation`` (ints are accepted as floats), else a ConfigError."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check_type(value, option, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0])
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{where} must be a number, got {value!r}") from None
+    if annotation in (int, float, str, bool):
+        if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
+            raise ConfigError(f"{where} must be {annotation.__name__}, got {value!r}")
+        return value
+    if origin is tuple:
+        item_types = typing.get_args(annotation)
+        if not isinstance(value, (list, tuple)) or len(value) != len(item_types):
+            raise ConfigError(f"{where} must be a list of {len(item_types)} values, got {value!r}")
+        return tuple(_check_type(v, t, f"{where}[{i}]") for i, (v, t) in enumerate(zip(value, item_types)))
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return [_check_type(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_type, value_type = typing.get_args(annotation)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return {_check_type(k, key_type, where): _check_type(v, value_type, f"{where}.{k}") for k, v in value.items()}
+    raise TypeError(f"unsupported annotation {annotation!r} at {where}")
+
+
+def _section(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass ``cls`` from a mapping, naming any unknown key or ill-typed value."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]} (known keys of {where}: {', '.join(known)})")
+    values = {key: _check_type(value, hints[key], f"{where}.{key}") for key, value in data.items()}
+    return cls(**values)
+
+
+def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
+    if base is None:
+        base = {}
+    if not isinstance(base, dict):
+        raise ConfigError(f"model must be a mapping, got {base!r}")
+    if variants is None:
+        variants = {"model": {}}
+    if not isinstance(variants, dict):
+        raise ConfigError(f"models must be a mapping of name -> model fields, got {variants!r}")
+    entries = {}
+    for name, variant in variants.items():
+        if not isinstance(variant, dict):
+            raise ConfigError(f"models.{name} must be a mapping, got {variant!r}")
+        merged = {**base, **(variant or {})}
+        attention = merged.pop("attention", "diff")
+        if attention not in ATTENTION_KINDS:
+            raise ConfigError(f"models.{name}.attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+        entry = ModelEntry(
+            name=str(name),
+            attention=attention,
+            preset=merged.pop("preset", None),
+            label=merged.pop("label", None),
+            paper_row=merged.pop("paper_row", None),
+            fields=merged,
+        )
+        entry.model_config()  # validate now: unknown ModelConfig fields are named here
+        entries[str(name)] = entry
+    return entries
+
+
+def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainConfig:
+    """A TrainConfig from plain data (a parsed YAML file); every key is checked."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source or 'config'}: expected a mapping at the top level")
+    known = {"name", "description", "model", "models", "data", "optim", "run", "compare"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} at the top level (known: {', '.join(sorted(known))})")
+    models = _model_entries(data.get("model"), data.get("models"))
+    from .paper import PAPER_TABLE6
+
+    for entry in models.values():
+        if entry.paper_row is not None and entry.paper_row not in PAPER_TABLE6:
+            raise ConfigError(
+                f"models.{entry.name}.paper_row must be one of {', '.join(PAPER_TABLE6)}, got {entry.paper_row!r}"
+            )
+    return TrainConfig(
+        name=_check_type(data.get("name", Path(source).stem if source else "experiment"), str, "name"),
+        description=_check_type(data.get("description", ""), str, "description"),
+        models=models,
+        data=_section(DataConfig, data.get("data"), "data"),
+        optim=_section(OptimConfig, data.get("optim", {"recipe": "paper-scaling"}), "optim"),
+        run=_section(RunConfig, data.get("run"), "run"),
+        compare=_section(CompareConfig, data.get("compare"), "compare"),
+        source=source,
+    )
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The named configs that ship with the package: name -> YAML file."""
+    return {path.stem: path for path in sorted(CONFIG_DIR.glob("*.yaml"))}
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """A path to a YAML file, or the name of a shipped config ("tiny", "ablation-1.4b", ...)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_configs()
+    if str(name_or_path) in shipped:
+        return shipped[str(name_or_path)]
+    raise ConfigError(f"config {str(name_or_path)!r}: no such file, and not a shipped config ({', '.join(shipped)})")
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` strings to a copy of ``data``; values are parsed as YAML."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        path = key.strip().split(".")
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(path[: i + 1])} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_config(name_or_path: str | Path = "tiny", overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (a path or a shipped name) and apply ``key=value`` overrides."""
+    path = resolve_config_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    data = apply_overrides(data or {}, overrides or [])
+    try:
+        return config_from_dict(data, source=str(path))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

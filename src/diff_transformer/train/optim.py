@@ -1,0 +1,82 @@
+"""AdamW with the paper's two recipes, and the warmup + linear-decay learning-rate schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import OptimConfig
+
+# SPEC §6. A recipe fills every optim field a config leaves unset.
+RECIPES: dict[str, dict[str, Any]] = {
+    # Table 9, the 3B model: 1000 warmup steps, then linear decay to 1.28e-5.
+    "paper-3b": dict(lr=3.2e-4, min_lr=1.28e-5, warmup_steps=1000, betas=(0.9, 0.95), weight_decay=0.1),
+    # Table 10, the scaling runs (830M-13.1B): lr 1.5e-4 up to 2.8B (use 7.5e-5 from 6.8B on),
+    # 375 warmup steps, linear decay. The paper names no floor: we decay to 0.
+    "paper-scaling": dict(lr=1.5e-4, min_lr=0.0, warmup_steps=375, betas=(0.9, 0.98), weight_decay=0.05),
+}
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices and embeddings (2-D and up); none on norm weights and λ vectors."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: nn.Module, config: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over ``model``'s parameters (fused kernels on CUDA)."""
+    return torch.optim.AdamW(
+        parameter_groups(model, config.weight_decay),
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        fused=device.type == "cuda",
+    )
+
+
+class WarmupLinearSchedule:
+    """lr(step): linear warmup from lr/warmup to lr over ``warmup_steps``, then linear decay to
+    ``min_lr`` at ``total_steps`` (held there after). ``step`` counts optimizer steps from 0."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> None:
+        self.optimizer = optimizer
+        self.lr, self.min_lr = config.lr, config.min_lr
+        self.warmup_steps = config.warmup_steps
+        self.total_steps = total_steps
+        self.step_count = 0
+        self._apply()
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        decay_steps = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
+        return self.lr + (self.min_lr - self.lr) * progress
+
+    def _apply(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.step_count)
+
+    @property
+    def current_lr(self) -> float:
+        return self.lr_at(self.step_count)
+
+    def step(self) -> None:
+        """Advance after an optimizer step: the next step uses the next learning rate."""
+        self.step_count += 1
+        self._apply()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step_count": self.step_count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step_count = int(state["step_count"])
+        self._apply()

@@ -1,0 +1,310 @@
+"""The comparison report: metrics.json, loss.png and report.md from the runs' summaries and logs."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import TrainConfig
+from .paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
+
+THROUGHPUT_TARGET = 0.9  # project goal: DIFF trains at >= 0.9x the matched Transformer's tokens/s
+
+
+def _mean_std(values: list[float]) -> dict[str, Any]:
+    return {
+        "mean": statistics.fmean(values) if values else None,
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "per_seed": values,
+    }
+
+
+def _curves(runs: list[dict], kind: str) -> dict[str, list]:
+    """Steps, tokens and the per-seed losses of one kind of record, on the steps all seeds share."""
+    by_seed = [{r["step"]: r for r in run["metrics"] if r["kind"] == kind} for run in runs]
+    steps = sorted(set.intersection(*(set(s) for s in by_seed))) if by_seed else []
+    return {
+        "step": steps,
+        "tokens": [by_seed[0][s]["tokens"] for s in steps],
+        "loss": [[seed[s]["loss"] for s in steps] for seed in by_seed],
+    }
+
+
+def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seconds: float, nproc: int) -> dict:
+    """Everything the report shows, as plain data (written to metrics.json)."""
+    seq_len = config.data.seq_len or config.model(next(iter(runs))).model_config().max_seq_len
+    models: dict[str, Any] = {}
+    for name, model_runs in runs.items():
+        entry = config.models[name]
+        finished = [r for r in model_runs if r["status"] == "completed" and r["final_val_loss"] is not None]
+        models[name] = {
+            "label": entry.display_name,
+            "attention": entry.attention,
+            "parameters": model_runs[0]["parameters"],
+            "tokens": model_runs[0]["tokens"],
+            "seeds": [r["seed"] for r in model_runs],
+            "status": [r["status"] for r in model_runs],
+            "messages": [r["message"] for r in model_runs if r["message"]],
+            "final_val_loss": _mean_std([r["final_val_loss"] for r in finished]),
+            "tokens_per_s": _mean_std([r["tokens_per_s"] for r in model_runs]),
+            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in model_runs),
+            "peak_memory_kind": model_runs[0]["peak_memory_kind"],
+            "train_seconds": [r["train_seconds"] for r in model_runs],
+            "load_average": [r.get("load_average") for r in model_runs],
+            "checkpoint": name,
+            "paper_table6": dict(PAPER_TABLE6[entry.paper_row], key=entry.paper_row) if entry.paper_row else None,
+            "curves": {"train": _curves(model_runs, "train"), "val": _curves(model_runs, "val")},
+        }
+    first = next(iter(runs.values()))[0]
+    return {
+        "config": config.name,
+        "description": config.description,
+        "budget": {
+            "steps": config.run.steps,
+            "batch_size": config.data.batch_size,
+            "seq_len": seq_len,
+            "tokens_per_model": config.run.steps * config.data.batch_size * seq_len,
+            "data_seed": config.run.data_seed,
+            "data_mix": dict(config.data.mix),
+        },
+        "environment": {
+            "device": first["device"],
+            "processes": nproc,
+            "torch": torch.__version__,
+            "cpu_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+        },
+        "wall_seconds": wall_seconds,
+        "runs_wall_seconds": sum(r["wall_seconds"] for model_runs in runs.values() for r in model_runs),
+        "models": models,
+        "busy_load_average": machine_was_busy(models, os.cpu_count()) if first["device"] == "cpu" else None,
+        "comparisons": _comparisons(models),
+        "paper": {"reference": PAPER_REFERENCE, "table6": PAPER_TABLE6, "table7_training": PAPER_TABLE7_TRAINING},
+    }
+
+
+def machine_was_busy(models: dict[str, Any], cpu_count: int | None) -> float | None:
+    """The highest mean load average of any run if it shows other work competing for the CPU
+    (more than one runnable task beyond the cores), else None. A run's own threads count up to
+    the number of cores, so only the excess means that the throughput figures are not its own."""
+    loads = [x for m in models.values() for x in m["load_average"] if x is not None]
+    if not loads or not cpu_count:
+        return None
+    return max(loads) if max(loads) > cpu_count + 1 else None
+
+
+def _comparisons(models: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each non-standard model against the first standard-attention one."""
+    baseline = next((name for name, m in models.items() if m["attention"] == "standard"), None)
+    if baseline is None:
+        return []
+    base = models[baseline]
+    out = []
+    for name, m in models.items():
+        if name == baseline:
+            continue
+        ours = _delta(m["final_val_loss"], base["final_val_loss"])
+        paper = None
+        if m["paper_table6"] and base["paper_table6"]:
+            paper = m["paper_table6"]["valid"] - base["paper_table6"]["valid"]
+        ratio = None
+        if base["tokens_per_s"]["mean"]:
+            ratio = m["tokens_per_s"]["mean"] / base["tokens_per_s"]["mean"]
+        out.append({
+            "model": name,
+            "baseline": baseline,
+            "val_loss_delta": ours["delta"],
+            "val_loss_noise": ours["noise"],
+            "paper_val_loss_delta": paper,
+            "throughput_ratio": ratio,
+            "paper_throughput_ratios": [row["diff"] / row["transformer"] for row in PAPER_TABLE7_TRAINING]
+            if m["attention"] == "diff" else None,
+            "memory_ratio": m["peak_memory_bytes"] / base["peak_memory_bytes"],
+            "extra_parameters": m["parameters"] - base["parameters"],
+        })
+    return out
+
+
+def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
+    if a["mean"] is None or b["mean"] is None:
+        return {"delta": None, "noise": None}
+    noise = None
+    if a["std"] is not None and b["std"] is not None:
+        noise = math.sqrt(a["std"] ** 2 / len(a["per_seed"]) + b["std"] ** 2 / len(b["per_seed"]))
+    return {"delta": a["mean"] - b["mean"], "noise": noise}
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+
+def write_plots(metrics: dict, out_dir: Path) -> list[Path]:
+    """DIR/loss.png: training loss (left) and validation loss (right) of every model vs tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for name, m in metrics["models"].items():
+        label = f"{m['label']} ({m['attention']})"
+        train, val = m["curves"]["train"], m["curves"]["val"]
+        if train["step"]:
+            mean = [statistics.fmean(v) for v in zip(*train["loss"])]
+            millions = [t / 1e6 for t in train["tokens"]]
+            (line,) = ax_train.plot(millions, mean, label=label)
+            color = line.get_color()
+        else:
+            color = None
+        if val["step"]:
+            mean = [statistics.fmean(v) for v in zip(*val["loss"])]
+            millions = [t / 1e6 for t in val["tokens"]]
+            ax_val.plot(millions, mean, marker="o", markersize=3, label=label, color=color)
+            if len(val["loss"]) > 1:
+                std = [statistics.stdev(v) for v in zip(*val["loss"])]
+                ax_val.fill_between(millions, [a - s for a, s in zip(mean, std)], [a + s for a, s in zip(mean, std)],
+                                    color=color, alpha=0.2)
+    seeds = len(next(iter(metrics["models"].values()))["seeds"])
+    ax_train.set_title("training loss (mean over each logging interval)")
+    ax_val.set_title("validation loss" + (f" (mean ± std over {seeds} seeds)" if seeds > 1 else ""))
+    for ax in (ax_train, ax_val):
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_ylabel("cross-entropy (nats/token)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{metrics['config']}: same data, seed and token budget")
+    fig.tight_layout()
+    path = out_dir / "loss.png"
+    tmp = out_dir / ".loss.tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return [path]
+
+
+# --- report.md -----------------------------------------------------------------------------------
+
+
+def _loss_cell(stats: dict[str, Any]) -> str:
+    if stats["mean"] is None:
+        return "—"
+    if stats["std"] is None:
+        return f"{stats['mean']:.4f}"
+    return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _verdict(c: dict[str, Any], label: str, base_label: str, seeds: int) -> str:
+    delta, noise, paper = c["val_loss_delta"], c["val_loss_noise"], c["paper_val_loss_delta"]
+    if delta is None:
+        return f"- {label}: no final validation loss (see the run status)."
+    direction = "lower (better)" if delta < 0 else "higher (worse)"
+    text = f"- **{label} vs {base_label}, validation loss**: {delta:+.4f} nats/token here, {direction}"
+    if paper is not None:
+        text += f"; the paper's 1.4B models (Table 6): {paper:+.3f}."
+    else:
+        text += "; the paper has no figure for this model."
+    if noise is not None and abs(delta) <= 2 * noise:
+        text += (f" The difference is within twice the standard error over {seeds} seeds (±{noise:.4f}): "
+                 "at this scale the run shows no difference either way.")
+    elif paper is not None and (delta < 0) != (paper < 0):
+        text += (f" **This contradicts the paper at this scale**: here {label} is {direction}"
+                 + (f", beyond twice the standard error over {seeds} seeds (±{noise:.4f})." if noise is not None
+                    else "; with one seed the seed-to-seed noise is unknown (run more --seeds to tell)."))
+    elif paper is not None:
+        text += " Same direction as the paper" + (
+            f", beyond twice the standard error over {seeds} seeds (±{noise:.4f})." if noise is not None
+            else "; with one seed the seed-to-seed noise is unknown (run more --seeds to tell).")
+    return text
+
+
+def render_report(metrics: dict) -> str:
+    """report.md, in plain words: the table, the comparisons with the paper, and how it was made."""
+    budget, env, models = metrics["budget"], metrics["environment"], metrics["models"]
+    seeds = len(next(iter(models.values()))["seeds"])
+    lines = [f"# Side-by-side training: {metrics['config']}", ""]
+    if metrics["description"]:
+        lines += [metrics["description"] + ".", ""]
+    lines += [
+        f"Every model trained for {budget['steps']} steps × {budget['batch_size']} sequences × {budget['seq_len']} "
+        f"tokens = {_tokens(budget['tokens_per_model'])} tokens, on the same data in the same order "
+        f"(data seed {budget['data_seed']}"
+        + (f", mixture {budget['data_mix']}" if budget["data_mix"] else "")
+        + f"), with {seeds} seed{'s' if seeds > 1 else ''} ({', '.join(str(s) for s in next(iter(models.values()))['seeds'])}). "
+        f"Device: {env['device']} ({env['processes']} process{'es' if env['processes'] > 1 else ''}, "
+        f"{env['cpu_count']} CPU cores), torch {env['torch']}. Wall time: {metrics['wall_seconds'] / 60:.1f} min "
+        f"for this command, {metrics['runs_wall_seconds'] / 60:.1f} min in the training runs themselves "
+        "(the last invocation of each, when resumed).",
+        "",
+        "| Model | Attention | Parameters | Tokens | Final val loss" + (" (mean ± std)" if seeds > 1 else "")
+        + " | Train tokens/s | Peak memory | Paper: val loss (1.4B, Table 6) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in models.values():
+        memory = f"{m['peak_memory_bytes'] / 2**20:,.0f} MiB ({m['peak_memory_kind']})"
+        paper = f"{m['paper_table6']['valid']:.3f} ({m['paper_table6']['row']})" if m["paper_table6"] else "—"
+        status = "" if all(s == "completed" for s in m["status"]) else f" ({', '.join(m['status'])})"
+        lines.append(
+            f"| {m['label']}{status} | {m['attention']} | {m['parameters']:,} | {_tokens(m['tokens'])} | "
+            f"{_loss_cell(m['final_val_loss'])} | {m['tokens_per_s']['mean']:,.0f} | {memory} | {paper} |"
+        )
+    lines.append("")
+    if metrics["comparisons"]:
+        lines += ["## Against the baseline, and against the paper", ""]
+        for c in metrics["comparisons"]:
+            label, base = models[c["model"]]["label"], models[c["baseline"]]["label"]
+            extra = c["extra_parameters"]
+            share = extra / models[c["baseline"]]["parameters"]
+            lines.append(f"- **{label} vs {base}, parameters**: {extra:+,} ({share:+.2%}).")
+            lines.append(_verdict(c, label, base, seeds))
+            if c["throughput_ratio"] is not None:
+                text = f"- **{label} / {base}, training throughput**: {c['throughput_ratio']:.2f}× here"
+                if c["paper_throughput_ratios"]:
+                    paper = ", ".join(f"{r:.2f}×" for r in c["paper_throughput_ratios"])
+                    text += (f"; the paper (Table 7, H100, the same FlashAttention-2 kernel for both; 3B 2K, 3B 4K, "
+                             f"13B 2K): {paper}. Project target: ≥ {THROUGHPUT_TARGET:.2f}× — ")
+                    if metrics["busy_load_average"] is not None:
+                        text += (f"not judged from this run: other work shared the CPU (mean load average up to "
+                                 f"{metrics['busy_load_average']:.1f} on {env['cpu_count']} cores), so the two runs, "
+                                 "made one after the other, did not get the same machine.")
+                    else:
+                        text += "met." if c["throughput_ratio"] >= THROUGHPUT_TARGET else "**missed**."
+                else:
+                    text += "."
+                lines.append(text)
+            lines.append(f"- **{label} / {base}, peak memory**: {c['memory_ratio']:.2f}×.")
+        lines.append("")
+    lines += ["## Loss curves", "", "![training and validation loss](loss.png)", ""]
+    problems = [f"- {m['label']}: {msg}" for m in models.values() for msg in m["messages"]]
+    if problems:
+        lines += ["## Runs that did not complete", "", *problems, ""]
+    lines += [
+        "## How to read this",
+        "",
+        f"- The paper's figures ({metrics['paper']['reference']}) come from models of 1.4B–13B parameters "
+        "trained on 10B+ tokens; these models are tiny and briefly trained. The paper's numbers show the "
+        "direction it found, not values to expect here, and nothing here was tuned toward them.",
+        "- Validation loss: mean cross-entropy per token over the same fixed validation windows for every "
+        "model, at the end of training."
+        + (" ± is the standard deviation over seeds." if seeds > 1 else " One seed: no spread is given."),
+        "- Train tokens/s: training tokens over the time spent in training steps (the first step, evaluations "
+        "and checkpoints excluded), all processes together. The models train one after the other, so on a "
+        "machine whose load changes meanwhile (other jobs on a shared CPU) the throughput ratio moves with "
+        "that load; `diff-transformer bench model` measures both at one moment.",
+        "- Peak memory: on CPU the peak resident set size of each model's own training process (it includes "
+        "Python, torch and the data, a few hundred MiB shared by all models); on CUDA the maximum memory "
+        "allocated by tensors.",
+        "- Each model's final checkpoint is the directory named after it here "
+        "(`LanguageModel.from_pretrained`); metrics.json holds every figure and curve.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,456 @@
+"""The training loop: one entry point for one CPU, one GPU, or K processes under torchrun.
+
+    diff-transformer train --config tiny --model diff                        # one process
+    torchrun --nproc_per_node 4 -m diff_transformer train --config tiny --model diff
+    diff-transformer train --config tiny --model diff --resume               # continue a run
+
+    from diff_transformer.train import load_config, train
+    result = train(load_config("tiny", ["run.steps=100"]), "diff")
+
+Each optimizer step takes the global batch of ``data.batch_size`` sequences, samples
+step·B … step·B + B − 1 of the dataset, cut into equal parts per process and into micro-batches
+of ``data.micro_batch_size`` (gradient accumulation). The loss of a step is the mean over every
+counted target token of the global batch, however it is cut, so K processes follow the same
+curve as one. A run writes into ``run.out_dir``:
+
+    metrics.jsonl       one JSON record per logged training step and per evaluation
+    tensorboard/        the same curves for TensorBoard (run.tensorboard)
+    summary.json        the result: final validation loss, tokens/s, peak memory, status
+    checkpoint/         the training checkpoint (unless run.checkpoint_dir points elsewhere)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError
+from ..data.shards import IGNORE_INDEX
+from ..model import LanguageModel
+from .config import TrainConfig
+from .distributed import Environment, all_reduce_sum, parallelize, setup, teardown, unwrap
+from .optim import WarmupLinearSchedule, build_optimizer
+from .state import Progress, check_resumable, find_checkpoint, load_training_checkpoint, save_training_checkpoint
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+class TrainingError(RuntimeError):
+    """The run cannot start or cannot go on (the message says why)."""
+
+
+@dataclass
+class TrainResult:
+    """What a run reports (also written to out_dir/summary.json by rank 0)."""
+
+    model: str
+    attention: str
+    parameters: int
+    status: str  # "completed"; "interrupted" (by a signal) or "paused" (run.stop_at_step), both with a
+    #              checkpoint saved; "diverged" (NaN/inf loss: stopped, the last good checkpoint kept)
+    steps: int  # optimizer steps done
+    tokens: int  # training tokens consumed, over all processes
+    final_val_loss: float | None
+    tokens_per_s: float  # training throughput over all processes, evaluation and saving excluded
+    peak_memory_bytes: int
+    peak_memory_kind: str  # "peak RSS" (CPU; the process's, including Python and torch) or "max allocated" (CUDA)
+    train_seconds: float
+    wall_seconds: float
+    load_average: float | None  # mean 1-minute load average seen at logging steps (None where unknown)
+    device: str
+    world_size: int
+    checkpoint: str | None
+    message: str = ""
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+class DataPlan:
+    """Which samples each process reads at each step, and the fixed validation set."""
+
+    def __init__(self, config: TrainConfig, seq_len: int, env: Environment) -> None:
+        from ..data import MixedBatches, TokenShards, default_dataset
+
+        data = config.data
+        directory = default_dataset(data.cache_dir, progress=env.is_main) if data.dataset == "default" else Path(data.dataset)
+        try:
+            shards = TokenShards(directory, "train")
+            self.validation = TokenShards(directory, "val")
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(f"data.dataset: {exc}") from None
+        self.directory = directory
+        self.train = MixedBatches(shards, data.mix) if data.mix else shards
+        self.tokenizer = shards.tokenizer
+        self.vocab_size = shards.vocab_size
+        self.seq_len, self.seed = seq_len, config.run.data_seed
+        self.batch_size = data.batch_size
+        if data.batch_size % env.world_size:
+            raise ConfigError(f"data.batch_size={data.batch_size} must be divisible by the {env.world_size} processes")
+        self.per_process = data.batch_size // env.world_size
+        self.micro_batch_size = data.micro_batch_size or self.per_process
+        if self.per_process % self.micro_batch_size:
+            raise ConfigError(
+                f"data.micro_batch_size={self.micro_batch_size} must divide the {self.per_process} sequences "
+                f"per process (data.batch_size={data.batch_size} over {env.world_size} processes)"
+            )
+        self.accumulation = self.per_process // self.micro_batch_size
+        if data.eval_sequences % env.world_size:
+            raise ConfigError(f"data.eval_sequences={data.eval_sequences} must be divisible by the {env.world_size} processes")
+        self.eval_sequences = data.eval_sequences
+        self.eval_per_process = data.eval_sequences // env.world_size
+        self.rank = env.rank
+
+    def micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This process's micro-batches of optimizer step ``step`` (0-based): (inputs, targets) (b, T)."""
+        first = step * self.batch_size + self.rank * self.per_process
+        for m in range(self.accumulation):
+            start = first + m * self.micro_batch_size
+            yield self.train.get_batch(range(start, start + self.micro_batch_size), self.seq_len, seed=self.seed)
+
+    def validation_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This process's share of the fixed validation windows, in micro-batches."""
+        inputs, targets = self.validation.val_batches(1, self.eval_sequences, self.seq_len)[0]
+        mine = slice(self.rank * self.eval_per_process, (self.rank + 1) * self.eval_per_process)
+        return list(zip(inputs[mine].split(self.micro_batch_size), targets[mine].split(self.micro_batch_size)))
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+class _StopSignal:
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint and stops after the current step.
+    A second SIGINT interrupts at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+        print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after this step", file=sys.stderr)
+
+    def __enter__(self) -> "_StopSignal":
+        if hasattr(signal, "SIGTERM") and _in_main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes, what) — CUDA max allocated, or this process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "max allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak RSS"  # Linux reports KiB
+
+
+class MetricsLog:
+    """metrics.jsonl (and TensorBoard) on rank 0; a resumed run first drops records past its step."""
+
+    def __init__(self, out_dir: Path, env: Environment, tensorboard: bool, resume_step: int | None) -> None:
+        self.enabled = env.is_main
+        self.path = out_dir / METRICS_FILE
+        self.writer = None
+        if not self.enabled:
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            self.path.write_text("")
+        else:
+            kept = [line for line in read_metrics(self.path) if line["step"] <= resume_step]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
+            os.replace(tmp, self.path)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # A resumed run drops TensorBoard events after its checkpoint's step, as metrics.jsonl does.
+            purge = None if resume_step is None else resume_step + 1
+            self.writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=purge)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key not in ("kind", "step") and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file (an empty list if it does not exist)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _autocast(env: Environment, precision: str):
+    if precision == "auto":
+        precision = "bf16" if env.device.type == "cuda" else "fp32"
+    if precision == "bf16":
+        return torch.autocast(device_type=env.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _no_gradient_sync(model: nn.Module, parallel: str, last_micro_batch: bool):
+    """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+    if isinstance(model, nn.parallel.DistributedDataParallel) and not last_micro_batch:
+        return model.no_sync()
+    if parallel == "fsdp" and hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last_micro_batch)
+    return contextlib.nullcontext()
+
+
+def _token_loss_sum(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum of the cross-entropy over the counted targets (those not -100), in fp32."""
+    logits, _ = model(inputs)
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _forward_backward(model, forward_model, batches, env: Environment, parallel: str, autocast) -> tuple[float, int]:
+    """Accumulate the gradient of the global batch's mean loss over this process's micro-batches.
+
+    The targets of the whole global batch are counted first (one all-reduce) and each micro-batch's
+    loss sum is divided by that count, so the step's loss is the mean over every counted target of
+    the global batch, however it is cut. Returns (this process's loss sum, the global count).
+    """
+    local_count = sum(int((t != IGNORE_INDEX).sum()) for _, t in batches)
+    (global_count,) = all_reduce_sum([local_count], env)
+    # DDP and FSDP average the gradients over processes: scaling by world_size makes that a sum.
+    scale = env.world_size / max(global_count, 1)
+    loss_sum = torch.zeros((), device=env.device)
+    for m, (inputs, targets) in enumerate(batches):
+        inputs, targets = inputs.to(env.device, non_blocking=True), targets.to(env.device, non_blocking=True)
+        with _no_gradient_sync(model, parallel, last_micro_batch=m == len(batches) - 1):
+            with autocast:
+                micro_sum = _token_loss_sum(forward_model, inputs, targets)
+            (micro_sum * scale).backward()
+        loss_sum += micro_sum.detach()
+    return float(loss_sum), int(global_count)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches, env: Environment, autocast) -> float:
+    """Mean validation loss per counted target token over all processes' batches."""
+    model.eval()
+    loss_sum, count = 0.0, 0
+    for inputs, targets in batches:
+        inputs, targets = inputs.to(env.device), targets.to(env.device)
+        with autocast:
+            loss_sum += float(_token_loss_sum(model, inputs, targets))
+        count += int((targets != IGNORE_INDEX).sum())
+    model.train()
+    loss_sum, count = all_reduce_sum([loss_sum, count], env)
+    return loss_sum / max(count, 1)
+
+
+def train(config: TrainConfig, model_name: str | None = None, *, resume: bool = False) -> TrainResult:
+    """Train one model of ``config`` (the only one, or the entry ``model_name``); see the module docstring.
+
+    Under torchrun every process calls this; the result is the same on all of them.
+    """
+    entry = config.model(model_name)
+    model_config = entry.model_config()
+    run = config.run
+    env = setup(run.device)
+    try:
+        return _train(config, entry, model_config, env, resume)
+    finally:
+        teardown(env)
+
+
+def _train(config: TrainConfig, entry, model_config, env: Environment, resume: bool) -> TrainResult:
+    wall_start = time.perf_counter()
+    run, data = config.run, config.data
+    out_dir = Path(run.out_dir)
+    checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
+    seq_len = data.seq_len or model_config.max_seq_len
+    if seq_len > model_config.max_seq_len:
+        raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
+    plan = DataPlan(config, seq_len, env)
+    if plan.vocab_size > model_config.vocab_size:
+        raise ConfigError(
+            f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
+            f"vocab_size={model_config.vocab_size}"
+        )
+    existing = find_checkpoint(checkpoint_dir)
+    if resume and existing is None:
+        raise TrainingError(f"--resume: no training checkpoint at {checkpoint_dir}")
+    if not resume and existing is not None:
+        raise TrainingError(
+            f"{existing} already holds a training checkpoint: pass --resume to continue it, "
+            f"or choose another run.out_dir / run.checkpoint_dir"
+        )
+
+    model = parallelize(lambda device: LanguageModel(model_config, device=device), env, run.parallel, run.seed)
+    raw_model = unwrap(model)  # the LanguageModel (FSDP-sharded or not): state dicts and checkpoints
+    optimizer = build_optimizer(raw_model, config.optim, env.device)
+    schedule = WarmupLinearSchedule(optimizer, config.optim, run.steps)
+    progress = Progress()
+    if resume:
+        check_resumable(existing, config, model_config)
+        progress = load_training_checkpoint(existing, raw_model, optimizer, schedule, env)
+        if env.is_main:
+            print(f"resuming from {existing} at step {progress.step}", file=sys.stderr)
+    forward_model = torch.compile(model) if run.compile else model
+    autocast = _autocast(env, run.precision)
+    log = MetricsLog(out_dir, env, run.tensorboard, progress.step if resume else None)
+    validation = plan.validation_batches()
+    train_config_dict = {**config.to_dict(), "trained_model": entry.name}
+    n_params = raw_model.num_parameters()
+
+    def save() -> Path | None:
+        return save_training_checkpoint(
+            checkpoint_dir, raw_model, optimizer, schedule, progress,
+            tokenizer=plan.tokenizer, train_config=train_config_dict, env=env,
+        )
+
+    bar = None
+    if env.is_main and run.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=run.steps, initial=progress.step, desc=entry.name, unit="step", dynamic_ncols=True, mininterval=1.0)
+    status, message = "completed", ""
+    final_val: float | None = None
+    train_seconds, timed_tokens = 0.0, 0
+    window_loss, window_steps = 0.0, 0
+    window_start = time.perf_counter()
+    first_step = progress.step
+    load_samples: list[float] = []
+    tokens_per_step = plan.batch_size * seq_len
+    model.train()
+    with _StopSignal() as stop:
+        while progress.step < run.steps:
+            step_start = time.perf_counter()
+            batches = list(plan.micro_batches(progress.step))
+            local_loss_sum, global_count = _forward_backward(model, forward_model, batches, env, run.parallel, autocast)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                raw_model.parameters(), config.optim.grad_clip if config.optim.grad_clip > 0 else float("inf")
+            )
+            if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+                grad_norm = grad_norm.full_tensor()
+            step_loss_sum, stop_votes = all_reduce_sum([local_loss_sum, float(stop.received is not None)], env)
+            step_loss = step_loss_sum / max(global_count, 1)
+            grad_norm = float(grad_norm)
+            if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
+                status = "diverged"
+                message = (
+                    f"step {progress.step + 1}: loss {step_loss} / gradient norm {grad_norm} is not finite; "
+                    f"stopped without saving, the last good checkpoint is kept"
+                    + (f" ({find_checkpoint(checkpoint_dir)})" if find_checkpoint(checkpoint_dir) else "")
+                )
+                break
+            lr = schedule.current_lr
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            schedule.step()
+            progress.step += 1
+            progress.samples += plan.batch_size
+            progress.tokens += tokens_per_step
+            if env.device.type == "cuda":
+                torch.cuda.synchronize(env.device)
+            step_seconds = time.perf_counter() - step_start
+            if progress.step > first_step + 1 or run.steps - first_step == 1:  # the first step warms up
+                train_seconds += step_seconds
+                timed_tokens += tokens_per_step
+            window_loss += step_loss
+            window_steps += 1
+            if progress.step % run.log_every == 0 or progress.step == run.steps:
+                now = time.perf_counter()
+                log.write(dict(
+                    kind="train", step=progress.step, tokens=progress.tokens, loss=window_loss / window_steps,
+                    lr=lr, grad_norm=grad_norm,
+                    tokens_per_s=window_steps * tokens_per_step / max(now - window_start, 1e-9),
+                ))
+                window_loss, window_steps, window_start = 0.0, 0, now
+                if hasattr(os, "getloadavg"):  # how busy the machine was: throughput figures depend on it
+                    load_samples.append(os.getloadavg()[0])
+            if progress.step % run.eval_every == 0 or progress.step == run.steps:
+                final_val = evaluate(forward_model, validation, env, autocast)
+                log.write(dict(kind="val", step=progress.step, tokens=progress.tokens, loss=final_val))
+            if bar is not None:
+                postfix = {"loss": f"{step_loss:.3f}", "tok/s": f"{timed_tokens / train_seconds:,.0f}" if train_seconds else "-"}
+                if final_val is not None:
+                    postfix["val"] = f"{final_val:.3f}"
+                bar.set_postfix(postfix, refresh=False)
+                bar.update(1)
+            if stop_votes > 0:
+                status = "interrupted"
+                message = f"stopped at step {progress.step} by a signal; continue with --resume"
+                break
+            if progress.step == run.stop_at_step and progress.step < run.steps:
+                status = "paused"
+                message = f"stopped at step {progress.step} (run.stop_at_step); continue with --resume"
+                break
+            if run.checkpoint_every and progress.step % run.checkpoint_every == 0 and progress.step < run.steps:
+                save()
+        if bar is not None:
+            bar.close()
+        saved = None
+        if status != "diverged":
+            if final_val is None and status == "completed":  # resumed a run that had already finished
+                final_val = evaluate(forward_model, validation, env, autocast)
+            saved = save()
+    log.close()
+    if saved is None:  # diverged (the last good one, if any), or a rank other than 0 (rank 0 wrote it)
+        saved = find_checkpoint(checkpoint_dir)
+    if status == "diverged" and env.is_main:
+        print(message, file=sys.stderr)
+    memory, memory_kind = peak_memory(env.device)
+    result = TrainResult(
+        model=entry.name,
+        attention=model_config.attention,
+        parameters=n_params,
+        status=status,
+        steps=progress.step,
+        tokens=progress.tokens,
+        final_val_loss=final_val,
+        tokens_per_s=timed_tokens / train_seconds if train_seconds else 0.0,
+        peak_memory_bytes=memory,
+        peak_memory_kind=memory_kind,
+        train_seconds=train_seconds,
+        wall_seconds=time.perf_counter() - wall_start,
+        load_average=sum(load_samples) / len(load_samples) if load_samples else None,
+        device=str(env.device.type),
+        world_size=env.world_size,
+        checkpoint=str(saved) if saved is not None else None,
+        message=message,
+    )
+    if env.is_main:
+        tmp = out_dir / (SUMMARY_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(result), indent=2) + "\n")
+        os.replace(tmp, out_dir / SUMMARY_FILE)
+    return result

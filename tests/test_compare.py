@@ -1,0 +1,116 @@
+"""``compare``: an end-to-end run at the debug size, the report's wording, model selection."""
+
+import json
+import os
+
+import pytest
+
+from diff_transformer.checkpoint import load_checkpoint_tokenizer
+from diff_transformer.cli import main
+from diff_transformer.model import LanguageModel
+from diff_transformer.train import ConfigError, compare, load_config
+from diff_transformer.train.compare import select_models
+from diff_transformer.train.report import build_metrics, render_report
+from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset is a fixture)
+
+MODELS = {
+    "standard": {"attention": "standard", "label": "Transformer", "paper_row": "transformer"},
+    "diff": {"attention": "diff", "label": "DIFF", "paper_row": "diff"},
+}
+
+
+def test_compare_trains_each_model_on_the_same_budget_and_writes_the_report(byte_dataset, tmp_path):  # noqa: F811
+    config = debug_config(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 3, "eval_every": 3})
+    seen = {}
+
+    def evaluation(checkpoints, out_dir):
+        seen.update(checkpoints)
+        return ["## Evaluation\n\nsection from the hook"]
+
+    out = tmp_path / "compare"
+    metrics = compare(config, out, evaluation=evaluation, progress=False)
+
+    assert list(metrics["models"]) == ["standard", "diff"]
+    for name, m in metrics["models"].items():
+        assert m["tokens"] == 3 * 8 * 32 and m["status"] == ["completed"]
+        assert m["final_val_loss"]["mean"] > 0 and m["tokens_per_s"]["mean"] > 0 and m["peak_memory_bytes"] > 0
+        model = LanguageModel.from_pretrained(out / name)  # the final checkpoint, with its tokenizer
+        assert model.config.attention == m["attention"] and model.num_parameters() == m["parameters"]
+        assert load_checkpoint_tokenizer(out / name) is not None
+        assert seen[name] == out / name
+    assert metrics["models"]["diff"]["parameters"] - metrics["models"]["standard"]["parameters"] == 2 * 6 * 16
+
+    report = (out / "report.md").read_text()
+    assert "| Transformer | standard |" in report and "| DIFF | diff |" in report
+    assert "3.087" in report and "3.062" in report  # the paper's Table 6 figures beside ours
+    assert "training throughput" in report and "peak RSS" in report
+    assert "DIFF vs Transformer, parameters**: +192 (" in report
+    assert report.rstrip().endswith("section from the hook")
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "metrics.json").read_text())["budget"]["tokens_per_model"] == 3 * 8 * 32
+
+    # --resume reuses finished runs: nothing is trained again.
+    stamp = (out / "diff" / "model.safetensors").stat().st_mtime_ns
+    again = compare(config, out, resume=True, progress=False)
+    assert (out / "diff" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert again["models"]["diff"]["final_val_loss"] == metrics["models"]["diff"]["final_val_loss"]
+
+
+def test_models_are_selected_by_attention_kind():
+    config = load_config("tiny")
+    assert select_models(config, None) == ["standard", "diff"]
+    assert select_models(config, ["diff_v2", "standard"]) == ["standard", "diff_v2"]
+    ablation = load_config("ablation-1.4b")
+    assert select_models(ablation, ["diff"]) == ["diff", "diff-no-groupnorm", "diff-lambda-0.8", "diff-lambda-0.5"]
+    with pytest.raises(ConfigError, match="diff_v2"):
+        select_models(ablation, ["diff_v2"])
+
+
+def test_compare_command_rejects_a_kind_the_config_lacks(capsys, tmp_path):
+    assert main(["compare", "--config", "ablation-1.4b", "--attention", "diff_v2", "--out", str(tmp_path)]) == 2
+    assert "no model of that kind" in capsys.readouterr().err
+
+
+def fake_runs(standard_losses, diff_losses, tokens_per_s=(1000.0, 950.0)):
+    """Run summaries as the trainer writes them, without training."""
+
+    def run(loss, seed, speed, params):
+        return dict(status="completed", final_val_loss=loss, tokens_per_s=speed, peak_memory_bytes=500 << 20,
+                    peak_memory_kind="peak RSS", parameters=params, tokens=1000, train_seconds=1.0, wall_seconds=2.0,
+                    load_average=0.5, seed=seed,
+                    message="", device="cpu", metrics=[])
+
+    return {
+        "standard": [run(x, i, tokens_per_s[0], 100) for i, x in enumerate(standard_losses)],
+        "diff": [run(x, i, tokens_per_s[1], 106) for i, x in enumerate(diff_losses)],
+    }
+
+
+def report_for(tmp_path, runs):
+    config = load_config("tiny")
+    return render_report(build_metrics(config, runs, wall_seconds=60.0, nproc=1))
+
+
+def test_the_report_says_plainly_when_the_result_contradicts_the_paper(tmp_path):
+    worse = report_for(tmp_path, fake_runs([4.00, 4.01, 4.02], [4.10, 4.11, 4.12]))
+    assert "contradicts the paper" in worse and "+0.1000" in worse
+    noise = report_for(tmp_path, fake_runs([4.00, 4.10, 4.05], [4.06, 3.99, 4.07]))
+    assert "no difference either way" in noise and "contradicts" not in noise
+    better = report_for(tmp_path, fake_runs([4.10, 4.11, 4.12], [4.00, 4.01, 4.02]))
+    assert "Same direction as the paper" in better
+    one_seed = report_for(tmp_path, fake_runs([4.0], [4.1]))
+    assert "contradicts the paper" in one_seed and "one seed" in one_seed
+
+
+def test_the_report_states_the_throughput_ratio_against_the_target(tmp_path):
+    slow = report_for(tmp_path, fake_runs([4.0], [4.0], tokens_per_s=(1000.0, 850.0)))
+    assert "0.85× here" in slow and "**missed**" in slow
+    fast = report_for(tmp_path, fake_runs([4.0], [4.0], tokens_per_s=(1000.0, 950.0)))
+    assert "0.95× here" in fast and "met." in fast
+
+
+def test_the_report_does_not_judge_throughput_measured_on_a_busy_machine(tmp_path):
+    runs = fake_runs([4.0], [4.0], tokens_per_s=(1000.0, 2200.0))
+    runs["standard"][0]["load_average"] = 2.0 + os.cpu_count() * 2  # other jobs competing
+    busy = report_for(tmp_path, runs)
+    assert "2.20× here" in busy and "not judged from this run" in busy and "met." not in busy
