@@ -1,6 +1,8 @@
 """Checkpoint directories: round trip, atomic replacement, mismatches named."""
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -38,6 +40,16 @@ def test_save_replaces_atomically_and_leaves_no_temporaries(tmp_path):
     b.save_pretrained(tmp_path / "ckpt")
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
     assert torch.equal(LanguageModel.from_pretrained(tmp_path / "ckpt").embed.weight, b.embed.weight)
+
+
+def test_checkpoint_permissions_follow_the_umask(tmp_path):
+    old_mask = os.umask(0o022)
+    try:
+        out = LanguageModel(ModelConfig.from_preset("debug")).save_pretrained(tmp_path / "ckpt")
+    finally:
+        os.umask(old_mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {0o644}
 
 
 def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path):

@@ -2,11 +2,13 @@
 
 import json
 import os
+from functools import partial
 
 import pytest
 
 from diff_transformer.checkpoint import load_checkpoint_tokenizer
 from diff_transformer.cli import main
+from diff_transformer.evaluation import report_sections
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import ConfigError, compare, load_config
 from diff_transformer.train.compare import select_models
@@ -54,6 +56,20 @@ def test_compare_trains_each_model_on_the_same_budget_and_writes_the_report(byte
     again = compare(config, out, resume=True, progress=False)
     assert (out / "diff" / "model.safetensors").stat().st_mtime_ns == stamp
     assert again["models"]["diff"]["final_val_loss"] == metrics["models"]["diff"]["final_val_loss"]
+
+
+def test_compare_runs_the_evaluation_suite_into_the_report(byte_dataset, tmp_path):  # noqa: F811
+    """What the CLI wires by default: every evaluation on every model, a report section each."""
+    config = debug_config(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 2, "eval_every": 2})
+    out = tmp_path / "compare"
+    compare(config, out, evaluation=partial(report_sections, quick=True), progress=False)
+    report = (out / "report.md").read_text()
+    assert "## Evaluations of the paper" in report
+    for name in ("needle", "attention-noise", "outliers", "quantization", "ar-hit", "position-nll", "icl", "mqar"):
+        results = json.loads((out / "eval" / f"{name}.json").read_text())
+        assert set(results["models"]) == {"standard", "diff"}, name
+        assert (out / "eval" / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
+        assert f"eval/{name}.png" in report, name
 
 
 def test_models_are_selected_by_attention_kind():

@@ -74,7 +74,7 @@ def test_overrides_apply_dotted_keys_with_yaml_values():
     )
     assert config.optim.lr == 1e-3 and config.run.compile is True and config.optim.betas == (0.8, 0.9)
     assert config.model("diff").model_config().lambda_init == 0.8
-    assert config.data.mix == {"mqar": 0.1}
+    assert config.data.mix == {"needle": 0.1, "mqar": 0.1, "icl": 0.05}  # tiny.yaml's mix, mqar overridden
     with pytest.raises(ConfigError, match=r"run\.bogus"):
         load_config("tiny", ["run.bogus=1"])
     with pytest.raises(ConfigError, match="section.key=value"):

@@ -46,9 +46,13 @@ def write_directory_atomically(directory: str | Path, write: Callable[[Path], No
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
         write(tmp)
+        mask = os.umask(0)
+        os.umask(mask)
         for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~mask)  # writers that use temporary files (safetensors) leave 0600
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it 0700
         old = directory.with_name(f".{directory.name}.old")
         if old.exists():
             shutil.rmtree(old)

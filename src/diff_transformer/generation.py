@@ -84,12 +84,12 @@ def stream(
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     padding = None if bool(real.all()) else real
     logits, _ = model(tokens, cache=cache, padding_mask=padding)
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         nxt = torch.where(done, tokens[:, -1], nxt)
         done |= torch.isin(nxt, stops)
         yield nxt
-        if bool(done.all()):
+        if step == max_new_tokens - 1 or bool(done.all()):
             return
         tokens = nxt[:, None]
         if padding is not None:

@@ -92,26 +92,15 @@ def model_config(settings: ModelBenchSettings, attention: str) -> ModelConfig:
 
 
 def diffllama_config(config: ModelConfig):
-    """transformers' DiffLlamaConfig of the same shape as our DIFF ``config`` (eos disabled, so
-    that generate never stops early)."""
+    """transformers' DiffLlamaConfig of the same shape as our DIFF ``config`` (the export's
+    mapping; no eos token, so that generate never stops early)."""
     from transformers import DiffLlamaConfig
 
-    return DiffLlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.d_model,
-        intermediate_size=config.ffn_hidden,
-        num_hidden_layers=config.n_layers,
-        num_attention_heads=2 * config.n_heads,
-        num_key_value_heads=2 * config.n_kv_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_seq_len,
-        rms_norm_eps=config.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        tie_word_embeddings=config.tie_embeddings,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
+    from ..interop.hf import hf_config_dict
+
+    fields = hf_config_dict(config, eos_id=None)
+    del fields["model_type"], fields["dtype"]
+    return DiffLlamaConfig(**{**fields, "pad_token_id": 0})
 
 
 def _ours(name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Contender:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 
 from ..config import ConfigError
 
@@ -35,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train each model with the same data order, seeds and token budget, then write "
         "DIR/report.md (parameters, tokens, final validation loss ± std over seeds, tokens/s, peak memory, "
         "beside the paper's figures), DIR/metrics.json, DIR/loss.png, and each model's final checkpoint in "
-        "DIR/<model>/. Default: the tiny preset on the embedded corpus, standard vs diff.",
+        "DIR/<model>/; then run the paper's evaluation suite on every checkpoint (JSON and plots in DIR/eval/) "
+        "and add a section per evaluation to the report. Default: the tiny preset on the embedded corpus, "
+        "standard vs diff.",
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
     c.add_argument(
@@ -49,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     c.add_argument("--resume", action="store_true", help="reuse finished runs in --out and continue interrupted ones")
     c.add_argument("--nproc", type=int, default=1, help="processes per model run (torchrun; default 1)")
+    c.add_argument("--no-eval", action="store_true", help="skip the evaluation suite after training")
+    c.add_argument("--quick-eval", action="store_true", help="run the evaluation suite on a smoke-test budget")
     c.set_defaults(run=run_compare)
 
 
@@ -79,6 +84,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from ..evaluation import report_sections
     from ..train import TrainingError, load_config
     from ..train.compare import CompareInterrupted, compare, select_models
 
@@ -93,8 +99,11 @@ def run_compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
         if args.nproc < 1:
             raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
-        # Evaluation hook: pass `evaluation=` here to append evaluation sections to the report.
-        metrics = compare(config, args.out, models=models, seeds=args.seeds, resume=args.resume, nproc=args.nproc)
+        evaluation = None if args.no_eval else partial(report_sections, quick=args.quick_eval)
+        metrics = compare(
+            config, args.out, models=models, seeds=args.seeds, resume=args.resume, nproc=args.nproc,
+            evaluation=evaluation,
+        )
     except (ConfigError, TrainingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

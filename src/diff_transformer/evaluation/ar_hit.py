@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from . import paper
+from .. import paper
 from .common import (
     EvalText,
     Evaluation,

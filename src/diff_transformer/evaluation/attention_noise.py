@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from ..attention import AttentionTap
 from ..data.synthetic import NeedleExample, build_needle_example
 from ..ops import AttentionMaps
-from . import paper
+from .. import paper
 from .common import (
     EvalText,
     Evaluation,

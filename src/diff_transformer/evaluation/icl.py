@@ -31,7 +31,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..data.synthetic import ClassificationTask, encode_demonstration, encode_label, encode_query, keyword_task
-from . import paper
+from .. import paper
 from .common import (
     EvalText,
     Evaluation,

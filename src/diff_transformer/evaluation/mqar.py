@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.synthetic import build_mqar_example
-from . import paper
+from .. import paper
 from .common import (
     EvalText,
     Evaluation,

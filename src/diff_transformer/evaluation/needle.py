@@ -25,7 +25,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..data.synthetic import build_needle_example
-from . import paper
+from .. import paper
 from .common import (
     EvalText,
     Evaluation,

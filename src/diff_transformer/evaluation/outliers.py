@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..attention import AttentionTap
 from ..ops import AttentionMaps
-from . import paper
+from .. import paper
 from .common import (
     EvalText,
     Evaluation,

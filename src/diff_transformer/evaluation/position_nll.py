@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import paper
+from .. import paper
 from .common import (
     EvalText,
     Evaluation,

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..attention import AttentionTap
 from ..data.synthetic import build_needle_example
-from . import paper
+from .. import paper
 from .common import (
     EvalText,
     Evaluation,

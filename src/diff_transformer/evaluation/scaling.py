@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import paper
+from .. import paper
 from .common import (
     BASELINE,
     DIFF_KINDS,

@@ -168,12 +168,10 @@ def compare(
     write_plots(metrics, out_dir)
     report = render_report(metrics)
 
-    # --- evaluation hook ---------------------------------------------------------------------
-    # After training, an evaluation suite runs on each model's checkpoint here and its Markdown
-    # sections are appended to the report. Nothing is wired by default.
+    # The evaluation suite (the CLI passes diff_transformer.evaluation.report_sections) runs on
+    # each model's final checkpoint; its Markdown sections are appended to the report.
     if evaluation is not None:
         report += "".join("\n" + section.rstrip() + "\n" for section in evaluation(checkpoints, out_dir))
-    # ------------------------------------------------------------------------------------------
 
     metrics["wall_seconds"] = time.perf_counter() - start
     _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")

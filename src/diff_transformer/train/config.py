@@ -331,7 +331,7 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainCo
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} at the top level (known: {', '.join(sorted(known))})")
     models = _model_entries(data.get("model"), data.get("models"))
-    from .paper import PAPER_TABLE6
+    from ..paper import PAPER_TABLE6
 
     for entry in models.values():
         if entry.paper_row is not None and entry.paper_row not in PAPER_TABLE6:

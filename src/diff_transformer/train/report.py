@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .config import TrainConfig
-from .paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
+from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
 
 THROUGHPUT_TARGET = 0.9  # project goal: DIFF trains at >= 0.9x the matched Transformer's tokens/s
 
