@@ -99,6 +99,13 @@ def test_model_bench_runs():
         assert r.train_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0
 
 
+def test_model_bench_settings_errors():
+    with pytest.raises(ValueError, match="compile needs warmup >= 1"):
+        ModelBenchSettings(compile=True, warmup=0)
+    with pytest.raises(ValueError, match="decode_tokens must be >= 2"):
+        ModelBenchSettings(decode_tokens=1)
+
+
 def test_cli_json(capsys):
     args = ["bench", "attention", "--device", "cpu", "--lengths", "32", "--heads", "4", "--head-dim", "16",
             "--backends", "sdpa_split", "decode", "--modes", "fwd", "decode", "--repeats", "1", "--json"]

@@ -27,20 +27,27 @@ if TYPE_CHECKING:
 
 
 def rope_frequencies(positions: Tensor, head_dim: int, theta: float) -> Tensor:
-    """e^(i·p·θ^(−2j/d)) for integer positions p (T,) and pairs j < d/2: complex64 (T, d/2)."""
+    """cos and sin of p·θ^(−2j/d) for integer positions p (T,) and pairs j < d/2: fp32 (T, d/2, 2)."""
     inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    return torch.polar(torch.ones_like(angles), angles)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
 
-def apply_rope(x: Tensor, freqs: Tensor) -> Tensor:
+def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     """Interleaved rotary embedding: rotate each pair (x[2i], x[2i+1]) by the angle of pair i.
 
-    x (B, T, n, d); freqs (T, d/2) complex. A pair is one complex number, so the rotation is
-    one complex product (four operator calls, which matters when decoding small models).
+    x (B, T, n, d); rope (T, d/2, 2) from :func:`rope_frequencies`. Eagerly a pair is one
+    complex number and the rotation one complex product (few operator calls, which is what
+    decoding small models is bound by); under torch.compile the same rotation in real
+    arithmetic, which inductor fuses (it generates no code for complex tensors).
     """
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (B, T, n, d/2)
-    return torch.view_as_real(pairs * freqs[:, None, :]).flatten(-2).type_as(x)
+    pairs = x.float().unflatten(-1, (-1, 2))  # (B, T, n, d/2, 2)
+    if torch.compiler.is_compiling():
+        re, im = pairs.unbind(-1)
+        cos, sin = rope[:, None].unbind(-1)  # (T, 1, d/2) each
+        return torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2).type_as(x)
+    rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rope)[:, None, :]
+    return torch.view_as_real(rotated).flatten(-2).type_as(x)
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:

@@ -2,6 +2,11 @@
 
 Prompts of different lengths are left-padded; the padding is masked out of attention, and since
 RoPE only sees relative positions, a padded row generates exactly what it would alone.
+
+``compile=True`` runs every one-token step through ``torch.compile(model, dynamic=True)`` (the
+prompt's forward stays eager): one graph serves every cache length, and on small models, whose
+decoding is bound by the number of operator calls, the fused step is what makes DIFF decode as
+fast as the Transformer (BENCHMARKS.md). The first call compiles (seconds).
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ def stream(
     top_p: float | None = None,
     stop_tokens: Sequence[int] = (),
     generator: torch.Generator | None = None,
+    compile: bool = False,
 ) -> Iterator[Tensor]:
     """Yield the next token of every row, (B,), until all rows stopped or max_new_tokens.
 
@@ -84,6 +90,7 @@ def stream(
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     padding = None if bool(real.all()) else real
     logits, _ = model(tokens, cache=cache, padding_mask=padding)
+    one_token_step = torch.compile(model, dynamic=True) if compile else model  # dynamo caches per model
     for step in range(max_new_tokens):
         nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         nxt = torch.where(done, tokens[:, -1], nxt)
@@ -94,7 +101,7 @@ def stream(
         tokens = nxt[:, None]
         if padding is not None:
             padding = torch.cat([padding, torch.ones_like(padding[:, :1])], dim=1)
-        logits, _ = model(tokens, cache=cache, padding_mask=padding)
+        logits, _ = one_token_step(tokens, cache=cache, padding_mask=padding)
 
 
 def generate(
@@ -107,6 +114,7 @@ def generate(
     top_p: float | None = None,
     stop_tokens: Sequence[int] = (),
     generator: torch.Generator | None = None,
+    compile: bool = False,
 ) -> list[list[int]]:
     """New tokens for each prompt (a list of token ids), stop token excluded."""
     was_training = model.training
@@ -117,7 +125,7 @@ def generate(
     try:
         for step in stream(
             model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            stop_tokens=stop_tokens, generator=generator,
+            stop_tokens=stop_tokens, generator=generator, compile=compile,
         ):
             for i, tok in enumerate(step.tolist()):
                 if finished[i]:

@@ -118,7 +118,7 @@ class LanguageModel(nn.Module):
         if start + t > self.config.max_seq_len:
             raise ValueError(f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}")
         positions = torch.arange(start, start + t, device=tokens.device)
-        rope = rope_frequencies(positions, self.config.head_dim, self.config.rope_theta)  # (T, d/2) complex
+        rope = rope_frequencies(positions, self.config.head_dim, self.config.rope_theta)  # (T, d/2, 2) cos, sin
         attn_mask = None if padding_mask is None else self._padding_to_attn_mask(padding_mask, t, start + t)
         x = self.embed(tokens)
         for layer in self.layers:

@@ -13,7 +13,9 @@ Measured:
     decode    B tokens / the time of one generation step (forward of one token through the KV
               cache + greedy choice) after a prompt of length L: each of the N − 1 steps after
               the first is timed from inside generation (our ``stream``; a logits processor for
-              transformers' ``generate``), so the prefill is left out
+              transformers' ``generate``), so the prefill is left out; with ``compile`` our
+              models' one-token step runs through torch.compile (DiffLlama stays eager: its
+              static-cache generate compiles only on CUDA)
 
 Every figure is the best of ``repeats`` runs (of the N − 1 steps for decode) after ``warmup``
 untimed ones: on a shared machine the least disturbed run (see measure.time_call). The models
@@ -50,6 +52,7 @@ class ModelBenchSettings:
     repeats: int = 3
     compare_hf: bool = True  # also measure transformers' DiffLlama when transformers is installed
     threads: int | None = None  # torch CPU threads while measuring; None = leave as is
+    compile: bool = False  # our models decode through torch.compile (compiled during the warm-up)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -61,6 +64,8 @@ class ModelBenchSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.compile and self.warmup < 1:
+            raise ValueError("compile needs warmup >= 1, so that compiling is not timed")
         if self.decode_tokens < 2:
             raise ValueError(f"decode_tokens must be >= 2 (the rate is measured over N − 1 steps), got {self.decode_tokens}")
 
@@ -103,7 +108,7 @@ def diffllama_config(config: ModelConfig):
     return DiffLlamaConfig(**{**fields, "pad_token_id": 0})
 
 
-def _ours(name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Contender:
+def _ours(name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype, compile: bool) -> Contender:
     """This project's model."""
     from ..generation import stream
 
@@ -125,7 +130,7 @@ def _ours(name: str, config: ModelConfig, device: torch.device, dtype: torch.dty
     def decode_steps(tokens, n):
         model.eval()
         times = []
-        for _ in stream(model, tokens.tolist(), n, temperature=0.0):  # a token is yielded per step
+        for _ in stream(model, tokens.tolist(), n, temperature=0.0, compile=compile):  # a token is yielded per step
             synchronize(device)
             times.append(time.perf_counter())
         return [b - a for a, b in zip(times, times[1:])]
@@ -207,7 +212,10 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
         torch.set_num_threads(settings.threads)
     torch.manual_seed(0)
     diff_config = model_config(settings, "diff")
-    contenders = [_ours("DIFF", diff_config, device, dtype), _ours("Transformer", model_config(settings, "standard"), device, dtype)]
+    contenders = [
+        _ours("DIFF", diff_config, device, dtype, settings.compile),
+        _ours("Transformer", model_config(settings, "standard"), device, dtype, settings.compile),
+    ]
     if settings.compare_hf and hf_available():
         contenders.append(_diffllama("DiffLlama (transformers)", diff_config, device, dtype))
     tokens = torch.randint(0, diff_config.vocab_size, (settings.batch, settings.length), device=device)
@@ -240,7 +248,8 @@ def format_table(settings: ModelBenchSettings, results: list[ModelBenchResult]) 
     lines = [
         f"preset {settings.preset}, length {settings.length}, batch {settings.batch}, {settings.dtype} on "
         f"{settings.device}, {settings.decode_tokens} decoded tokens, attention backend {settings.backend!r}, "
-        f"{settings.threads or torch.get_num_threads()} torch threads",
+        f"{settings.threads or torch.get_num_threads()} torch threads"
+        + (", our decoding step compiled" if settings.compile else ""),
         f"{'model':<26} {'params':>12} {'train tok/s':>12} {'prefill tok/s':>14} {'decode tok/s':>13}",
     ]
     for r in results:

@@ -80,6 +80,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     m.add_argument("--no-hf", dest="hf", action="store_false", help="leave out transformers' DiffLlama")
     m.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's)")
+    m.add_argument(
+        "--compile", action="store_true",
+        help="our models decode through torch.compile (compiled in the warm-up; DiffLlama stays eager)",
+    )
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     m.set_defaults(run=run_model)
 
@@ -125,7 +129,7 @@ def run_model(args: argparse.Namespace) -> int:
     settings = ModelBenchSettings(
         preset=args.preset, length=args.length, batch=args.batch, decode_tokens=args.decode_tokens,
         device=args.device, dtype=_dtype(args), backend=args.backend, warmup=args.warmup, repeats=args.repeats,
-        compare_hf=args.hf, threads=args.threads,
+        compare_hf=args.hf, threads=args.threads, compile=args.compile,
     )
     results = run_model_bench(settings, progress=not args.json)
     out = report(settings, results)

@@ -23,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--tokenizer", default=None, help="tokenizer if the checkpoint has none ('bytes', a JSON file)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--compile", action="store_true", help="decode through torch.compile (compiling takes seconds first)")
     p.set_defaults(run=run)
 
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(args.prompt)
     for step in stream(
         model, [prompt], min(args.max_new_tokens, room), temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, stop_tokens=[tokenizer.eos_id], generator=generator,
+        top_p=args.top_p, stop_tokens=[tokenizer.eos_id], generator=generator, compile=args.compile,
     ):
         token = int(step[0])
         if token == tokenizer.eos_id:
