@@ -8,7 +8,7 @@ import pytest
 
 from diff_transformer.checkpoint import load_checkpoint_tokenizer
 from diff_transformer.cli import main
-from diff_transformer.evaluation import report_sections
+from diff_transformer.evaluation import SuiteResult, run_suite
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import ConfigError, compare, load_config
 from diff_transformer.train.compare import select_models
@@ -21,30 +21,44 @@ MODELS = {
 }
 
 
-def test_compare_trains_each_model_on_the_same_budget_and_writes_the_report(byte_dataset, tmp_path):  # noqa: F811
+def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(byte_dataset, tmp_path):  # noqa: F811
     config = debug_config(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 3, "eval_every": 3})
     seen = {}
 
     def evaluation(checkpoints, out_dir):
         seen.update(checkpoints)
-        return ["## Evaluation\n\nsection from the hook"]
+        return SuiteResult(sections={"hook": "section from the hook"}, data={"hook": {"title": "Hook"}})
 
     out = tmp_path / "compare"
-    metrics = compare(config, out, evaluation=evaluation, progress=False)
+    grid = [1e-3, 1e-2]
+    metrics = compare(config, out, lr_grid=grid, evaluation=evaluation, progress=False)
 
     assert list(metrics["models"]) == ["standard", "diff"]
     for name, m in metrics["models"].items():
+        sweep = metrics["lr_sweep"][name]
+        losses = {lr: sweep["final_val_loss"][f"{lr:g}"]["mean"] for lr in grid}
+        assert sweep["best"] == min(losses, key=losses.get)  # its own best, by final validation loss
+        assert m["final_val_loss"]["mean"] == pytest.approx(losses[sweep["best"]])
+        # min_lr keeps its ratio to lr (3e-4 / 3e-3) at every grid value.
+        for lr in grid:
+            first = json.loads((out / "runs" / name / f"lr-{lr:g}" / "seed-0" / "metrics.jsonl").read_text().splitlines()[0])
+            assert first["lr"] == pytest.approx(lr / 2)  # step 0 of a 2-step warmup
         assert m["tokens"] == 3 * 8 * 32 and m["status"] == ["completed"]
         assert m["final_val_loss"]["mean"] > 0 and m["tokens_per_s"]["mean"] > 0 and m["peak_memory_bytes"] > 0
-        model = LanguageModel.from_pretrained(out / name)  # the final checkpoint, with its tokenizer
+        model = LanguageModel.from_pretrained(out / name)  # the best run's final checkpoint, with its tokenizer
         assert model.config.attention == m["attention"] and model.num_parameters() == m["parameters"]
         assert load_checkpoint_tokenizer(out / name) is not None
-        assert seen[name] == out / name
+        best_dir = out / "runs" / name / f"lr-{sweep['best']:g}" / "seed-0" / "checkpoint"
+        assert seen[f"{config.models[name].display_name} s0"] == best_dir
+        assert (out / name / "model.safetensors").read_bytes() == (best_dir / "model.safetensors").read_bytes()
     assert metrics["models"]["diff"]["parameters"] - metrics["models"]["standard"]["parameters"] == 2 * 6 * 16
+    assert [c["claim"] for c in metrics["claims"]] == ["Language modelling"]
 
     report = (out / "report.md").read_text()
     assert "| Transformer | standard |" in report and "| DIFF | diff |" in report
     assert "3.087" in report and "3.062" in report  # the paper's Table 6 figures beside ours
+    assert "Learning-rate sweep" in report and "| lr 0.001 | lr 0.01 |" in report
+    assert "The paper's claims at this scale" in report and "| Language modelling |" in report
     assert "training throughput" in report and "peak RSS" in report
     assert "DIFF vs Transformer, parameters**: +192 (" in report
     assert report.rstrip().endswith("section from the hook")
@@ -52,24 +66,35 @@ def test_compare_trains_each_model_on_the_same_budget_and_writes_the_report(byte
     assert json.loads((out / "metrics.json").read_text())["budget"]["tokens_per_model"] == 3 * 8 * 32
 
     # --resume reuses finished runs: nothing is trained again.
-    stamp = (out / "diff" / "model.safetensors").stat().st_mtime_ns
-    again = compare(config, out, resume=True, progress=False)
-    assert (out / "diff" / "model.safetensors").stat().st_mtime_ns == stamp
+    stamp = (out / "runs" / "diff" / "lr-0.01" / "seed-0" / "checkpoint" / "model.safetensors").stat().st_mtime_ns
+    again = compare(config, out, lr_grid=grid, resume=True, progress=False)
+    assert (out / "runs" / "diff" / "lr-0.01" / "seed-0" / "checkpoint" / "model.safetensors").stat().st_mtime_ns == stamp
     assert again["models"]["diff"]["final_val_loss"] == metrics["models"]["diff"]["final_val_loss"]
 
 
-def test_compare_runs_the_evaluation_suite_into_the_report(byte_dataset, tmp_path):  # noqa: F811
-    """What the CLI wires by default: every evaluation on every model, a report section each."""
+def test_compare_runs_the_evaluations_on_every_seed_into_the_report(byte_dataset, tmp_path):  # noqa: F811
+    """What the CLI wires: the config's evaluations on every seed's model, a report section each,
+    and the claims table fed by their figures."""
     config = debug_config(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 2, "eval_every": 2})
     out = tmp_path / "compare"
-    compare(config, out, evaluation=partial(report_sections, quick=True), progress=False)
+    names = ["outliers", "quantization", "ar-hit"]
+    metrics = compare(config, out, seeds=2, evaluation=partial(run_suite, quick=True, evaluations=names),
+                      progress=False)
     report = (out / "report.md").read_text()
     assert "## Evaluations of the paper" in report
-    for name in ("needle", "attention-noise", "outliers", "quantization", "ar-hit", "position-nll", "icl", "mqar"):
+    labels = {"Transformer s0", "Transformer s1", "DIFF s0", "DIFF s1"}
+    for name in names:
         results = json.loads((out / "eval" / f"{name}.json").read_text())
-        assert set(results["models"]) == {"standard", "diff"}, name
+        assert set(results["models"]) == labels, name
         assert (out / "eval" / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
         assert f"eval/{name}.png" in report, name
+    claims = {c["measure"]: c for c in metrics["claims"]}
+    outliers = claims["top-1 / median magnitude of attention logits"]
+    result = json.loads((out / "eval" / "outliers.json").read_text())["models"]
+    expected = [result[f"DIFF s{s}"]["attention_logits"]["top1"] / result[f"DIFF s{s}"]["attention_logits"]["median"]
+                for s in (0, 1)]
+    assert outliers["diff"]["per_seed"] == pytest.approx(expected)
+    assert outliers["difference"]["low"] is not None  # two seeds: an interval
 
 
 def test_models_are_selected_by_attention_kind():

@@ -59,6 +59,12 @@ def minimal(**sections):
         (minimal(models={"diff": {"preset": "debug", "attention": "linear"}}), "models.diff.attention"),
         (minimal(data={"mix": {"needle": 1.5}}), "data.mix.needle"),
         (minimal(compare={"models": ["transformer"]}), "compare.models"),
+        (minimal(compare={"evaluations": ["needles"]}), "compare.evaluations"),
+        (minimal(compare={"lr_grid": [1e-3, -1e-3]}), "compare.lr_grid"),
+        (minimal(models={"diff": {"optim": {"lr": -1.0}}}), "lr"),
+        (minimal(models={"diff": {"optim": {"lrr": 1.0}}}), r"models.diff.optim.lrr"),
+        (minimal(retrieval={"length": 8}), "retrieval.length"),
+        (minimal(retrieval={"bogus": 1}), "retrieval.bogus"),
     ],
 )
 def test_bad_keys_and_values_are_errors_naming_them(data, named):
@@ -70,11 +76,13 @@ def test_overrides_apply_dotted_keys_with_yaml_values():
     config = load_config(
         "tiny",
         ["optim.lr=1e-3", "run.compile=true", "optim.betas=[0.8, 0.9]", "models.diff.lambda_init=0.8",
-         "data.mix.mqar=0.1"],
+         "data.mix.mqar=0.1", "models.diff.optim.lr=5e-3", "retrieval.steps=7"],
     )
     assert config.optim.lr == 1e-3 and config.run.compile is True and config.optim.betas == (0.8, 0.9)
     assert config.model("diff").model_config().lambda_init == 0.8
-    assert config.data.mix == {"needle": 0.1, "mqar": 0.1, "icl": 0.05}  # tiny.yaml's mix, mqar overridden
+    assert config.data.mix == {"mqar": 0.1}
+    assert config.optim_for("diff").lr == 5e-3 and config.optim_for("standard").lr == 1e-3  # the model's own lr
+    assert config.retrieval.steps == 7 and config.retrieval.enabled
     with pytest.raises(ConfigError, match=r"run\.bogus"):
         load_config("tiny", ["run.bogus=1"])
     with pytest.raises(ConfigError, match="section.key=value"):

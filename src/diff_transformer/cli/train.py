@@ -36,9 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train each model with the same data order, seeds and token budget, then write "
         "DIR/report.md (parameters, tokens, final validation loss ± std over seeds, tokens/s, peak memory, "
         "beside the paper's figures), DIR/metrics.json, DIR/loss.png, and each model's final checkpoint in "
-        "DIR/<model>/; then run the paper's evaluation suite on every checkpoint (JSON and plots in DIR/eval/) "
-        "and add a section per evaluation to the report. Default: the tiny preset on the embedded corpus, "
-        "standard vs diff.",
+        "DIR/<model>/ (at each model's best learning rate when --lr-grid gives several); then the retrieval "
+        "experiment (small models trained on generated multi-needle and MQAR tasks: accuracy by difficulty, "
+        "attention to the answer); then the evaluations of compare.evaluations on every seed's model (JSON and "
+        "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
+        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff).",
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
     c.add_argument(
@@ -52,9 +54,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     c.add_argument("--resume", action="store_true", help="reuse finished runs in --out and continue interrupted ones")
     c.add_argument("--nproc", type=int, default=1, help="processes per model run (torchrun; default 1)")
+    c.add_argument("--lr-grid", type=_float_list, metavar="LR,LR,...",
+                   help="re-run the learning-rate sweep: train every model at each peak lr (min_lr keeps its ratio), "
+                   "report each at its own best; default: the config's compare.lr_grid, else each model's own lr")
+    c.add_argument("--retrieval-lr-grid", type=_float_list, metavar="LR,LR,...",
+                   help="the same for the retrieval experiment (default: retrieval.lr_grid, else each model's retrieval_lr)")
+    c.add_argument("--no-retrieval", action="store_true", help="skip the retrieval experiment")
     c.add_argument("--no-eval", action="store_true", help="skip the evaluation suite after training")
     c.add_argument("--quick-eval", action="store_true", help="run the evaluation suite on a smoke-test budget")
     c.set_defaults(run=run_compare)
+
+
+def _float_list(text: str) -> list[float]:
+    """"1e-3,2e-3" -> [0.001, 0.002]: positive numbers, comma-separated."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -84,7 +103,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from ..evaluation import report_sections
+    from ..evaluation import run_suite
     from ..train import TrainingError, load_config
     from ..train.compare import CompareInterrupted, compare, select_models
 
@@ -99,10 +118,13 @@ def run_compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
         if args.nproc < 1:
             raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
-        evaluation = None if args.no_eval else partial(report_sections, quick=args.quick_eval)
+        evaluation = None
+        if not args.no_eval and config.compare.evaluations:
+            evaluation = partial(run_suite, quick=args.quick_eval, evaluations=config.compare.evaluations)
         metrics = compare(
-            config, args.out, models=models, seeds=args.seeds, resume=args.resume, nproc=args.nproc,
-            evaluation=evaluation,
+            config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
+            retrieval_lr_grid=args.retrieval_lr_grid, retrieval=False if args.no_retrieval else None,
+            resume=args.resume, nproc=args.nproc, evaluation=evaluation,
         )
     except (ConfigError, TrainingError) as exc:
         print(f"error: {exc}", file=sys.stderr)

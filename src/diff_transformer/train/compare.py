@@ -1,25 +1,38 @@
 """``diff-transformer compare``: train several attention kinds side by side and report.
 
-Every model of the comparison is trained by the same ``train`` entry point, in its own process
-(a fresh interpreter, so that its peak memory is its own and no model inherits another's
-state), with the same config: the same data order (run.data_seed), the same seeds and the same
-token budget (run.steps × data.batch_size × data.seq_len). The output directory:
+Two experiments, both fair by construction: every model gets the same search (the same
+learning-rate grid, warmup and schedule, data order and token budget), is reported at its own
+best learning rate, over several seeds, with mean ± std and the difference's 95% interval.
 
-    DIR/report.md            the table (parameters, tokens, final validation loss ± std over
-                             seeds, tokens/s, peak memory) beside the paper's figures
+1. Language modelling: every model trained by the same ``train`` entry point, in its own process
+   (a fresh interpreter, so that its peak memory is its own and no model inherits another's
+   state), with the same config: the same data order (run.data_seed), the same seeds and the
+   same token budget (run.steps × data.batch_size × data.seq_len), at every learning rate of
+   the grid; the evaluation suite then runs on every seed's final model.
+2. Retrieval (:mod:`.retrieval`): small models of the same attention kinds trained on generated
+   multi-needle and MQAR examples, accuracy by difficulty and attention to the answer.
+
+The output directory:
+
+    DIR/report.md            per claim of the paper: our effect, its spread, the paper's figure and
+                             a verdict; the tables of both experiments; the evaluations
     DIR/metrics.json         everything in the report, and the loss curves
-    DIR/loss.png             training and validation loss of every model on one figure
+    DIR/loss.png, DIR/retrieval.png   the figures of the two experiments
     DIR/config.yaml          the resolved config every run used
-    DIR/<model>/             the final checkpoint of the model's first seed (from_pretrained loads
-                             it; the tokenizer is inside)
-    DIR/runs/<model>/seed-<s>/   logs of each run (metrics.jsonl, tensorboard/, summary.json);
-                             the checkpoints of further seeds are in checkpoint/ there
+    DIR/<model>/             the final checkpoint of the model's first seed at its best learning
+                             rate (from_pretrained loads it; the tokenizer is inside)
+    DIR/runs/<model>/lr-<lr>/seed-<s>/   each run's logs (metrics.jsonl, tensorboard/, summary.json)
+                             and final checkpoint (checkpoint/)
+    DIR/retrieval/           each retrieval run's results (JSON)
+    DIR/eval/                each evaluation's JSON and plot
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import shutil
 import signal
 import subprocess
@@ -32,13 +45,16 @@ import yaml
 
 from ..config import ConfigError
 from .config import TrainConfig
-from .report import build_metrics, render_report, write_plots
+from ..evaluation.suite import SuiteResult
+from .claims import paper_claims
+from .report import build_metrics, evaluation_intro, mean_std, render_report, write_plots
 from .state import find_checkpoint
 from .trainer import SUMMARY_FILE, TrainingError, read_metrics
 
-# An evaluation step run after training: given {model name: checkpoint directory} and the output
-# directory, it returns Markdown sections that are appended to report.md.
-Evaluation = Callable[[dict[str, Path], Path], list[str]]
+# The evaluation step run after training: given {label: checkpoint directory} (every seed of every
+# model, labelled by seed_label) and its output directory, it returns the suite's result, whose
+# Markdown goes into report.md and whose data feeds the claims.
+Evaluation = Callable[[dict[str, Path], Path], SuiteResult]
 
 
 class CompareInterrupted(RuntimeError):
@@ -58,13 +74,6 @@ def select_models(config: TrainConfig, attention: list[str] | None) -> list[str]
             )
         return names
     return list(config.compare.models) or list(config.models)
-
-
-def _run_paths(out_dir: Path, model: str, seed_index: int, seed: int) -> tuple[Path, Path]:
-    """(log directory, checkpoint directory) of one run."""
-    log_dir = out_dir / "runs" / model / f"seed-{seed}"
-    checkpoint_dir = out_dir / model if seed_index == 0 else log_dir / "checkpoint"
-    return log_dir, checkpoint_dir
 
 
 def _train_command(config_file: Path, model: str, overrides: list[str], resume: bool, nproc: int) -> list[str]:
@@ -105,13 +114,19 @@ def compare(
     *,
     models: list[str] | None = None,
     seeds: int | None = None,
+    lr_grid: list[float] | None = None,
+    retrieval_lr_grid: list[float] | None = None,
+    retrieval: bool | None = None,
     resume: bool = False,
     nproc: int = 1,
     evaluation: Evaluation | None = None,
     progress: bool = True,
 ) -> dict:
     """Train ``models`` (names in ``config``; default: :func:`select_models`) for ``seeds`` seeds
-    each and write the report into ``out_dir``; returns the metrics (also DIR/metrics.json).
+    at every learning rate of ``lr_grid`` (default: compare.lr_grid, else each model's own lr),
+    report each model at its best learning rate, run the retrieval experiment (default:
+    retrieval.enabled) and the evaluations, and write the report into ``out_dir``; returns the
+    metrics (also DIR/metrics.json).
 
     With ``resume``, runs that finished are reused and interrupted ones continue from their
     checkpoint; without it, earlier runs of the same models in ``out_dir`` are replaced.
@@ -123,6 +138,8 @@ def compare(
         config.model(name)  # an unknown name is an error before anything starts
     n_seeds = seeds or config.compare.seeds
     seed_values = [config.run.seed + i for i in range(n_seeds)]
+    grid = list(lr_grid if lr_grid is not None else config.compare.lr_grid)
+    lrs = {name: grid or [config.optim_for(name).lr] for name in names}
     out_dir.mkdir(parents=True, exist_ok=True)
 
     if config.data.dataset == "default":  # prepare the corpus once, here, before the runs start
@@ -132,51 +149,105 @@ def compare(
 
     # The resolved config every run reads: the user's, with what compare decided.
     resolved = config.to_dict()
-    resolved["compare"] = {"models": names, "seeds": n_seeds}
+    resolved["compare"].update(models=names, seeds=n_seeds, lr_grid=grid)
     resolved["run"]["progress"] = progress
     config_file = out_dir / "config.yaml"
-    tmp = config_file.with_suffix(".yaml.tmp")
-    tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
-    os.replace(tmp, config_file)
+    _write_text(config_file, yaml.safe_dump(resolved, sort_keys=False))
 
-    runs: dict[str, list[dict]] = {name: [] for name in names}
-    total = len(names) * n_seeds
-    for seed_index, seed in enumerate(seed_values):
+    # Language modelling: every (seed, learning rate, model), seeds outermost so that an early stop
+    # leaves every model with the same runs.
+    runs: dict[str, dict[float, list[dict]]] = {name: {lr: [] for lr in lrs[name]} for name in names}
+    total = sum(len(v) for v in lrs.values()) * n_seeds
+    position = 0
+    for seed in seed_values:
         for name in names:
-            log_dir, checkpoint_dir = _run_paths(out_dir, name, seed_index, seed)
-            done = _finished_summary(log_dir, checkpoint_dir, config.run.steps) if resume else None
-            position = len([r for rs in runs.values() for r in rs]) + 1
-            label = f"[{position}/{total}] {name} (seed {seed})"
-            if done is None:
-                continue_run = resume and find_checkpoint(checkpoint_dir) is not None
-                if not continue_run:
-                    _clear_run(log_dir, checkpoint_dir, label)
-                print(f"{label}: {'resuming' if continue_run else 'training'} -> {checkpoint_dir}", file=sys.stderr, flush=True)
-                overrides = [f"run.seed={seed}", f"run.out_dir={log_dir}", f"run.checkpoint_dir={checkpoint_dir}"]
-                code = _run_child(_train_command(config_file, name, overrides, continue_run, nproc))
-                done = _read_summary(log_dir)
+            for lr in lrs[name]:
+                position += 1
+                label = f"[{position}/{total}] {name} lr {lr:g} (seed {seed})"
+                log_dir = out_dir / "runs" / name / f"lr-{lr:g}" / f"seed-{seed}"
+                checkpoint_dir = log_dir / "checkpoint"
+                done = _finished_summary(log_dir, checkpoint_dir, config.run.steps) if resume else None
                 if done is None:
-                    raise TrainingError(f"{label}: training failed (exit code {code}); see the messages above")
-            else:
-                print(f"{label}: already trained, reusing {checkpoint_dir}", file=sys.stderr)
-            done["seed"] = seed
-            done["metrics"] = read_metrics(log_dir / "metrics.jsonl")
-            runs[name].append(done)
+                    continue_run = resume and find_checkpoint(checkpoint_dir) is not None
+                    if not continue_run:
+                        _clear_run(log_dir, label)
+                    print(f"{label}: {'resuming' if continue_run else 'training'} -> {log_dir}", file=sys.stderr, flush=True)
+                    optim = config.optim_for(name, lr)
+                    overrides = [f"run.seed={seed}", f"run.out_dir={log_dir}", f"run.checkpoint_dir={checkpoint_dir}",
+                                 f"models.{name}.optim.lr={optim.lr!r}", f"models.{name}.optim.min_lr={optim.min_lr!r}"]
+                    code = _run_child(_train_command(config_file, name, overrides, continue_run, nproc))
+                    done = _read_summary(log_dir)
+                    if done is None:
+                        raise TrainingError(f"{label}: training failed (exit code {code}); see the messages above")
+                else:
+                    print(f"{label}: already trained, reusing {log_dir}", file=sys.stderr)
+                done.update(seed=seed, lr=lr, log_dir=str(log_dir), checkpoint_dir=str(checkpoint_dir))
+                done["metrics"] = read_metrics(log_dir / "metrics.jsonl")
+                runs[name][lr].append(done)
 
-    checkpoints = {name: out_dir / name for name in names}
-    metrics = build_metrics(config, runs, wall_seconds=time.perf_counter() - start, nproc=nproc)
+    sweep = {name: {lr: _final_losses(model_runs) for lr, model_runs in by_lr.items()} for name, by_lr in runs.items()}
+    best = {name: _best_lr(name, by_lr) for name, by_lr in sweep.items()}
+    chosen = {name: runs[name][best[name]] for name in names}
+    for name in names:  # DIR/<model>: the first seed's final checkpoint at the model's best learning rate
+        _replace_tree(Path(chosen[name][0]["checkpoint_dir"]), out_dir / name)
+
+    metrics = build_metrics(config, chosen, wall_seconds=time.perf_counter() - start, nproc=nproc)
+    metrics["lr_sweep"] = {
+        name: {"grid": lrs[name], "best": best[name],
+               "final_val_loss": {f"{lr:g}": mean_std(losses) for lr, losses in sweep[name].items()}}
+        for name in names
+    }
+
+    if retrieval if retrieval is not None else config.retrieval.enabled:
+        from .retrieval import run_experiment
+
+        metrics["retrieval"] = run_experiment(config, names, seed_values, out_dir / "retrieval",
+                                              lr_grid=retrieval_lr_grid, resume=resume, progress=progress)
+
+    # The evaluations run on the final checkpoint of every seed (at the best learning rate); their
+    # Markdown sections are appended to the report and their headline figures feed the claims.
+    suite = None
+    if evaluation is not None:
+        checkpoints = {seed_label(config, name, r["seed"]): Path(r["checkpoint_dir"]) for name in names for r in chosen[name]}
+        suite = evaluation(checkpoints, out_dir / "eval")
+    metrics["claims"] = paper_claims(config, metrics, suite.data if suite else {})
     write_plots(metrics, out_dir)
     report = render_report(metrics)
-
-    # The evaluation suite (the CLI passes diff_transformer.evaluation.report_sections) runs on
-    # each model's final checkpoint; its Markdown sections are appended to the report.
-    if evaluation is not None:
-        report += "".join("\n" + section.rstrip() + "\n" for section in evaluation(checkpoints, out_dir))
+    if suite is not None:
+        report += "\n" + evaluation_intro() + "\n\n" + suite.markdown(relative_to=out_dir, heading="###")
 
     metrics["wall_seconds"] = time.perf_counter() - start
     _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     _write_text(out_dir / "report.md", report)
     return metrics
+
+
+def seed_label(config: TrainConfig, name: str, seed: int) -> str:
+    """How one seed of one model is named in the evaluations: "DIFF s0"."""
+    return f"{config.models[name].display_name} s{seed}"
+
+
+def _final_losses(model_runs: list[dict]) -> list[float]:
+    return [r["final_val_loss"] for r in model_runs if r["status"] == "completed" and r["final_val_loss"] is not None]
+
+
+def _best_lr(name: str, by_lr: dict[float, list[float]]) -> float:
+    """The learning rate with the lowest mean final validation loss (a diverged lr counts as worst)."""
+    scored = {lr: statistics.fmean(v) for lr, v in by_lr.items() if v and all(math.isfinite(x) for x in v)}
+    if not scored:
+        raise TrainingError(f"{name}: no learning rate gave a finite final validation loss ({', '.join(map(str, by_lr))})")
+    return min(scored, key=scored.get)
+
+
+def _replace_tree(source: Path, target: Path) -> None:
+    """Make ``target`` a copy of ``source`` (copied beside it, then swapped in)."""
+    tmp = target.with_name(target.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(source, tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
 
 
 def _finished_summary(log_dir: Path, checkpoint_dir: Path, steps: int) -> dict | None:
@@ -191,12 +262,11 @@ def _read_summary(log_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _clear_run(log_dir: Path, checkpoint_dir: Path, label: str) -> None:
-    """Remove an earlier run of this model and seed (said aloud: nothing is replaced silently)."""
-    for path in (log_dir, checkpoint_dir):
-        if path.exists():
-            print(f"{label}: replacing the earlier run in {path}", file=sys.stderr)
-            shutil.rmtree(path)
+def _clear_run(log_dir: Path, label: str) -> None:
+    """Remove an earlier run of this model, lr and seed (said aloud: nothing is replaced silently)."""
+    if log_dir.exists():
+        print(f"{label}: replacing the earlier run in {log_dir}", file=sys.stderr)
+        shutil.rmtree(log_dir)
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -49,6 +49,8 @@ class ModelEntry:
     label: str | None = None
     paper_row: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
+    optim: dict[str, Any] = field(default_factory=dict)  # this model's OptimConfig fields over the config's (its lr)
+    retrieval_lr: float | None = None  # its peak learning rate in the retrieval experiment; None = retrieval.lr
 
     def model_config(self) -> ModelConfig:
         """The ModelConfig this entry describes (validated by ModelConfig itself)."""
@@ -65,9 +67,11 @@ class ModelEntry:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"attention": self.attention}
-        for key in ("preset", "label", "paper_row"):
+        for key in ("preset", "label", "paper_row", "retrieval_lr"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.optim:
+            out["optim"] = dict(self.optim)
         return {**out, **self.fields}
 
 
@@ -174,15 +178,87 @@ class RunConfig:
 
 
 @dataclass
+class RetrievalConfig:
+    """The retrieval experiment of ``compare`` (the ``retrieval`` section of a config)."""
+
+    enabled: bool = True
+    length: int = 64  # tokens per example (the models' context)
+    keys: int = 32
+    values: int = 32  # chance = 1 / values
+    noise_tokens: int = 32
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 2  # DIFF heads; the Transformer gets twice as many of the same width
+    steps: int = 400
+    batch_size: int = 16  # examples per step: half needle, half mqar
+    lr: float = 3.0e-3  # peak learning rate used when a model entry sets none (models.NAME.retrieval_lr)
+    lr_grid: list[float] = field(default_factory=list)  # every model at each; reported at its best. Empty: lr
+    warmup_steps: int = 40
+    weight_decay: float = 0.1
+    needles: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # N; distractors = N − 1
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    pairs: list[int] = field(default_factory=lambda: [4, 8, 12, 16])  # D of mqar
+    queries: int | None = None  # mqar keys asked again per example; None = every pair, in a random order
+    eval_samples: int = 40  # examples per difficulty cell
+    quantize_bits: list[int] = field(default_factory=lambda: [8, 6, 4])  # accuracy with attention logits at these widths
+    data_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("length", "keys", "values", "noise_tokens", "d_model", "n_layers", "n_heads", "steps",
+                     "batch_size", "eval_samples"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"retrieval.{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or any(lr <= 0 for lr in self.lr_grid):
+            raise ConfigError("retrieval: need lr > 0, warmup_steps >= 0, weight_decay >= 0")
+        if not self.needles or not self.pairs or not self.depths:
+            raise ConfigError("retrieval.needles, retrieval.pairs and retrieval.depths must not be empty")
+        if any(not 0.0 <= d <= 1.0 for d in self.depths):
+            raise ConfigError(f"retrieval.depths must lie in [0, 1], got {self.depths}")
+        if self.queries is not None and not 0 < self.queries <= min(self.pairs):
+            raise ConfigError(f"retrieval.queries must be in [1, min(pairs)] or null (every pair), got {self.queries}")
+        if max(self.needles) > self.keys or max(self.pairs) > self.keys:
+            raise ConfigError("retrieval: needles and pairs must not exceed keys")
+        if 3 * max(self.needles) + 4 > self.length:
+            raise ConfigError(f"retrieval.length={self.length} is too short for {max(self.needles)} needles")
+        queries = self.queries or max(self.pairs)
+        if 2 * max(self.pairs) + 2 * queries > self.length:
+            raise ConfigError(f"retrieval.length={self.length} is too short for {max(self.pairs)} pairs and "
+                              f"{queries} queries")
+
+    @property
+    def vocab_size(self) -> int:
+        """4 markers (BOS, NEEDLE, QUERY, one spare), the keys, the values, the noise tokens."""
+        return 4 + self.keys + self.values + self.noise_tokens
+
+    def model_config(self, attention: str, **fields: Any) -> ModelConfig:
+        """The retrieval model of one attention kind (DIFF head counts, doubled for the others)."""
+        heads = self.n_heads if attention == "diff" else 2 * self.n_heads
+        return ModelConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=heads,
+                           max_seq_len=self.length, attention=attention, **fields)
+
+
+@dataclass
 class CompareConfig:
     """What ``diff-transformer compare`` trains by default."""
 
     models: list[str] = field(default_factory=list)  # model names; empty = every model of the config
     seeds: int = 1  # training seeds per model: run.seed, run.seed + 1, ...
+    # Peak learning rates every model is trained with (min_lr keeps its ratio to lr); each model is
+    # reported at its own best (lowest mean final validation loss). Empty = each model's own lr only.
+    lr_grid: list[float] = field(default_factory=list)
+    # Evaluations of the suite run on every seed's language model (names: diff-transformer eval --help).
+    evaluations: list[str] = field(default_factory=lambda: ["outliers", "quantization", "ar-hit", "position-nll", "icl"])
 
     def __post_init__(self) -> None:
         if self.seeds <= 0:
             raise ConfigError(f"compare.seeds must be positive, got {self.seeds}")
+        if any(lr <= 0 for lr in self.lr_grid):
+            raise ConfigError(f"compare.lr_grid values must be positive, got {self.lr_grid}")
+        from ..evaluation.suite import EVALUATIONS
+
+        unknown = [name for name in self.evaluations if name not in EVALUATIONS]
+        if unknown:
+            raise ConfigError(f"compare.evaluations: no evaluation {unknown[0]!r}; choose from {', '.join(EVALUATIONS)}")
 
 
 @dataclass
@@ -193,12 +269,15 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(recipe="paper-scaling"))
     run: RunConfig = field(default_factory=RunConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(enabled=False))
     description: str = ""
     source: str | None = None  # the file it was read from
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ConfigError("models: a config needs at least one model")
+        for name in self.models:
+            self.optim_for(name)  # a model's optim fields are checked like the section's
         for name in self.compare.models:
             if name not in self.models:
                 raise ConfigError(f"compare.models: no model named {name!r}; the config has {', '.join(self.models)}")
@@ -215,11 +294,26 @@ class TrainConfig:
             raise ConfigError(f"no model named {name!r} in config {self.name!r}; it has {', '.join(self.models)}")
         return self.models[name]
 
+    def optim_for(self, name: str, lr: float | None = None) -> OptimConfig:
+        """The optimizer settings of model ``name``: the optim section with the model's own fields
+        over it; ``lr`` (a grid value) replaces the peak lr and scales min_lr with it."""
+        overrides = self.model(name).optim
+        if lr is not None:
+            base_lr = overrides.get("lr", self.optim.lr)
+            overrides = {**overrides, "lr": lr, "min_lr": overrides.get("min_lr", self.optim.min_lr) * lr / base_lr}
+        if not overrides:
+            return self.optim
+        values = {**dataclasses.asdict(self.optim), "recipe": None}
+        try:
+            return _section(OptimConfig, {**values, **overrides}, f"models.{name}.optim")
+        except ConfigError as exc:
+            raise ConfigError(str(exc)) from None
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data that :func:`config_from_dict` reads back (written beside every run)."""
         out = {"name": self.name, "description": self.description}
         out["models"] = {name: entry.to_dict() for name, entry in self.models.items()}
-        for section in ("data", "optim", "run", "compare"):
+        for section in ("data", "optim", "run", "compare", "retrieval"):
             values = dataclasses.asdict(getattr(self, section))
             if section == "optim":
                 values["betas"] = list(values["betas"])
@@ -229,7 +323,6 @@ class TrainConfig:
 
 # --- reading -----------------------------------------------------------------------------------
 
-_ENTRY_KEYS = {"attention", "preset", "label", "paper_row"}
 
 
 def _check_type(value: Any, annotation: Any, where: str) -> Any:
@@ -309,6 +402,10 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
         attention = merged.pop("attention", "diff")
         if attention not in ATTENTION_KINDS:
             raise ConfigError(f"models.{name}.attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+        optim = merged.pop("optim", None) or {}
+        if not isinstance(optim, dict):
+            raise ConfigError(f"models.{name}.optim must be a mapping of optim fields, got {optim!r}")
+        retrieval_lr = merged.pop("retrieval_lr", None)
         entry = ModelEntry(
             name=str(name),
             attention=attention,
@@ -316,6 +413,8 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             label=merged.pop("label", None),
             paper_row=merged.pop("paper_row", None),
             fields=merged,
+            optim=optim,
+            retrieval_lr=None if retrieval_lr is None else _check_type(retrieval_lr, float, f"models.{name}.retrieval_lr"),
         )
         entry.model_config()  # validate now: unknown ModelConfig fields are named here
         entries[str(name)] = entry
@@ -326,7 +425,7 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainCo
     """A TrainConfig from plain data (a parsed YAML file); every key is checked."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source or 'config'}: expected a mapping at the top level")
-    known = {"name", "description", "model", "models", "data", "optim", "run", "compare"}
+    known = {"name", "description", "model", "models", "data", "optim", "run", "compare", "retrieval"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} at the top level (known: {', '.join(sorted(known))})")
@@ -346,6 +445,7 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainCo
         optim=_section(OptimConfig, data.get("optim", {"recipe": "paper-scaling"}), "optim"),
         run=_section(RunConfig, data.get("run"), "run"),
         compare=_section(CompareConfig, data.get("compare"), "compare"),
+        retrieval=_section(RetrievalConfig, data.get("retrieval", {"enabled": False}), "retrieval"),
         source=source,
     )
 

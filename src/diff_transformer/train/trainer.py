@@ -317,8 +317,9 @@ def _train(config: TrainConfig, entry, model_config, env: Environment, resume: b
 
     model = parallelize(lambda device: LanguageModel(model_config, device=device), env, run.parallel, run.seed)
     raw_model = unwrap(model)  # the LanguageModel (FSDP-sharded or not): state dicts and checkpoints
-    optimizer = build_optimizer(raw_model, config.optim, env.device)
-    schedule = WarmupLinearSchedule(optimizer, config.optim, run.steps)
+    optim = config.optim_for(entry.name)  # the optim section with the model's own fields (its lr) over it
+    optimizer = build_optimizer(raw_model, optim, env.device)
+    schedule = WarmupLinearSchedule(optimizer, optim, run.steps)
     progress = Progress()
     if resume:
         check_resumable(existing, config, model_config)
@@ -358,7 +359,7 @@ def _train(config: TrainConfig, entry, model_config, env: Environment, resume: b
             batches = list(plan.micro_batches(progress.step))
             local_loss_sum, global_count = _forward_backward(model, forward_model, batches, env, run.parallel, autocast)
             grad_norm = torch.nn.utils.clip_grad_norm_(
-                raw_model.parameters(), config.optim.grad_clip if config.optim.grad_clip > 0 else float("inf")
+                raw_model.parameters(), optim.grad_clip if optim.grad_clip > 0 else float("inf")
             )
             if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
                 grad_norm = grad_norm.full_tensor()
