@@ -207,9 +207,9 @@ AOT_COMPILE = textwrap.dedent(
     from diff_transformer.ops import triton_diff as td
 
     HALF = ("Q1", "Q2", "K1", "K2", "V", "OUT", "OUT2", "DO", "DK1", "DK2", "DV")  # bf16 tensors
-    FP32 = ("LAM", "LSE1", "LSE2", "DELTA1", "DELTA2", "DQ1", "DQ2")
+    FP32 = ("LAM", "LSE1", "LSE2", "DELTA1", "DELTA2")
 
-    def compile_kernel(kernel, constexprs, config):
+    def compile_kernel(kernel, constexprs, config, dq_type="*fp32"):
         fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
         def arg_type(name):
             if name in constexprs:
@@ -218,6 +218,10 @@ AOT_COMPILE = textwrap.dedent(
                 return "*bf16"
             if name in FP32:
                 return "*fp32"
+            if name in ("DQ1", "DQ2"):
+                return dq_type
+            if name == "KEY_VALID":
+                return "*u8"
             return "fp32" if name in ("qk_scale", "sm_scale") else "i32"
         constexprs = {**constexprs, **config.kwargs}
         src = ASTSource(fn, {n: arg_type(n) for n in fn.arg_names},
@@ -225,21 +229,27 @@ AOT_COMPILE = textwrap.dedent(
         options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
-    for d in (128,):
-        fwd = compile_kernel(td._fwd_kernel, dict(HEAD_DIM=d, CAUSAL=True, STORE_O2=True, PRECISION="tf32"),
-                             td._prune_fwd(td._FWD_CONFIGS, {}, HEAD_DIM=d)[0])
-        bwd = compile_kernel(td._bwd_kernel, dict(HEAD_DIM=d, CAUSAL=True, PRECISION="tf32"),
-                             td._prune_bwd(td._BWD_CONFIGS, {}, HEAD_DIM=d)[0])
-        rowsums = compile_kernel(td._rowsums_kernel, dict(HEAD_DIM=d, BLOCK_M=64), triton.Config({}))
-        assert all("cubin" in k.asm for k in (fwd, bwd, rowsums))
-        print("compiled", d, fwd.metadata.shared, bwd.metadata.shared)
+    # d = 128, and 96 (padded to 128) with the key mask and the deterministic dQ kernel. (d = 256
+    # compiles too, in ~30 s: too slow for this suite; the GPU tests run it.)
+    for d, key_mask in ((128, False), (96, True)):
+        common = dict(HEAD_DIM=d, BLOCK_D=td.block_d(d), CAUSAL=True, KEY_MASK=key_mask, PRECISION="tf32")
+        fwd = compile_kernel(td._fwd_kernel, dict(common, STORE_O2=True), td.default_config("fwd", d))
+        bwd = compile_kernel(td._bwd_kernel, dict(common, ATOMIC_DQ=not key_mask), td.default_config("bwd", d))
+        kernels = [fwd, bwd]
+        if key_mask:
+            kernels.append(compile_kernel(td._dq_kernel, common, td.default_config("dq", d), dq_type="*bf16"))
+        kernels.append(compile_kernel(td._rowsums_kernel, dict(HEAD_DIM=d, BLOCK_D=td.block_d(d), BLOCK_M=64),
+                                      triton.Config({})))
+        assert all("cubin" in k.asm for k in kernels)
+        print("compiled", d, [k.metadata.shared for k in kernels])
     """
 )
 
 
 def test_kernels_compile_for_a_gpu_without_one():
-    """The GPU path (autotuned, no interpreter): lower both kernels to sm_90 machine code (bf16,
-    d = 128, the largest) with Triton's bundled ptxas, catching what only the compiler rejects."""
+    """The GPU path (no interpreter): lower every kernel to sm_90 machine code (bf16; d = 128, and 96
+    padded, with the key mask and the deterministic dQ kernel) with Triton's bundled ptxas,
+    in the configs used with autotuning off, catching what only the GPU compiler rejects."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", AOT_COMPILE], env=env, capture_output=True, text=True, timeout=300)
     if done.returncode and "ptxas" in done.stderr and "not found" in done.stderr.lower():
