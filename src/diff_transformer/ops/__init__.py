@@ -21,6 +21,7 @@ Backends of ``diff_attention``:
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from typing import Callable
@@ -59,7 +60,7 @@ def triton_import_error() -> str | None:
         return "the 'triton' package is not installed"
     if not _triton_import:
         try:
-            from . import triton_diff  # noqa: F401
+            importlib.import_module(f"{__name__}.triton_diff")
         except Exception as e:  # any failure means: not usable, fall back
             _triton_import.append(f"{type(e).__name__}: {e}")
         else:
