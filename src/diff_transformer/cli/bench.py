@@ -1,9 +1,11 @@
-"""diff-transformer bench attention | model: throughput figures, printed (nothing is asserted)."""
+"""diff-transformer bench attention | model | gpu: throughput figures, printed (attention, model:
+nothing is asserted); gpu: correctness checks and both benchmarks on one CUDA GPU, written to a directory."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
@@ -87,6 +89,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     m.set_defaults(run=run_model)
 
+    g = benchmarks.add_parser(
+        "gpu",
+        help="one GPU session: correctness of every CUDA backend, then the attention and model benchmarks",
+        description="On one CUDA GPU, in about 8 minutes: every differential-attention backend against "
+        "the fp32 reference (output and all gradients; fp32 and bf16; MHA, GQA, odd lengths, S > T, "
+        "left padding), the attention benchmark (bf16, 1K/4K/16K) and the model benchmark ('small', "
+        "1024 tokens). Writes DIR/gpu_bench.json and DIR/gpu_bench.md; exits 1 if a correctness check "
+        "fails, 2 without a CUDA device.",
+    )
+    g.add_argument("--out", required=True, metavar="DIR", help="directory for gpu_bench.json and gpu_bench.md")
+    g.set_defaults(run=run_gpu)
+
 
 def _dtype(args: argparse.Namespace) -> str:
     return args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
@@ -139,3 +153,16 @@ def run_model(args: argparse.Namespace) -> int:
     _print_machine(out)
     print(format_table(settings, results))
     return 0
+
+
+def run_gpu(args: argparse.Namespace) -> int:
+    from ..bench.gpu import GpuBenchSettings, cuda_problem, run_gpu_bench, write_report
+
+    problem = cuda_problem()
+    if problem:
+        print(f"error: bench gpu needs a CUDA device ({problem})", file=sys.stderr)
+        return 2
+    report = run_gpu_bench(GpuBenchSettings())
+    json_path, md_path = write_report(args.out, report)
+    print(f"wrote {json_path} and {md_path}; correctness {'passed' if report['correctness_passed'] else 'FAILED'}")
+    return 0 if report["correctness_passed"] else 1

@@ -8,17 +8,20 @@ Backends of ``diff_attention``:
     "sdpa"        two SDPA calls with v of width 2d            (the paper's FlashDiffAttn_1)
     "sdpa_split"  four SDPA calls of equal widths             (the paper's FlashDiffAttn_2)
     "triton"      one fused Triton kernel, forward and backward (triton_diff.py); CUDA, or CPU
-                  under TRITON_INTERPRET=1 (tests); no attn_mask; d in {16, 32, 64, 128}
+                  under TRITON_INTERPRET=1 (tests); no attn_mask (a key_padding_mask is fused);
+                  d in {16, 32, 64, 96, 128, 256}
     "decode"      one query per sequence (T = 1) against a KV cache, K1/K2/V read once (decode.py)
-    "auto"        the best available: "decode" for a single query; on CUDA "triton" when Triton
-                  is installed (not in interpreter mode), no attn_mask is given and d is
-                  supported, else "sdpa"; on CPU "sdpa_split"
+    "auto"        the best available (:func:`choose_backend`): "decode" for a single query; on
+                  CUDA "triton" for fp16/bf16 when its kernels import (Triton installed, not in
+                  interpreter mode), no attn_mask is given and d is supported, else "sdpa"
+                  (fp32 too: the exact-fp32 kernel is for tests, it spills); on CPU "sdpa_split"
 
 ``triton_diff`` imports Triton, so it is imported on first use of the "triton" backend only.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from typing import Callable
@@ -35,23 +38,50 @@ __all__ = [
     "DIFF_BACKENDS",
     "LogitsTransform",
     "attention",
+    "choose_backend",
     "diff_attention",
+    "key_padding_to_attn_mask",
     "resolve_backend",
 ]
 
 # Read once at import: "auto" never picks the Triton interpreter, which is for tests only.
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 _TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-TRITON_HEAD_DIMS = (16, 32, 64, 128)  # d the fused kernel takes (tl.dot needs powers of two >= 16)
+TRITON_HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # d the fused kernel takes (96: padded to 128 inside)
 
 
-def _triton_diff_attention(q1, q2, k1, k2, v, lam, *, causal, attn_mask, scale) -> Tensor:
+_AUTO_TRITON_DTYPES = (torch.float16, torch.bfloat16)  # "auto" sends fp32 elsewhere
+_triton_import: list[str | None] = []  # [error message or None] once the import was tried
+
+
+def triton_import_error() -> str | None:
+    """Why ``triton_diff`` cannot be imported (an old Triton, a broken install), or None; tried once."""
+    if not TRITON_INSTALLED:
+        return "the 'triton' package is not installed"
+    if not _triton_import:
+        try:
+            importlib.import_module(f"{__name__}.triton_diff")
+        except Exception as e:  # any failure means: not usable, fall back
+            _triton_import.append(f"{type(e).__name__}: {e}")
+        else:
+            _triton_import.append(None)
+    return _triton_import[0]
+
+
+def triton_available() -> bool:
+    """Whether "auto" may pick the fused kernel: installed, not the interpreter, and it imports."""
+    return TRITON_INSTALLED and not _TRITON_INTERPRET and triton_import_error() is None
+
+
+def _triton_diff_attention(q1, q2, k1, k2, v, lam, *, causal, attn_mask, scale, key_padding_mask=None) -> Tensor:
     """The "triton" backend, importing Triton on first use (see triton_diff.py)."""
     if not TRITON_INSTALLED:
         raise RuntimeError("backend 'triton' needs the 'triton' package (pip install triton), which is not installed")
     from .triton_diff import triton_diff_attention
 
-    return triton_diff_attention(q1, q2, k1, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
+    return triton_diff_attention(
+        q1, q2, k1, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale, key_padding_mask=key_padding_mask
+    )
 
 
 # name -> function(q1, q2, k1, k2, v, lam, *, causal, attn_mask, scale) -> (B, H, T, 2d)
@@ -65,6 +95,29 @@ DIFF_BACKENDS: dict[str, Callable[..., Tensor]] = {
 BACKEND_NAMES = ("auto", *DIFF_BACKENDS)
 
 
+def choose_backend(
+    device_type: str,
+    *,
+    dtype: torch.dtype | None = None,
+    queries: int | None = None,
+    masked: bool = False,
+    head_dim: int | None = None,
+    triton_ok: bool = False,
+) -> str:
+    """What "auto" means, as a pure function (testable without CUDA).
+
+    device_type "cuda"/"cpu"/...; dtype of q (None = not known: treated as half precision);
+    queries T (1 = decoding); masked: an attn_mask is given (a key_padding_mask is not one);
+    triton_ok: the fused kernels are usable (:func:`triton_available`).
+    """
+    if queries == 1:
+        return "decode"
+    if device_type != "cuda":
+        return "sdpa_split"
+    half = dtype is None or dtype in _AUTO_TRITON_DTYPES
+    return "triton" if triton_ok and half and not masked and head_dim in TRITON_HEAD_DIMS else "sdpa"
+
+
 def resolve_backend(
     backend: str,
     device: torch.device,
@@ -72,19 +125,14 @@ def resolve_backend(
     queries: int | None = None,
     masked: bool = False,
     head_dim: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> str:
-    """Map "auto" to a concrete backend; check any other name exists.
-
-    "auto" looks at the device, the number of queries T (1 = decoding), whether an attn_mask
-    is given and the head dim d, and picks as the module docstring says.
-    """
+    """Map "auto" to a concrete backend (:func:`choose_backend`); check any other name exists."""
     if backend == "auto":
-        if queries == 1:
-            return "decode"
-        if device.type != "cuda":
-            return "sdpa_split"
-        triton_fits = TRITON_INSTALLED and not _TRITON_INTERPRET and not masked and head_dim in TRITON_HEAD_DIMS
-        return "triton" if triton_fits else "sdpa"
+        triton_ok = device.type == "cuda" and queries != 1 and triton_available()
+        return choose_backend(
+            device.type, dtype=dtype, queries=queries, masked=masked, head_dim=head_dim, triton_ok=triton_ok
+        )
     if backend not in DIFF_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
     return backend
@@ -101,6 +149,24 @@ def _check_mask(attn_mask: Tensor | None, b: int, h: int, t: int, s: int) -> Non
         raise ValueError(
             f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, T, S) = {(b, h, t, s)}"
         ) from None
+
+
+def key_padding_to_attn_mask(key_padding_mask: Tensor, t: int, s: int) -> Tensor:
+    """(B, S) bool, True = a real key -> (B, 1, T, S) attn_mask: real keys, plus each query's own
+    position S − T + i, so that a padded query (left padding) still has one key and stays finite
+    (the model's padding rule; the "triton" kernel applies the same rule without this tensor)."""
+    keys = torch.arange(s, device=key_padding_mask.device)
+    own = keys[None, :] == torch.arange(s - t, s, device=keys.device)[:, None]  # (T, S): query i at S − T + i
+    return key_padding_mask[:, None, None, :] | own[None, None]
+
+
+def _check_key_padding(key_padding_mask: Tensor | None, b: int, s: int) -> None:
+    if key_padding_mask is None:
+        return
+    if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+        raise TypeError("key_padding_mask must be a bool tensor (B, S), True = a real key")
+    if key_padding_mask.shape != (b, s):
+        raise ValueError(f"key_padding_mask must be (B, S) = {(b, s)}, got {tuple(key_padding_mask.shape)}")
 
 
 def _check_diff_inputs(q1, q2, k1, k2, v, lam, causal: bool) -> None:
@@ -148,6 +214,7 @@ def diff_attention(
     return_maps: bool = False,
     logits_transform: LogitsTransform | None = None,
     check: bool = True,
+    key_padding_mask: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, AttentionMaps]:
     """Differential attention ``(softmax(q1 k1ᵀ/√d) − λ·softmax(q2 k2ᵀ/√d)) v``, before the head norm.
 
@@ -167,6 +234,10 @@ def diff_attention(
         logits_transform: rewrite the pre-softmax logits (reference backend only).
         check: validate shapes, dtypes and the mask. Modules whose tensors are right by
             construction pass False to save the checks' overhead on every decoding step.
+        key_padding_mask: optional (B, S) bool, True = a real key (batched generation with left
+            padding); a query always keeps its own position visible (see
+            :func:`key_padding_to_attn_mask`). Fused by "triton"; the other backends get it as an
+            attn_mask (combined with ``attn_mask`` if both are given).
 
     Returns:
         (B, H, T, 2d) in q1's dtype, and the maps when ``return_maps``.
@@ -174,15 +245,25 @@ def diff_attention(
     if check:
         _check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
         _check_mask(attn_mask, q1.shape[0], q1.shape[1], q1.shape[2], k1.shape[2])
+        _check_key_padding(key_padding_mask, q1.shape[0], k1.shape[2])
     t = q1.shape[2]
     needs_maps = return_maps or logits_transform is not None
     name = (
         "reference"
         if needs_maps and backend == "auto"
-        else resolve_backend(backend, q1.device, queries=t, masked=attn_mask is not None, head_dim=q1.shape[-1])
+        else resolve_backend(
+            backend, q1.device, queries=t, masked=attn_mask is not None, head_dim=q1.shape[-1], dtype=q1.dtype
+        )
     )
     if needs_maps and name != "reference":
         raise ValueError(f"return_maps and logits_transform need backend='reference', got {backend!r}")
+    if key_padding_mask is not None and name == "triton":
+        return _triton_diff_attention(
+            q1, q2, k1, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale, key_padding_mask=key_padding_mask
+        )
+    if key_padding_mask is not None:  # every other backend takes it as an attn_mask (B, 1, T, S)
+        padding = key_padding_to_attn_mask(key_padding_mask, t, k1.shape[2])
+        attn_mask = padding if attn_mask is None else attn_mask & padding
     kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
     if name == "reference":
         out, maps = reference_diff_attention(q1, q2, k1, k2, v, lam, logits_transform=logits_transform, **kw)
