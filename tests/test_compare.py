@@ -10,7 +10,7 @@ from diff_transformer.checkpoint import load_checkpoint_tokenizer
 from diff_transformer.cli import main
 from diff_transformer.evaluation import SuiteResult, run_suite
 from diff_transformer.model import LanguageModel
-from diff_transformer.train import ConfigError, compare, load_config
+from diff_transformer.train import ConfigError, TrainingError, compare, load_config
 from diff_transformer.train.compare import select_models
 from diff_transformer.train.report import build_metrics, render_report
 from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset is a fixture)
@@ -155,3 +155,12 @@ def test_the_report_does_not_judge_throughput_measured_on_a_busy_machine(tmp_pat
     runs["standard"][0]["load_average"] = 2.0 + os.cpu_count() * 2  # other jobs competing
     busy = report_for(tmp_path, runs)
     assert "2.20× here" in busy and "not judged from this run" in busy and "met." not in busy
+
+
+def test_the_best_learning_rate_ignores_one_where_a_seed_diverged():
+    from diff_transformer.train.compare import _best_lr
+
+    by_lr = {1e-3: [4.0, 4.2], 1e-2: [3.0], 3e-3: [3.9, 3.95]}  # 1e-2: one of two seeds diverged
+    assert _best_lr("diff", by_lr, 2) == 3e-3
+    with pytest.raises(TrainingError, match="no learning rate"):
+        _best_lr("diff", {1e-2: []}, 2)

@@ -175,10 +175,13 @@ def compare(
                     optim = config.optim_for(name, lr)
                     overrides = [f"run.seed={seed}", f"run.out_dir={log_dir}", f"run.checkpoint_dir={checkpoint_dir}",
                                  f"models.{name}.optim.lr={optim.lr!r}", f"models.{name}.optim.min_lr={optim.min_lr!r}"]
+                    (log_dir / SUMMARY_FILE).unlink(missing_ok=True)  # an interrupted run's summary is not a result
                     code = _run_child(_train_command(config_file, name, overrides, continue_run, nproc))
                     done = _read_summary(log_dir)
-                    if done is None:
-                        raise TrainingError(f"{label}: training failed (exit code {code}); see the messages above")
+                    # A run that diverged (loss NaN/inf) is a result of the sweep: that lr counts as the worst.
+                    if done is None or done["status"] not in ("completed", "diverged"):
+                        status = f", status {done['status']}" if done else ""
+                        raise TrainingError(f"{label}: training failed (exit code {code}{status}); see the messages above")
                 else:
                     print(f"{label}: already trained, reusing {log_dir}", file=sys.stderr)
                 done.update(seed=seed, lr=lr, log_dir=str(log_dir), checkpoint_dir=str(checkpoint_dir))
@@ -186,7 +189,7 @@ def compare(
                 runs[name][lr].append(done)
 
     sweep = {name: {lr: _final_losses(model_runs) for lr, model_runs in by_lr.items()} for name, by_lr in runs.items()}
-    best = {name: _best_lr(name, by_lr) for name, by_lr in sweep.items()}
+    best = {name: _best_lr(name, by_lr, n_seeds) for name, by_lr in sweep.items()}
     chosen = {name: runs[name][best[name]] for name in names}
     for name in names:  # DIR/<model>: the first seed's final checkpoint at the model's best learning rate
         _replace_tree(Path(chosen[name][0]["checkpoint_dir"]), out_dir / name)
@@ -194,7 +197,8 @@ def compare(
     metrics = build_metrics(config, chosen, wall_seconds=time.perf_counter() - start, nproc=nproc)
     metrics["lr_sweep"] = {
         name: {"grid": lrs[name], "best": best[name],
-               "final_val_loss": {f"{lr:g}": mean_std(losses) for lr, losses in sweep[name].items()}}
+               "final_val_loss": {f"{lr:g}": mean_std(losses) for lr, losses in sweep[name].items()},
+               "diverged": {f"{lr:g}": n_seeds - len(losses) for lr, losses in sweep[name].items()}}
         for name in names
     }
 
@@ -228,14 +232,17 @@ def seed_label(config: TrainConfig, name: str, seed: int) -> str:
 
 
 def _final_losses(model_runs: list[dict]) -> list[float]:
-    return [r["final_val_loss"] for r in model_runs if r["status"] == "completed" and r["final_val_loss"] is not None]
+    """The final validation losses of the runs that completed (a diverged run has none)."""
+    return [r["final_val_loss"] for r in model_runs
+            if r["status"] == "completed" and r["final_val_loss"] is not None and math.isfinite(r["final_val_loss"])]
 
 
-def _best_lr(name: str, by_lr: dict[float, list[float]]) -> float:
-    """The learning rate with the lowest mean final validation loss (a diverged lr counts as worst)."""
-    scored = {lr: statistics.fmean(v) for lr, v in by_lr.items() if v and all(math.isfinite(x) for x in v)}
+def _best_lr(name: str, by_lr: dict[float, list[float]], n_seeds: int) -> float:
+    """The learning rate with the lowest mean final validation loss over seeds; one where any seed
+    diverged is out of the running."""
+    scored = {lr: statistics.fmean(v) for lr, v in by_lr.items() if len(v) == n_seeds}
     if not scored:
-        raise TrainingError(f"{name}: no learning rate gave a finite final validation loss ({', '.join(map(str, by_lr))})")
+        raise TrainingError(f"{name}: no learning rate gave a finite final validation loss for every seed ({', '.join(map(str, by_lr))})")
     return min(scored, key=scored.get)
 
 

@@ -182,13 +182,13 @@ class RetrievalConfig:
     """The retrieval experiment of ``compare`` (the ``retrieval`` section of a config)."""
 
     enabled: bool = True
-    length: int = 64  # tokens per example (the models' context)
+    length: int = 48  # tokens per example (the models' context)
     keys: int = 32
     values: int = 32  # chance = 1 / values
     noise_tokens: int = 32
-    d_model: int = 128
+    d_model: int = 64
     n_layers: int = 2
-    n_heads: int = 2  # DIFF heads; the Transformer gets twice as many of the same width
+    n_heads: int = 1  # DIFF heads; the Transformer gets twice as many of the same width (here 2 of 32)
     steps: int = 400
     batch_size: int = 16  # examples per step: half needle, half mqar
     lr: float = 3.0e-3  # peak learning rate used when a model entry sets none (models.NAME.retrieval_lr)
@@ -197,7 +197,7 @@ class RetrievalConfig:
     weight_decay: float = 0.1
     needles: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # N; distractors = N − 1
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    pairs: list[int] = field(default_factory=lambda: [4, 8, 12, 16])  # D of mqar
+    pairs: list[int] = field(default_factory=lambda: [2, 4, 8, 12])  # D of mqar
     queries: int | None = None  # mqar keys asked again per example; None = every pair, in a random order
     eval_samples: int = 40  # examples per difficulty cell
     quantize_bits: list[int] = field(default_factory=lambda: [8, 6, 4])  # accuracy with attention logits at these widths

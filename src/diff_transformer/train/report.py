@@ -281,8 +281,10 @@ def _sweep_lines(sweep: dict | None) -> list[str]:
     for name, m in sweep.items():
         cells = []
         for lr in grid:
-            stats = m["final_val_loss"].get(lr)
+            stats, diverged = m["final_val_loss"].get(lr), m.get("diverged", {}).get(lr, 0)
             cell = "—" if stats is None or stats["mean"] is None else _loss_cell(stats)
+            if diverged:
+                cell += f" ({diverged} diverged)"
             cells.append(f"**{cell}**" if float(lr) == m["best"] else cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines + ["", "Every model ran every learning rate with the same warmup, schedule, data and seeds; each "
