@@ -164,3 +164,16 @@ def test_the_best_learning_rate_ignores_one_where_a_seed_diverged():
     assert _best_lr("diff", by_lr, 2) == 3e-3
     with pytest.raises(TrainingError, match="no learning rate"):
         _best_lr("diff", {1e-2: []}, 2)
+
+
+def test_evaluation_sentences_pair_the_same_seed_only():
+    from diff_transformer.evaluation.common import pairs_to_compare
+
+    def result(kind):
+        return {"model": {"attention": kind}}
+
+    labels = {"Transformer s0": "standard", "Transformer s1": "standard", "DIFF s0": "diff", "DIFF s1": "diff"}
+    assert pairs_to_compare({k: result(v) for k, v in labels.items()}) == [
+        ("Transformer s0", "DIFF s0"), ("Transformer s1", "DIFF s1")]
+    plain = {"standard": result("standard"), "diff": result("diff"), "diff_v2": result("diff_v2")}
+    assert pairs_to_compare(plain) == [("standard", "diff"), ("standard", "diff_v2")]

@@ -478,10 +478,17 @@ def fmt(x: Any, digits: int = 3) -> str:
 
 
 def pairs_to_compare(results: dict[str, dict]) -> list[tuple[str, str]]:
-    """(baseline label, DIFF-kind label) pairs among the results, in order."""
+    """(baseline label, DIFF-kind label) pairs among the results, in order. Labels of one seed
+    of a comparison ("DIFF s1", as ``compare`` names them) are paired with the same seed only."""
     baselines = [k for k, r in results.items() if r["model"]["attention"] == BASELINE]
     diffs = [k for k, r in results.items() if r["model"]["attention"] in DIFF_KINDS]
-    return [(b, d) for b in baselines for d in diffs]
+    return [(b, d) for b in baselines for d in diffs if _seed_of(b) == _seed_of(d)]
+
+
+def _seed_of(label: str) -> str | None:
+    """"DIFF s2" -> "2"; None for a label without a seed suffix."""
+    head, _, tail = label.rpartition(" s")
+    return tail if head and tail.isdigit() else None
 
 
 def comparison_sentence(

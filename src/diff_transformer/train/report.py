@@ -239,6 +239,10 @@ def _loss_cell(stats: dict[str, Any]) -> str:
     return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
 
 
+def _speed_cell(stats: dict[str, Any]) -> str:
+    return f"{stats['mean']:,.0f}" + (f" ± {stats['std']:,.0f}" if stats["std"] is not None else "")
+
+
 def _tokens(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
 
@@ -386,7 +390,7 @@ def render_report(metrics: dict) -> str:
         status = "" if all(s == "completed" for s in m["status"]) else f" ({', '.join(m['status'])})"
         lines.append(
             f"| {m['label']}{status} | {m['attention']} | {m['parameters']:,} | {_tokens(m['tokens'])} | "
-            f"{_loss_cell(m['final_val_loss'])} | {m['tokens_per_s']['mean']:,.0f} | {memory} | {paper} |"
+            f"{_loss_cell(m['final_val_loss'])} | {_speed_cell(m['tokens_per_s'])} | {memory} | {paper} |"
         )
     lines.append("")
     lines += _sweep_lines(metrics.get("lr_sweep"))
