@@ -61,6 +61,7 @@ def minimal(**sections):
         (minimal(compare={"models": ["transformer"]}), "compare.models"),
         (minimal(compare={"evaluations": ["needles"]}), "compare.evaluations"),
         (minimal(compare={"lr_grid": [1e-3, -1e-3]}), "compare.lr_grid"),
+        (minimal(compare={"evaluation_options": {"outliers": {"tokenz": 1}}}), "compare.evaluation_options.outliers"),
         (minimal(models={"diff": {"optim": {"lr": -1.0}}}), "lr"),
         (minimal(models={"diff": {"optim": {"lrr": 1.0}}}), r"models.diff.optim.lrr"),
         (minimal(retrieval={"length": 8}), "retrieval.length"),

@@ -120,7 +120,8 @@ def run_compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
         evaluation = None
         if not args.no_eval and config.compare.evaluations:
-            evaluation = partial(run_suite, quick=args.quick_eval, evaluations=config.compare.evaluations)
+            evaluation = partial(run_suite, quick=args.quick_eval, evaluations=config.compare.evaluations,
+                                 options=None if args.quick_eval else config.compare.evaluation_options)
         metrics = compare(
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
             retrieval_lr_grid=args.retrieval_lr_grid, retrieval=False if args.no_retrieval else None,

@@ -14,6 +14,7 @@ its documents, say) is reported as such and the suite goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,18 +96,34 @@ def run_evaluation(
     return data, "\n\n".join(lines), files
 
 
+def evaluation_options(name: str, overrides: dict[str, Any] | None = None, *, quick: bool = False) -> Any:
+    """The options of evaluation ``name``: its defaults (or its quick budget), with ``overrides``
+    (option name -> value; lists become tuples). An unknown option is a ValueError naming it."""
+    spec = EVALUATIONS[name]
+    base = spec.options_type.quick() if quick else spec.options_type()
+    overrides = overrides or {}
+    known = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"{name} has no option {unknown[0]!r} (its options: {', '.join(sorted(known))})")
+    return dataclasses.replace(base, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+
+
 def run_suite(
     checkpoints: dict[str, Path],
     out_dir: Path,
     *,
     quick: bool = False,
+    options: dict[str, dict[str, Any]] | None = None,
     evaluations: Sequence[str] | None = None,
     device: str = "cpu",
     text: EvalText | None = None,
     scaling_runs: list[dict[str, Any]] | None = None,
     progress: bool = True,
 ) -> SuiteResult:
-    """Run every evaluation (or those named) on each checkpoint (label -> directory).
+    """Run every evaluation (or those named) on each checkpoint (label -> directory); ``options``
+    overrides options per evaluation (``{"outliers": {"tokens": 4096}}``) over the default or
+    ``quick`` budget.
 
     ``scaling_runs`` ({attention, params, tokens, loss} dicts) adds the scaling fit; it is
     skipped otherwise, since one size per architecture cannot give a scaling law.
@@ -122,8 +139,8 @@ def run_suite(
     model_names = [n for n in names if n in EVALUATIONS]
     for name in tqdm(model_names, desc="evaluation suite", disable=not progress):
         spec = EVALUATIONS[name]
-        options = spec.options_type.quick() if quick else spec.options_type()
-        data, section, files = run_evaluation(spec, models, out_dir, options=options, text=text, progress=progress)
+        chosen = evaluation_options(name, (options or {}).get(name), quick=quick)
+        data, section, files = run_evaluation(spec, models, out_dir, options=chosen, text=text, progress=progress)
         result.data[name], result.sections[name] = data, section
         result.files += files
         if data["models"]:

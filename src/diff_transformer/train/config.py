@@ -248,17 +248,24 @@ class CompareConfig:
     lr_grid: list[float] = field(default_factory=list)
     # Evaluations of the suite run on every seed's language model (names: diff-transformer eval --help).
     evaluations: list[str] = field(default_factory=lambda: ["outliers", "quantization", "ar-hit", "position-nll", "icl"])
+    # Options of those evaluations over their defaults, e.g. {outliers: {tokens: 4096}} (diff-transformer eval --help).
+    evaluation_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.seeds <= 0:
             raise ConfigError(f"compare.seeds must be positive, got {self.seeds}")
         if any(lr <= 0 for lr in self.lr_grid):
             raise ConfigError(f"compare.lr_grid values must be positive, got {self.lr_grid}")
-        from ..evaluation.suite import EVALUATIONS
+        from ..evaluation.suite import EVALUATIONS, evaluation_options
 
-        unknown = [name for name in self.evaluations if name not in EVALUATIONS]
+        unknown = [name for name in [*self.evaluations, *self.evaluation_options] if name not in EVALUATIONS]
         if unknown:
             raise ConfigError(f"compare.evaluations: no evaluation {unknown[0]!r}; choose from {', '.join(EVALUATIONS)}")
+        for name, overrides in self.evaluation_options.items():
+            try:
+                evaluation_options(name, overrides)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"compare.evaluation_options.{name}: {exc}") from None
 
 
 @dataclass
@@ -341,6 +348,8 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0])
+    if annotation is Any:
+        return value
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation is float and isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
