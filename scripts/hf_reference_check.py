@@ -1,0 +1,224 @@
+"""Train Hugging Face's DiffLlama and Llama in our regime: is a DIFF − Transformer gap ours or the regime's?
+
+    PYTHONPATH=src python scripts/hf_reference_check.py --config tiny --lr-grid 1e-3,4e-3 --seeds 3 --out out/hf-check
+
+transformers' ``DiffLlamaForCausalLM`` and ``LlamaForCausalLM``, an implementation independent of
+ours, are built with the shapes of the config's first DIFF and first standard model (the configs
+come from ``interop.hf.hf_config_dict``, which export uses; the parameter counts are checked) and
+trained exactly as our trainer trains those: the same batches (``DataPlan``), the same loss
+normalisation (``trainer._forward_backward``) and validation loss (``trainer.evaluate``), AdamW with
+the same parameter groups and warmup + linear-decay schedule, gradient clipping, fp32 on the CPU,
+``torch.manual_seed(seed)`` before building each model. What is not shared is the model code, and
+with it HF's initialisation (every matrix N(0, init_std); we scale o_proj and down_proj by
+1/sqrt(2L)). If HF's DiffLlama trails its Llama as our DIFF trails our Transformer, the gap belongs
+to the regime (size, budget, data), not to our implementation.
+
+Writes DIR/results.json (every run; per model and learning rate the final validation loss over
+seeds; the difference at each model's best learning rate with Welch's 95% interval) and
+DIR/results.md (the same as a table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from diff_transformer.interop.hf import hf_config_dict
+from diff_transformer.model import LanguageModel
+from diff_transformer.train import load_config
+from diff_transformer.train.claims import difference
+from diff_transformer.train.distributed import Environment
+from diff_transformer.train.optim import WarmupLinearSchedule, build_optimizer
+from diff_transformer.train.trainer import DataPlan, _forward_backward, evaluate
+
+HF_NAMES = {"diff": "DiffLlama", "standard": "Llama"}  # our attention kind -> the HF model trained for it
+CPU = Environment(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+class HFAdapter(nn.Module):
+    """An HF causal LM called as our LanguageModel is: ``model(inputs) -> (logits, None)``."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        super().__init__()
+        self.hf = hf_model
+
+    def forward(self, inputs: torch.Tensor):
+        return self.hf(input_ids=inputs, use_cache=False).logits, None
+
+
+def build_hf(model_config, seed: int) -> HFAdapter:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = hf_config_dict(model_config, eos_id=None)
+    hf_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
+    return HFAdapter(AutoModelForCausalLM.from_config(hf_config))
+
+
+def count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def batches_digest(batches) -> str:
+    digest = hashlib.sha256()
+    for inputs, targets in batches:
+        digest.update(inputs.numpy().tobytes())
+        digest.update(targets.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def train_one(model_config, optim, plan: DataPlan, validation, steps: int, eval_every: int, seed: int, label: str) -> dict:
+    """One HF model trained as our trainer trains ours; returns the run's record."""
+    model = build_hf(model_config, seed)
+    optimizer = build_optimizer(model, optim, CPU.device)
+    schedule = WarmupLinearSchedule(optimizer, optim, steps)
+    seen = hashlib.sha256()  # every training batch this run read, in order
+    record = {"status": "completed", "final_val_loss": None, "val_curve": {}}
+    start = time.perf_counter()
+    model.train()
+    for step in range(1, steps + 1):
+        batches = list(plan.micro_batches(step - 1))
+        seen.update(batches_digest(batches).encode())
+        loss_sum, n_targets = _forward_backward(model, model, batches, CPU, "ddp", nullcontext())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip or float("inf")))
+        loss = loss_sum / max(n_targets, 1)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            record["status"] = "diverged"
+            print(f"{label}: step {step}: loss {loss} / gradient norm {grad_norm} is not finite: stopped", flush=True)
+            break
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        if step % eval_every == 0 or step == steps:
+            record["final_val_loss"] = record["val_curve"][step] = evaluate(model, validation, CPU, nullcontext())
+            print(f"{label}: step {step}/{steps} train {loss:.4f} val {record['final_val_loss']:.4f} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+    record.update(train_batches_sha256=seen.hexdigest(), seconds=time.perf_counter() - start)
+    return record
+
+
+def stats(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) > 1 else None, "per_seed": values}
+
+
+def pick_models(config) -> dict[str, str]:
+    """{"diff": the first DIFF entry, "standard": the first standard one} among the compared models."""
+    names = config.compare.models or list(config.models)
+    picked = {kind: next((n for n in names if config.models[n].attention == kind), None) for kind in HF_NAMES}
+    missing = [kind for kind, name in picked.items() if name is None]
+    if missing:
+        sys.exit(f"config {config.name!r} has no {' or '.join(missing)} model among {', '.join(names)}")
+    return picked
+
+
+def parameter_counts(config, picked: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Ours vs HF's per kind; Llama must equal ours, DiffLlama lacks only the head-norm weights (2d a layer)."""
+    counts = {}
+    for kind, name in picked.items():
+        model_config = config.models[name].model_config()
+        ours = LanguageModel(model_config, device="meta").num_parameters()
+        hf = count(build_hf(model_config, 0))
+        head_norm = model_config.n_layers * 2 * model_config.head_dim if kind == "diff" else 0
+        if hf != ours - head_norm:
+            sys.exit(f"{HF_NAMES[kind]} has {hf:,} parameters, ours {ours:,}: expected a difference of {head_norm}")
+        counts[HF_NAMES[kind]] = {"hf": hf, "ours": ours, "ours_model": name, "ours_minus_hf": ours - hf}
+    return counts
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# HF reference check: DiffLlama vs Llama on `{results['config']}`", "",
+             f"{results['steps']} steps, seeds {results['seeds']}, the batches of our trainer "
+             f"(sha256 {results['train_batches_sha256'][:12]}), fp32 CPU. Final validation loss (nats/token), "
+             "mean ± std over seeds; **bold** = the model's best learning rate.", "",
+             "| model | parameters (ours) | lr | final val loss | diverged |", "|---|---|---|---|---|"]
+    for name, model in results["models"].items():
+        params = results["parameters"][name]
+        for lr, cell in model["by_lr"].items():
+            s = cell["final_val_loss"]
+            loss = "—" if s["mean"] is None else f"{s['mean']:.4f}" + (f" ± {s['std']:.4f}" if s["std"] is not None else "")
+            if float(lr) == model["best_lr"]:
+                loss = f"**{loss}**"
+            lines.append(f"| {name} | {params['hf']:,} ({params['ours']:,}) | {lr} | {loss} | {cell['diverged']} |")
+    d = results["difference"]
+    if d is not None:
+        interval = "" if d["low"] is None else f", 95% Welch interval [{d['low']:+.4f}, {d['high']:+.4f}]"
+        lines += ["", f"DiffLlama − Llama, each at its best lr: {d['delta']:+.4f}{interval}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--config", default="tiny", help="a shipped config name or a YAML path (default: tiny)")
+    parser.add_argument("--lr-grid", help="peak learning rates, comma-separated, e.g. 1e-3,4e-3; min_lr keeps its "
+                        "ratio (default: the config's compare.lr_grid, else each model's own lr)")
+    parser.add_argument("--seeds", type=int, help="seeds run.seed, run.seed + 1, ... (default: the config's compare.seeds)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (default: the config's run.steps)")
+    parser.add_argument("--out", type=Path, default=Path("out/hf-check"), help="output directory (default: out/hf-check)")
+    args = parser.parse_args(argv)
+
+    config = load_config(args.config, [f"run.steps={args.steps}"] if args.steps else [])
+    picked = pick_models(config)
+    grid = [float(v) for v in args.lr_grid.split(",")] if args.lr_grid else (config.compare.lr_grid or [None])
+    seeds = [config.run.seed + i for i in range(args.seeds or config.compare.seeds)]
+    steps, model_configs = config.run.steps, {kind: config.models[name].model_config() for kind, name in picked.items()}
+    seq_len = config.data.seq_len or model_configs["diff"].max_seq_len
+    plan = DataPlan(config, seq_len, CPU)
+    validation = plan.validation_batches()
+    params = parameter_counts(config, picked)
+    for name, p in params.items():
+        print(f"{name}: {p['hf']:,} parameters; ours ({p['ours_model']}): {p['ours']:,}", flush=True)
+
+    runs, total = [], len(seeds) * len(grid) * len(picked)
+    for seed in seeds:
+        for lr in grid:
+            for kind, name in picked.items():
+                optim = config.optim_for(name, lr)
+                label = f"[{len(runs) + 1}/{total}] {HF_NAMES[kind]} lr {optim.lr:g} seed {seed}"
+                run = train_one(model_configs[kind], optim, plan, validation, steps, config.run.eval_every, seed, label)
+                runs.append({"model": HF_NAMES[kind], "ours": name, "lr": optim.lr, "seed": seed, **run})
+
+    models = {}
+    for name in HF_NAMES.values():
+        by_lr = {}
+        for lr in dict.fromkeys(r["lr"] for r in runs if r["model"] == name):
+            done = [r["final_val_loss"] for r in runs if r["model"] == name and r["lr"] == lr and r["status"] == "completed"]
+            by_lr[f"{lr:g}"] = {"final_val_loss": stats(done), "diverged": len(seeds) - len(done)}
+        finished = {lr: cell["final_val_loss"]["mean"] for lr, cell in by_lr.items() if cell["diverged"] == 0}
+        best = min(finished, key=finished.get) if finished else None
+        models[name] = {"by_lr": by_lr, "best_lr": None if best is None else float(best),
+                        "final_val_loss": by_lr[best]["final_val_loss"] if best else None}
+    both = all(m["final_val_loss"] for m in models.values())
+    results = {
+        "config": config.name, "steps": steps, "seq_len": seq_len, "batch_size": config.data.batch_size,
+        "seeds": seeds, "lr_grid": list(dict.fromkeys(r["lr"] for r in runs)),
+        "hf_configs": {HF_NAMES[k]: hf_config_dict(c, eos_id=None) for k, c in model_configs.items()},
+        "parameters": params,
+        "train_batches_sha256": runs[0]["train_batches_sha256"], "validation_sha256": batches_digest(validation),
+        "same_batches": len({r["train_batches_sha256"] for r in runs}) == 1,
+        "models": models,
+        "difference": difference(models["DiffLlama"]["final_val_loss"]["per_seed"],
+                                 models["Llama"]["final_val_loss"]["per_seed"]) if both else None,
+        "runs": runs,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "results.md").write_text(markdown(results))
+    print(markdown(results), flush=True)
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'results.md'}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
