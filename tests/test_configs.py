@@ -82,7 +82,8 @@ def test_overrides_apply_dotted_keys_with_yaml_values():
     assert config.optim.lr == 1e-3 and config.run.compile is True and config.optim.betas == (0.8, 0.9)
     assert config.model("diff").model_config().lambda_init == 0.8
     assert config.data.mix == {"mqar": 0.1}
-    assert config.optim_for("diff").lr == 5e-3 and config.optim_for("standard").lr == 1e-3  # the model's own lr
+    assert config.optim_for("diff").lr == 5e-3 and config.optim_for("standard").lr == 2e-3  # each model's own lr wins
+    assert config.optim_for("diff_v2").lr == 1e-3  # no lr of its own: the section's
     assert config.retrieval.steps == 7 and config.retrieval.enabled
     with pytest.raises(ConfigError, match=r"run\.bogus"):
         load_config("tiny", ["run.bogus=1"])

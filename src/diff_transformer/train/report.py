@@ -271,15 +271,15 @@ def _verdict(c: dict[str, Any], label: str, base_label: str, seeds: int) -> str:
     return text
 
 
-def _sweep_lines(sweep: dict | None) -> list[str]:
+def _sweep_lines(sweep: dict | None, models: dict[str, Any]) -> list[str]:
     """The learning-rate table: final validation loss (mean ± std over seeds) per model and lr."""
     if not sweep:
         return []
     grid = sorted({lr for m in sweep.values() for lr in m["final_val_loss"]}, key=float)
     if len(grid) < 2:
         only = {name: m["best"] for name, m in sweep.items()}
-        return [f"Peak learning rates (from the shipped sweep, docs/training.md): "
-                + ", ".join(f"{name} {lr:g}" for name, lr in only.items()) + ".", ""]
+        return ["Peak learning rates (each model's own, from the sweep in docs/training.md): "
+                + ", ".join(f"{models[name]['label']} {lr:g}" for name, lr in only.items()) + ".", ""]
     lines = ["### Learning-rate sweep (final validation loss; the best of each model in bold)", "",
              "| Model | " + " | ".join(f"lr {lr}" for lr in grid) + " |", "|---|" + "---:|" * len(grid)]
     for name, m in sweep.items():
@@ -290,7 +290,7 @@ def _sweep_lines(sweep: dict | None) -> list[str]:
             if diverged:
                 cell += f" ({diverged} diverged)"
             cells.append(f"**{cell}**" if float(lr) == m["best"] else cell)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {models[name]['label']} | " + " | ".join(cells) + " |")
     return lines + ["", "Every model ran every learning rate with the same warmup, schedule, data and seeds; each "
                     "is reported above at its own best.", ""]
 
@@ -393,7 +393,7 @@ def render_report(metrics: dict) -> str:
             f"{_loss_cell(m['final_val_loss'])} | {_speed_cell(m['tokens_per_s'])} | {memory} | {paper} |"
         )
     lines.append("")
-    lines += _sweep_lines(metrics.get("lr_sweep"))
+    lines += _sweep_lines(metrics.get("lr_sweep"), models)
     if metrics["comparisons"]:
         lines += ["## Against the baseline, and against the paper", ""]
         for c in metrics["comparisons"]:
