@@ -177,3 +177,16 @@ def test_evaluation_sentences_pair_the_same_seed_only():
         ("Transformer s0", "DIFF s0"), ("Transformer s1", "DIFF s1")]
     plain = {"standard": result("standard"), "diff": result("diff"), "diff_v2": result("diff_v2")}
     assert pairs_to_compare(plain) == [("standard", "diff"), ("standard", "diff_v2")]
+
+
+def test_each_run_reads_its_own_config_even_for_a_model_name_with_dots(tmp_path):
+    from diff_transformer.train.compare import _run_config
+
+    config = load_config("tiny")
+    path = _run_config(config.to_dict(), config, "diff-lambda-0.8", 8e-3, 2, tmp_path / "run", tmp_path / "run" / "ck")
+    again = load_config(path)
+    optim = again.optim_for("diff-lambda-0.8")
+    assert optim.lr == 8e-3 and optim.min_lr == pytest.approx(8e-4)  # min_lr keeps the config's ratio 1/10
+    assert again.run.seed == 2 and again.run.checkpoint_dir == str(tmp_path / "run" / "ck")
+    assert again.model("diff-lambda-0.8").model_config().lambda_init == 0.8
+    assert again.optim_for("standard").lr == config.optim_for("standard").lr  # other models untouched

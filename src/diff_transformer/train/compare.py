@@ -21,14 +21,15 @@ The output directory:
     DIR/config.yaml          the resolved config every run used
     DIR/<model>/             the final checkpoint of the model's first seed at its best learning
                              rate (from_pretrained loads it; the tokenizer is inside)
-    DIR/runs/<model>/lr-<lr>/seed-<s>/   each run's logs (metrics.jsonl, tensorboard/, summary.json)
-                             and final checkpoint (checkpoint/)
+    DIR/runs/<model>/lr-<lr>/seed-<s>/   each run's exact config (config.yaml), logs
+                             (metrics.jsonl, tensorboard/, summary.json) and final checkpoint (checkpoint/)
     DIR/retrieval/           each retrieval run's results (JSON)
     DIR/eval/                each evaluation's JSON and plot
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -76,13 +77,25 @@ def select_models(config: TrainConfig, attention: list[str] | None) -> list[str]
     return list(config.compare.models) or list(config.models)
 
 
-def _train_command(config_file: Path, model: str, overrides: list[str], resume: bool, nproc: int) -> list[str]:
+def _run_config(resolved: dict, config: TrainConfig, name: str, lr: float, seed: int, log_dir: Path,
+                checkpoint_dir: Path) -> Path:
+    """Write LOG_DIR/config.yaml, the exact config of one run: the resolved config with this
+    seed, these directories and this learning rate (min_lr keeping its ratio) for the model."""
+    data = copy.deepcopy(resolved)
+    optim = config.optim_for(name, lr)
+    data["models"][name]["optim"] = {**data["models"][name].get("optim", {}), "lr": optim.lr, "min_lr": optim.min_lr}
+    data["run"].update(seed=seed, out_dir=str(log_dir), checkpoint_dir=str(checkpoint_dir))
+    path = log_dir / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_text(path, yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _train_command(config_file: Path, model: str, resume: bool, nproc: int) -> list[str]:
     command = [sys.executable, "-m"]
     if nproc > 1:
         command += ["torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
     command += ["diff_transformer", "train", "--config", str(config_file), "--model", model]
-    for item in overrides:
-        command += ["--set", item]
     return command + (["--resume"] if resume else [])
 
 
@@ -172,11 +185,9 @@ def compare(
                     if not continue_run:
                         _clear_run(log_dir, label)
                     print(f"{label}: {'resuming' if continue_run else 'training'} -> {log_dir}", file=sys.stderr, flush=True)
-                    optim = config.optim_for(name, lr)
-                    overrides = [f"run.seed={seed}", f"run.out_dir={log_dir}", f"run.checkpoint_dir={checkpoint_dir}",
-                                 f"models.{name}.optim.lr={optim.lr!r}", f"models.{name}.optim.min_lr={optim.min_lr!r}"]
+                    run_config = _run_config(resolved, config, name, lr, seed, log_dir, checkpoint_dir)
                     (log_dir / SUMMARY_FILE).unlink(missing_ok=True)  # an interrupted run's summary is not a result
-                    code = _run_child(_train_command(config_file, name, overrides, continue_run, nproc))
+                    code = _run_child(_train_command(run_config, name, continue_run, nproc))
                     done = _read_summary(log_dir)
                     # A run that diverged (loss NaN/inf) is a result of the sweep: that lr counts as the worst.
                     if done is None or done["status"] not in ("completed", "diverged"):

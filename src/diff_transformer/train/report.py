@@ -239,6 +239,10 @@ def _loss_cell(stats: dict[str, Any]) -> str:
     return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _speed_cell(stats: dict[str, Any]) -> str:
     return f"{stats['mean']:,.0f}" + (f" ± {stats['std']:,.0f}" if stats["std"] is not None else "")
 
@@ -307,8 +311,8 @@ def _retrieval_lines(retrieval: dict | None) -> list[str]:
     lines = [
         "## Retrieval experiment",
         "",
-        f"Models of {settings['n_layers']} layers, d_model {settings['d_model']} (DIFF {settings['n_heads']} heads, the "
-        f"Transformer {2 * settings['n_heads']}), trained for {settings['steps']} steps × {settings['batch_size']} "
+        f"Models of {settings['n_layers']} layers, d_model {settings['d_model']} (DIFF {_count(settings['n_heads'], 'head')}, "
+        f"the Transformer {2 * settings['n_heads']}), trained for {settings['steps']} steps × {settings['batch_size']} "
         f"generated examples of {settings['length']} tokens ({_tokens(retrieval['tokens_per_model'])} tokens, the same "
         f"batches for every model) on a {4 + settings['keys'] + settings['values'] + settings['noise_tokens']}-token "
         f"symbolic vocabulary; accuracy is exact-match on the answer tokens (chance {retrieval['chance']:.3f}), "
