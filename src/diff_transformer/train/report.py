@@ -282,8 +282,8 @@ def _sweep_lines(sweep: dict | None, models: dict[str, Any]) -> list[str]:
     grid = sorted({lr for m in sweep.values() for lr in m["final_val_loss"]}, key=float)
     if len(grid) < 2:
         only = {name: m["best"] for name, m in sweep.items()}
-        return ["Peak learning rates (each model's own, from the sweep in docs/training.md): "
-                + ", ".join(f"{models[name]['label']} {lr:g}" for name, lr in only.items()) + ".", ""]
+        return ["Peak learning rates: " + "; ".join(f"{models[name]['label']} {lr:g}" for name, lr in only.items())
+                + " (one per model; `--lr-grid` runs a sweep and reports each model at its best).", ""]
     lines = ["### Learning-rate sweep (final validation loss; the best of each model in bold)", "",
              "| Model | " + " | ".join(f"lr {lr}" for lr in grid) + " |", "|---|" + "---:|" * len(grid)]
     for name, m in sweep.items():
