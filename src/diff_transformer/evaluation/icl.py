@@ -57,10 +57,10 @@ LAYOUTS = ("random", "alternating")
 @dataclass
 class ICLOptions:
     tasks: tuple[str, ...] = option(("keywords-4", "keywords-8"), "generated tasks, keywords-C with C classes (none: give 'none')")
-    demos: tuple[int, ...] = option((0, 1, 2, 4, 8, 16, 32, 64), "numbers of demonstrations (those that fit the context)")
+    demos: tuple[int, ...] = option((0, 1, 2, 4, 8, 16, 32, 64), "numbers of demonstrations (those that fit the context)", minimum=0)
     test_items: int = option(32, "test items per task")
     orders: int = option(5, "orderings of the demonstrations for robustness (K)")
-    robustness_demos: int = option(0, "demonstrations for robustness (0 = the largest count that fits)")
+    robustness_demos: int = option(0, "demonstrations for robustness (0 = the largest count that fits)", minimum=0)
     data: str = option("", "a JSONL file of labelled texts to evaluate as well")
     text_field: str = option("text", "field of --data holding the text")
     label_field: str = option("label", "field of --data holding the label")

@@ -56,7 +56,7 @@ GRANULARITIES = ("row", "head")
 
 @dataclass
 class QuantizationOptions:
-    bits: tuple[int, ...] = option((16, 8, 6, 4), "bit widths of the attention logits")
+    bits: tuple[int, ...] = option((16, 8, 6, 4), "bit widths of the attention logits", minimum=2, maximum=24)
     granularity: str = option("row", "absmax over each query row ('row') or each head's whole map ('head')",
                               choices=GRANULARITIES)
     loss_windows: int = option(16, "held-out windows for the validation loss")
