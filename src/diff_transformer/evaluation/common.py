@@ -348,7 +348,22 @@ def _flag_type(f: dataclasses.Field) -> tuple[Callable[[str], Any], bool]:
 
 def _flag_parser(f: dataclasses.Field, kind: Callable[[str], Any]) -> Callable[[str], Any]:
     """The argument type of a number flag: an int is at least 1 (0 for a ``seed``) and a float at
-    least 0, unless the field's metadata gives ``minimum`` / ``maximum``; other kinds as they are."""
+    least 0, unless the field's metadata gives ``minimum`` / ``maximum``; a field whose metadata
+    gives ``check`` (a function raising ValueError) has each value checked by it."""
+    check = f.metadata.get("check")
+    if check is not None:
+        import argparse
+
+        def checked(value: str):
+            converted = kind(value)
+            try:
+                check(converted)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(f"{value!r} is not valid ({exc})") from None
+            return converted
+
+        checked.__name__ = getattr(kind, "__name__", "value")
+        return checked
     if kind not in (int, float):
         return kind
     from ..cli.args import bounded

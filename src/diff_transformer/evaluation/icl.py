@@ -56,7 +56,8 @@ LAYOUTS = ("random", "alternating")
 
 @dataclass
 class ICLOptions:
-    tasks: tuple[str, ...] = option(("keywords-4", "keywords-8"), "generated tasks, keywords-C with C classes (none: give 'none')")
+    tasks: tuple[str, ...] = option(("keywords-4", "keywords-8"), "generated tasks, keywords-C with C classes (none: give 'none')",
+                                     check=lambda s: check_task_name(s))
     demos: tuple[int, ...] = option((0, 1, 2, 4, 8, 16, 32, 64), "numbers of demonstrations (those that fit the context)", minimum=0)
     test_items: int = option(32, "test items per task")
     orders: int = option(5, "orderings of the demonstrations for robustness (K)")
@@ -97,6 +98,15 @@ def load_jsonl_task(path: str | Path, text_field: str, label_field: str) -> Clas
         raise ValueError(f"{path}: needs at least two distinct labels in {label_field!r}, found {labels}")
     index = {label: i for i, label in enumerate(labels)}
     return ClassificationTask(name=path.stem, labels=labels, items=[(t, index[l]) for t, l in zip(texts, raw_labels)])
+
+
+def check_task_name(spec: str) -> None:
+    """A ValueError unless ``spec`` names a generated task ('keywords-C', 2 <= C <= 30) or is 'none'."""
+    match = re.fullmatch(r"keywords-(\d+)", spec)
+    if spec != "none" and not match:
+        raise ValueError(f"unknown ICL task {spec!r}; generated tasks are named keywords-C (C classes)")
+    if match and not 2 <= int(match[1]) <= 30:
+        raise ValueError(f"keywords-C needs 2 <= C <= 30 classes, got {match[1]}")
 
 
 def build_tasks(options: ICLOptions) -> list[ClassificationTask]:

@@ -49,8 +49,9 @@ NAME = "needle"
 
 @dataclass
 class NeedleOptions:
-    settings: tuple[str, ...] = option(("1:1", "2:2", "4:2", "6:2"), "N:R settings of the table (N needles, R queried), at the longest length")
-    heatmap: str = option("4:1", "the N:R setting of the depth x length heatmap")
+    settings: tuple[str, ...] = option(("1:1", "2:2", "4:2", "6:2"), "N:R settings of the table (N needles, R queried), at the longest length",
+                                     check=lambda s: parse_setting(s))
+    heatmap: str = option("4:1", "the N:R setting of the depth x length heatmap", check=lambda s: parse_setting(s))
     depths: tuple[float, ...] = option((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the tracked needle, 0 = start, 1 = end of the haystack", maximum=1.0)
     lengths: tuple[int, ...] = option((), "context lengths in tokens (default: half, three quarters and all of the model's context)", type=int)
     samples: int = option(5, "documents per cell (the paper: 50)")

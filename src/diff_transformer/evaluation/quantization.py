@@ -64,7 +64,7 @@ class QuantizationOptions:
     cloze_choices: int = option(4, "choices per cloze item")
     cloze_context: int = option(48, "context tokens of a cloze item")
     cloze_continuation: int = option(12, "continuation tokens of a cloze item")
-    needle_setting: str = option("2:1", "N:R of the needle documents")
+    needle_setting: str = option("2:1", "N:R of the needle documents", check=lambda s: parse_setting(s))
     needle_samples: int = option(24, "needle documents")
     batch_size: int = option(8, "sequences per forward pass")
     seed: int = option(0, "seed of the cloze items and needle documents")
