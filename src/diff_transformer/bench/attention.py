@@ -202,7 +202,7 @@ def plan(settings: AttentionBenchSettings) -> list[AttentionBenchResult]:
 
 def run_attention_bench(settings: AttentionBenchSettings, *, progress: bool = True) -> list[AttentionBenchResult]:
     """Measure every case of :func:`plan`; a case that cannot run carries a note instead of figures."""
-    from tqdm import tqdm
+    from ..progress import progress as tqdm
 
     device = torch.device(settings.device)
     budget = int(settings.memory_budget_gib * 2**30) if settings.memory_budget_gib else memory_budget(device)

@@ -206,7 +206,7 @@ def hf_available() -> bool:
 
 
 def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> list[ModelBenchResult]:
-    from tqdm import tqdm
+    from ..progress import progress as tqdm
 
     device, dtype = torch.device(settings.device), DTYPES[settings.dtype]
     threads = torch.get_num_threads()

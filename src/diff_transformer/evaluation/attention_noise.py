@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..attention import AttentionTap
 from ..data.synthetic import NeedleExample, build_needle_example
@@ -132,7 +132,7 @@ def run(mut: ModelUnderTest, options: AttentionNoiseOptions, text: EvalText, *, 
     n_layers = mut.model.config.n_layers
     by_depth = []
     profile_example = None
-    for depth in tqdm(options.depths, desc=f"attention-noise {mut.label}", disable=not progress, leave=False):
+    for depth in progress_bar(options.depths, desc=f"attention-noise {mut.label}", disable=not progress, leave=False):
         examples = [
             build_needle_example(
                 seeded_rng("attention-noise", options.seed, depth, sample), mut.tokenizer, filler, length=length,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..data.synthetic import ClassificationTask, encode_demonstration, encode_label, encode_query, keyword_task
 from .. import paper
@@ -196,7 +196,7 @@ def run(mut: ModelUnderTest, options: ICLOptions, text: EvalText, *, progress: b
     for task in build_tasks(options):
         tests, pool = split_test_items(task, options.test_items)
         curve = []
-        for n in tqdm(options.demos, desc=f"icl {task.name} {mut.label}", disable=not progress, leave=False):
+        for n in progress_bar(options.demos, desc=f"icl {task.name} {mut.label}", disable=not progress, leave=False):
             if n > len(pool):
                 curve.append({"demos": n, "accuracy": None, "prompt_tokens": None, "skipped": "not enough demonstrations"})
                 continue

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..data.synthetic import build_needle_example
 from .. import paper
@@ -122,7 +122,7 @@ def run(mut: ModelUnderTest, options: NeedleOptions, text: EvalText, *, progress
     max_new = len(mut.tokenizer.encode(" " + "9" * options.digits)) + 1
     correct = dict.fromkeys(cells, 0)
     batches = range(0, len(queue), options.batch_size)
-    for start in tqdm(batches, desc=f"needle {mut.label}", disable=not progress, leave=False):
+    for start in progress_bar(batches, desc=f"needle {mut.label}", disable=not progress, leave=False):
         batch = queue[start : start + options.batch_size]
         room = mut.max_seq_len - max(n for n, _, _, _ in batch)  # the last answer of a full-length document ends at the context's end
         decoded = greedy_decode(mut.model, [p for _, _, p, _ in batch], min(max_new, room))

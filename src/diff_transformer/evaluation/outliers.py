@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..attention import AttentionTap
 from ..ops import AttentionMaps
@@ -132,7 +132,7 @@ def run(mut: ModelUnderTest, options: OutlierOptions, text: EvalText, *, progres
     ]
     try:
         with mut.model.tap_attention(LogitTap(logit_stats)):
-            for batch in tqdm(windows.split(options.batch_size), desc=f"outliers {mut.label}", disable=not progress, leave=False):
+            for batch in progress_bar(windows.split(options.batch_size), desc=f"outliers {mut.label}", disable=not progress, leave=False):
                 mut.model(batch[:, :-1].to(mut.device))
     finally:
         for hook in hooks:

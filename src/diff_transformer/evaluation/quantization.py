@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..attention import AttentionTap
 from ..data.synthetic import build_needle_example
@@ -172,7 +172,7 @@ def run(mut: ModelUnderTest, options: QuantizationOptions, text: EvalText, *, pr
         documents = []
     settings: list[int | None] = [None, *options.bits]
     rows = []
-    for bits in tqdm(settings, desc=f"quantization {mut.label}", disable=not progress, leave=False):
+    for bits in progress_bar(settings, desc=f"quantization {mut.label}", disable=not progress, leave=False):
         with mut.model.tap_attention(QuantizeTap(bits, options.granularity)):
             loss = float(token_nll(mut.model, windows, options.batch_size).mean())
             cloze = _cloze_correct(mut, items, 4 * options.batch_size)  # cloze sequences are short

@@ -340,9 +340,10 @@ def _train(config: TrainConfig, entry, model_config, env: Environment, resume: b
 
     bar = None
     if env.is_main and run.progress:
-        from tqdm.auto import tqdm
+        from ..progress import progress as progress_bar
 
-        bar = tqdm(total=run.steps, initial=progress.step, desc=entry.name, unit="step", dynamic_ncols=True, mininterval=1.0)
+        bar = progress_bar(total=run.steps, initial=progress.step, desc=entry.name, unit="step", dynamic_ncols=True,
+                           mininterval=1.0)
     status, message = "completed", ""
     final_val: float | None = None
     train_seconds, timed_tokens = 0.0, 0
