@@ -259,9 +259,8 @@ def test_a_good_command_still_runs(files, capsys):
 
 @pytest.mark.parametrize(
     "argv, expected",
-    [(["generate", "{ckpt}", "--top-p", "1.5"], "must be in (0, 1]"),
-     (["generate", "{damaged}", "--temperature", "0"], "truncated or corrupted safetensors file")],
-    ids=["bad-value", "truncated-weights"],
+    [(["generate", "{damaged}", "--temperature", "0"], "truncated or corrupted safetensors file")],
+    ids=["truncated-weights"],
 )
 def test_no_traceback_from_the_console_command(argv, expected, files):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
