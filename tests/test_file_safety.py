@@ -4,8 +4,10 @@ CheckpointError naming the file, never a crash deep inside torch."""
 from __future__ import annotations
 
 import ast
+import os
 import json
 import pickle
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -63,8 +65,9 @@ def _pickle_in_disguise(b: bytes) -> bytes:
 @pytest.mark.parametrize(
     "damage",
     [_truncate_half, lambda b: b[:20], lambda b: b"", _garble_header, _huge_header_length, _pickle_in_disguise,
-     lambda b: b + b"trailing bytes"],
-    ids=["truncated", "header-cut", "empty", "garbled-header", "huge-header-length", "pickle", "trailing-bytes"],
+     lambda b: b + b"trailing bytes", lambda b: bytes(random.Random(13).getrandbits(8) for _ in range(len(b)))],
+    ids=["truncated", "header-cut", "empty", "garbled-header", "huge-header-length", "pickle", "trailing-bytes",
+         "random-bytes"],
 )  # fmt: skip
 def test_damaged_safetensors_is_a_clear_error(copy, damage):
     weights = copy / "model.safetensors"
@@ -133,6 +136,20 @@ def test_config_with_an_invalid_value(copy):
         LanguageModel.from_pretrained(copy)
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("d_model", "64", r"d_model must be a positive integer, got '64'"),
+     ("n_layers", None, r"n_layers must be a positive integer, got None"),
+     ("rope_theta", [1, 2], r"'<=' not supported|rope_theta"),
+     ("attention", "mamba", r"attention must be one of")],
+    ids=["string-for-int", "null", "list-for-float", "unknown-kind"],
+)
+def test_config_with_a_wrong_type(copy, field, value, message):
+    _edit_config(copy, lambda meta: meta["model"].update({field: value}))
+    with pytest.raises(CheckpointError, match=r"config\.json: invalid model config: .*(" + message + ")"):
+        LanguageModel.from_pretrained(copy)
+
+
 @pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00garbage", b"[1, 2]"], ids=["bad-json", "not-utf8", "not-object"])
 def test_unreadable_config(copy, content):
     (copy / "config.json").write_bytes(content)
@@ -171,8 +188,9 @@ def test_export_checks_the_tokenizer_against_the_vocabulary(copy, tmp_path):
 
 @pytest.mark.parametrize(
     "name, content",
-    [("tokenizer_config.json", "{broken"), ("tokenizer_config.json", '{"type": "wordpiece"}'), ("tokenizer.json", '{"x": 1}')],
-    ids=["bad-json", "unknown-type", "bad-tokenizers-file"],
+    [("tokenizer_config.json", "{broken"), ("tokenizer_config.json", '{"type": "wordpiece"}'), ("tokenizer.json", '{"x": 1}'),
+     ("tokenizer.json", "[1, 2, 3]"), ("tokenizer.json", os.urandom(64).hex())],
+    ids=["bad-json", "unknown-type", "bad-tokenizers-file", "json-list", "random-text"],
 )
 def test_unreadable_tokenizer(copy, name, content):
     (copy / name).write_text(content)
@@ -258,3 +276,45 @@ def test_the_unpickling_scan_finds_unsafe_calls(tmp_path, monkeypatch):
     hits = _unsafe_loads(sample)
     assert [h.split()[0] for h in hits] == ["sample.py:2", "sample.py:4", "sample.py:5", "sample.py:6"]
 
+
+
+# --- training state -----------------------------------------------------------------------
+
+
+class _Payload:
+    """Unpickling this would create the file named by ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_a_training_state_with_a_pickle_payload_is_refused_unopened(tmp_path):
+    from diff_transformer.train.state import TRAINING_STATE_FILE, read_training_state
+
+    marker = tmp_path / "payload-ran"
+    torch.save({"version": 1, "progress": _Payload(str(marker))}, tmp_path / TRAINING_STATE_FILE)
+    with pytest.raises(CheckpointError, match=r"training_state\.pt: unreadable training state \(UnpicklingError"):
+        read_training_state(tmp_path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "content", [b"", os.urandom(512), pickle.dumps([1, 2, 3])], ids=["empty", "random-bytes", "plain-list"]
+)
+def test_a_damaged_training_state_is_a_clear_error(tmp_path, content):
+    from diff_transformer.train.state import TRAINING_STATE_FILE, read_training_state
+
+    (tmp_path / TRAINING_STATE_FILE).write_bytes(content)
+    with pytest.raises(CheckpointError, match=r"training_state\.pt: (unreadable training state|not a version-1 training state)"):
+        read_training_state(tmp_path)
+
+
+def test_a_training_state_missing_its_parts_is_refused(tmp_path):
+    from diff_transformer.train.state import TRAINING_STATE_FILE, read_training_state
+
+    torch.save({"version": 1, "progress": {"step": 1, "samples": 8, "tokens": 256}}, tmp_path / TRAINING_STATE_FILE)
+    with pytest.raises(CheckpointError, match=r"not a complete training state \(no optimizer, schedule, rng\)"):
+        read_training_state(tmp_path)

@@ -187,8 +187,9 @@ def test_export_refuses_what_transformers_cannot_express(overrides, message, tmp
 
 def test_cli_reports_refusal_without_traceback(tmp_path, capsys):
     LanguageModel(ModelConfig.from_preset("debug", attention="diff_v2")).save_pretrained(tmp_path / "v2")
-    assert cli_main(["export-hf", str(tmp_path / "v2"), str(tmp_path / "hf")]) == 1
-    assert "DIFF V2 has no Hugging Face" in capsys.readouterr().err
+    assert cli_main(["export-hf", str(tmp_path / "v2"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "DIFF V2 has no Hugging Face" in err and "Traceback" not in err
 
 
 def _exported(tmp_path, tokenizer=None):

@@ -80,6 +80,10 @@ class AttentionBenchSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.memory_budget_gib is not None and not self.memory_budget_gib > 0:
+            raise ValueError(f"memory_budget_gib must be > 0, got {self.memory_budget_gib}")
         if not self.lengths or min(self.lengths) < 1:
             raise ValueError(f"lengths must be positive, got {self.lengths}")
         unknown = [b for b in self.backends if b not in DIFF_BACKEND_NAMES]
@@ -198,7 +202,7 @@ def plan(settings: AttentionBenchSettings) -> list[AttentionBenchResult]:
 
 def run_attention_bench(settings: AttentionBenchSettings, *, progress: bool = True) -> list[AttentionBenchResult]:
     """Measure every case of :func:`plan`; a case that cannot run carries a note instead of figures."""
-    from tqdm import tqdm
+    from ..progress import progress as tqdm
 
     device = torch.device(settings.device)
     budget = int(settings.memory_budget_gib * 2**30) if settings.memory_budget_gib else memory_budget(device)

@@ -64,6 +64,8 @@ class ModelBenchSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.compile and self.warmup < 1:
             raise ValueError("compile needs warmup >= 1, so that compiling is not timed")
         if self.decode_tokens < 2:
@@ -204,7 +206,7 @@ def hf_available() -> bool:
 
 
 def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> list[ModelBenchResult]:
-    from tqdm import tqdm
+    from ..progress import progress as tqdm
 
     device, dtype = torch.device(settings.device), DTYPES[settings.dtype]
     threads = torch.get_num_threads()

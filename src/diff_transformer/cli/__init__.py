@@ -1,31 +1,80 @@
 """The ``diff-transformer`` command. Each subcommand lives in its own module of this package,
-which defines ``register(subparsers)``; COMMANDS lists them in the order --help shows them."""
+which defines ``register(subparsers)``; COMMANDS lists them in the order --help shows them.
+
+Errors are answered here, for every command: a bad option value is refused by the parser
+(argument types in :mod:`.args`) before any work starts, and a bad path or file met later
+(a project error, ValueError or OSError) ends the command too; either way one line
+``error: <what> (<why>)`` goes to stderr and the exit status is 2. Anything else is a bug: one
+``error: unexpected ...`` line and exit status 1. ``--debug`` (or DIFF_TRANSFORMER_DEBUG=1)
+shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+from .args import Parser, UsageError
+
 COMMANDS = ["generate", "info", "hf", "data", "evaluate", "train", "bench"]
+DEBUG_ENV = "DIFF_TRANSFORMER_DEBUG"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="diff-transformer",
         description="Differential Transformer: train, compare, evaluate, benchmark and convert models.",
+        epilog=f"Bad input ends with one 'error:' line and exit status 2; --debug or {DEBUG_ENV}=1 shows tracebacks.",
     )
+    parser.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or set {DEBUG_ENV}=1)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(subparsers)
     return parser
 
 
+def _debugging(argv: list[str]) -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no") or "--debug" in argv
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """What bad input raises: the project's error types (ValueError subclasses mostly), OSError."""
+    from safetensors import SafetensorError
+
+    from ..train.trainer import TrainingError
+
+    return (ValueError, OSError, SafetensorError, TrainingError)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = _debugging(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except SystemExit:
+        raise  # --help, --version
+    except Exception as exc:
+        if debug:
+            raise
+        if isinstance(exc, _input_errors()):
+            print(f"error: {_describe(exc)}", file=sys.stderr)
+            return 2
+        print(f"error: unexpected {type(exc).__name__}: {exc} (a bug? rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _describe(exc: BaseException) -> str:
+    """The message of an error, with the file an OSError names (its str() often omits it)."""
+    if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in str(exc):
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc) or type(exc).__name__

@@ -12,6 +12,7 @@ import torch
 from ..bench.attention import DTYPES, MODES
 from ..config import PRESETS
 from ..ops import BACKEND_NAMES, DIFF_BACKENDS
+from .args import device as device_type
 
 
 def _default_device() -> str:
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "visible pairs, about half). Backends whose T x S maps would exceed the memory budget "
         "are skipped with the size they need. Times are the best of --repeats runs.",
     )
-    a.add_argument("--device", default=_default_device(), help="cpu or cuda (default: cuda if available)")
+    a.add_argument("--device", default=_default_device(), type=device_type, help="cpu or cuda (default: cuda if available)")
     a.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     a.add_argument(
         "--lengths", type=int, nargs="+", default=None, metavar="L",
@@ -75,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--length", type=int, default=256, help="training / prefill length and decode prompt length (default 256)")
     m.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     m.add_argument("--decode-tokens", type=int, default=32, help="new tokens per generation run (default 32)")
-    m.add_argument("--device", default=_default_device(), help="cpu or cuda (default: cuda if available)")
+    m.add_argument("--device", default=_default_device(), type=device_type, help="cpu or cuda (default: cuda if available)")
     m.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     m.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="attention backend of our models (default auto)")
     m.add_argument("--repeats", type=int, default=3, help="timed runs; the best is kept (default 3)")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
+
+from . import args as types
 
 INPUT_HELP = "a text file, a folder of text files (.txt .text .md .rst .jsonl), or a JSONL file"
 
@@ -22,11 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train a byte-level BPE (Hugging Face tokenizers) on text files, folders or JSONL and "
         "write it as a tokenizers JSON file, usable as `prepare --tokenizer FILE`.",
     )
-    train.add_argument("--input", nargs="+", required=True, metavar="PATH", help=INPUT_HELP + " (one or more)")
-    train.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size incl. 256 bytes and <|endoftext|> (default 8192)")
-    train.add_argument("--out", required=True, metavar="FILE", help="tokenizer JSON file to write")
+    train.add_argument("--input", nargs="+", required=True, type=types.existing_path, metavar="PATH", help=INPUT_HELP + " (one or more)")
+    train.add_argument("--vocab-size", type=types.positive_int, default=8192, help="vocabulary size incl. 256 bytes and <|endoftext|> (default 8192)")
+    train.add_argument("--out", required=True, type=types.output_file, metavar="FILE", help="tokenizer JSON file to write")
     train.add_argument("--text-field", default="text", help="field holding the text in JSONL records (default 'text')")
-    train.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often (default 2)")
+    train.add_argument("--min-frequency", type=types.positive_int, default=2, help="merge only pairs seen this often (default 2)")
     train.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     train.set_defaults(run=run_tokenizer_train)
 
@@ -38,16 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tokenizer. The split is by document, deterministic given --seed. DIR is written atomically and "
         "never replaced without --overwrite.",
     )
-    prepare.add_argument("inputs", nargs="+", metavar="INPUT", help=INPUT_HELP)
-    prepare.add_argument("--out", required=True, metavar="DIR", help="dataset directory to create")
-    prepare.add_argument("--tokenizer", default="default",
+    prepare.add_argument("inputs", nargs="+", type=types.existing_path, metavar="INPUT", help=INPUT_HELP)
+    prepare.add_argument("--out", required=True, type=types.output_dir, metavar="DIR", help="dataset directory to create")
+    prepare.add_argument("--tokenizer", default="default", type=types.tokenizer_spec,
                          help="'default' (shipped BPE, vocab 8192), 'bytes' (raw UTF-8 bytes, vocab 257), "
                          "or a tokenizers JSON file (default 'default')")
     prepare.add_argument("--text-field", default="text", help="field holding the text in JSONL records (default 'text')")
-    prepare.add_argument("--val-fraction", type=float, default=0.05,
+    prepare.add_argument("--val-fraction", type=types.fraction, default=0.05,
                          help="share of the bytes held out for validation: whole documents in a seeded order, "
                          "or the tail of one document if none fits (default 0.05)")
-    prepare.add_argument("--seed", type=int, default=0, help="seed of the document split (default 0)")
+    prepare.add_argument("--seed", type=types.seed, default=0, help="seed of the document split (default 0)")
     prepare.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
     prepare.set_defaults(run=run_prepare)
@@ -57,19 +58,15 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..data.bpe import save_tokenizer_file, train_bpe
-    from ..data.inputs import InputError, iter_texts, scan_documents
+    from ..data.inputs import iter_texts, scan_documents
 
     out = Path(args.out)
-    try:
-        if out.exists() and not args.overwrite:
-            raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
-        documents = scan_documents(args.input, args.text_field)
-        start = time.perf_counter()
-        tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size, min_frequency=args.min_frequency)
-        save_tokenizer_file(tokenizer, out, overwrite=args.overwrite)
-    except (InputError, FileExistsError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
+    documents = scan_documents(args.input, args.text_field)
+    start = time.perf_counter()
+    tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size, min_frequency=args.min_frequency)
+    save_tokenizer_file(tokenizer, out, overwrite=args.overwrite)
     size = sum(d.size for d in documents)
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens on {len(documents)} documents "
           f"({size:,} bytes) in {time.perf_counter() - start:.1f} s -> {out}")
@@ -77,16 +74,11 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from ..data.inputs import InputError
     from ..data.prepare import prepare
 
-    try:
-        meta = prepare(args.inputs, args.out, tokenizer=args.tokenizer, text_field=args.text_field,
-                       val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
-                       progress=not args.quiet)
-    except (InputError, FileExistsError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    meta = prepare(args.inputs, args.out, tokenizer=args.tokenizer, text_field=args.text_field,
+                   val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
+                   progress=not args.quiet)
     tokens = meta["train"]["tokens"] + meta["val"]["tokens"]
     seconds = max(meta["seconds"], 1e-9)
     print(f"{args.out}: {meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}) "

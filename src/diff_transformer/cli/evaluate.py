@@ -16,6 +16,7 @@ import sys
 import torch
 
 from ..evaluation.common import DEFAULT_OUT, add_option_flags, options_from_flags
+from . import args as types
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,10 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and/or --checkpoint directories (validation loss measured on held-out text).",
     )
     _common_flags(sub, checkpoint_required=False)
-    sub.add_argument("--results", nargs="+", default=[], metavar="FILE",
+    sub.add_argument("--results", nargs="+", default=[], metavar="FILE", type=types.existing_file,
                      help="JSON: a list of {attention, params, tokens, loss}, {\"runs\": [...]}, or a compare metrics.json")
     sub.add_argument("--x", choices=scaling.X_KINDS, default="params", help="scale variable (default: params)")
-    sub.add_argument("--windows", type=int, default=16, help="held-out windows for a checkpoint's loss (default: 16)")
+    sub.add_argument("--windows", type=types.positive_int, default=16, help="held-out windows for a checkpoint's loss (default: 16)")
     sub.set_defaults(run=run_scaling)
 
 
@@ -59,11 +60,12 @@ def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> N
     p.add_argument("--checkpoint", action="append", required=checkpoint_required, default=[], metavar="DIR",
                    help="checkpoint directory; repeat to evaluate several models together")
     p.add_argument("--label", action="append", default=[], help="a name per --checkpoint, in order (default: KIND:DIRNAME, the run folder for RUN/checkpoint)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default: {DEFAULT_OUT})")
-    p.add_argument("--tokenizer", default=None, help="tokenizer for checkpoints without one ('bytes', a JSON file)")
-    p.add_argument("--text", default=None, metavar="FILE",
+    p.add_argument("--out", default=str(DEFAULT_OUT), type=types.output_dir, help=f"output folder (default: {DEFAULT_OUT})")
+    p.add_argument("--tokenizer", default=None, type=types.tokenizer_spec, help="tokenizer for checkpoints without one ('bytes', a JSON file)")
+    p.add_argument("--text", default=None, metavar="FILE", type=types.existing_file,
                    help="held-out text file to evaluate on (default: the embedded corpus' validation documents)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", type=types.device,
+                   help="cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -71,11 +73,16 @@ def _load(args: argparse.Namespace):
     from ..evaluation import EvalText, load_model
 
     if args.label and len(args.label) != len(args.checkpoint):
-        raise SystemExit(f"error: {len(args.label)} --label for {len(args.checkpoint)} --checkpoint; give one per checkpoint")
+        raise ValueError(f"{len(args.label)} --label for {len(args.checkpoint)} --checkpoint (give one per checkpoint)")
+    for directory in args.checkpoint:  # every path is checked before the first model loads
+        try:
+            types.checkpoint_dir(directory)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"--checkpoint {exc}") from None
     labels = args.label or [None] * len(args.checkpoint)
     models = [load_model(c, device=args.device, tokenizer=args.tokenizer, label=l) for c, l in zip(args.checkpoint, labels)]
     if len({m.label for m in models}) != len(models):
-        raise SystemExit("error: two checkpoints have the same label; give --label for each")
+        raise ValueError("two checkpoints have the same label (give --label for each)")
     text = None
     if args.text:
         with open(args.text, encoding="utf-8") as fh:
@@ -83,21 +90,6 @@ def _load(args: argparse.Namespace):
     return models, text or EvalText()
 
 
-def _reporting_errors(run):
-    """Bad input (a missing file, a malformed checkpoint or JSONL, a bad option) ends with one
-    "error:" line and exit status 2 instead of a traceback."""
-
-    def wrapped(args: argparse.Namespace) -> int:
-        try:
-            return run(args)
-        except (OSError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-
-    return wrapped
-
-
-@_reporting_errors
 def run_model_evaluation(args: argparse.Namespace) -> int:
     """Exit status 0 when the evaluation ran on every model, 1 when it could not on some."""
     from pathlib import Path
@@ -114,7 +106,6 @@ def run_model_evaluation(args: argparse.Namespace) -> int:
     return 1 if data["errors"] else 0
 
 
-@_reporting_errors
 def run_scaling(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -126,7 +117,7 @@ def run_scaling(args: argparse.Namespace) -> int:
         models, text = _load(args)
         runs += [scaling.run_from_checkpoint(m, text, windows=args.windows) for m in models]
     if not runs:
-        raise SystemExit("error: give --results FILE and/or --checkpoint DIR")
+        raise ValueError("nothing to fit (give --results FILE and/or --checkpoint DIR)")
     result = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(runs, args.x)}
     out = Path(args.out)
     json_path = write_json(out / f"{scaling.NAME}.json", result)

@@ -7,6 +7,8 @@ import sys
 
 import torch
 
+from . import args as types
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -14,15 +16,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="stream text from a checkpoint",
         description="Stream a continuation of --prompt from a checkpoint directory, using the KV cache.",
     )
-    p.add_argument("checkpoint", help="checkpoint directory (config.json, model.safetensors, tokenizer)")
+    p.add_argument("checkpoint", type=types.checkpoint_dir, help="checkpoint directory (config.json, model.safetensors, tokenizer)")
     p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (default 200)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with this mass")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer if the checkpoint has none ('bytes', a JSON file)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--max-new-tokens", type=types.positive_int, default=200, help="tokens to generate (default 200)")
+    p.add_argument("--temperature", type=types.nonnegative_float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=types.positive_int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=types.probability, default=None, help="nucleus sampling: smallest set with this mass")
+    p.add_argument("--seed", type=types.seed, default=0, help="sampling seed (default 0)")
+    p.add_argument("--tokenizer", type=types.tokenizer_spec, default=None, help="tokenizer if the checkpoint has none ('bytes', a JSON file)")
+    p.add_argument("--device", type=types.device, default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--compile", action="store_true", help="decode through torch.compile (compiling takes seconds first)")
     p.set_defaults(run=run)
 
@@ -38,13 +41,14 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint, model.config.vocab_size
     )
     if tokenizer is None:
-        print(f"error: {args.checkpoint} holds no tokenizer; pass --tokenizer", file=sys.stderr)
-        return 2
+        raise ValueError(f"{args.checkpoint} holds no tokenizer; pass --tokenizer")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"--tokenizer {args.tokenizer}: {tokenizer.vocab_size} tokens, more than the model's "
+                         f"vocab_size {model.config.vocab_size} (not the tokenizer of this model)")
     prompt = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
     room = model.config.max_seq_len - len(prompt)
     if room <= 0:
-        print(f"error: the prompt has {len(prompt)} tokens; the model's context is {model.config.max_seq_len}", file=sys.stderr)
-        return 2
+        raise ValueError(f"--prompt: {len(prompt)} tokens (the model's context is {model.config.max_seq_len})")
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     generated: list[int] = []
     shown = ""

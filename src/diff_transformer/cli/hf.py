@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from . import args as types
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "DIFF V2, a constant lambda_init, DIFF without head norm and standard attention with head norm have no "
         "transformers equivalent and are refused. Needs the 'hf' extra.",
     )
-    export.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory of this project")
-    export.add_argument("out", metavar="OUT", help="output directory (replaced atomically if it exists)")
+    export.add_argument("checkpoint", metavar="CHECKPOINT", type=types.checkpoint_dir, help="checkpoint directory of this project")
+    export.add_argument("out", metavar="OUT", type=types.output_dir, help="output directory (replaced atomically if it exists)")
     export.set_defaults(run=run_export)
 
     imp = subparsers.add_parser(
@@ -27,33 +28,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "transformers DiffLlama or Llama model into a checkpoint of this project at OUT. Pickled weights "
         "(pytorch_model.bin) are refused. The tokenizer must contain <|endoftext|>; otherwise pass --no-tokenizer.",
     )
-    imp.add_argument("directory", metavar="DIR", help="transformers model directory")
-    imp.add_argument("out", metavar="OUT", help="output checkpoint directory (replaced atomically if it exists)")
+    imp.add_argument("directory", metavar="DIR", type=types.existing_dir, help="transformers model directory")
+    imp.add_argument("out", metavar="OUT", type=types.output_dir, help="output checkpoint directory (replaced atomically if it exists)")
     imp.add_argument("--no-tokenizer", action="store_true", help="import the weights only, not tokenizer.json")
     imp.set_defaults(run=run_import)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..checkpoint import CheckpointError
-    from ..interop.hf import HFConversionError, export_hf
+    from ..interop.hf import export_hf
 
-    try:
-        out = export_hf(args.checkpoint, args.out)
-    except (CheckpointError, HFConversionError) as exc:
-        print(f"export-hf: {exc}", file=sys.stderr)
-        return 1
+    out = export_hf(args.checkpoint, args.out)
     print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
     return 0
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..checkpoint import CheckpointError
-    from ..interop.hf import HFConversionError, import_hf
+    from ..interop.hf import import_hf
 
-    try:
-        out = import_hf(args.directory, args.out, with_tokenizer=not args.no_tokenizer)
-    except (CheckpointError, HFConversionError) as exc:
-        print(f"import-hf: {exc}", file=sys.stderr)
-        return 1
+    out = import_hf(args.directory, args.out, with_tokenizer=not args.no_tokenizer)
     print(f"wrote {out}")
     return 0

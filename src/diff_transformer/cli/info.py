@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .args import checkpoint_dir
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -13,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Without an argument: the named presets with their DIFF and matched-Transformer "
         "parameter counts. With a checkpoint directory: its config, parameters and λ per layer.",
     )
-    p.add_argument("checkpoint", nargs="?", help="checkpoint directory")
+    p.add_argument("checkpoint", nargs="?", type=checkpoint_dir, help="checkpoint directory")
     p.set_defaults(run=run)
 
 

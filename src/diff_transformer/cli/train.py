@@ -7,7 +7,7 @@ import os
 import sys
 from functools import partial
 
-from ..config import ConfigError
+from . import args as types
 
 CONFIG_HELP = (
     "a YAML config file, or the name of a shipped one (tiny, ablation-1.4b, paper-3b); default: tiny"
@@ -48,16 +48,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated attention kinds to train (standard,diff,diff_v2): every model of the config "
         "with one of these kinds; default: the config's compare.models",
     )
-    c.add_argument("--steps", type=int, help="optimizer steps per model (overrides run.steps)")
-    c.add_argument("--seeds", type=int, help="seeds per model (overrides compare.seeds)")
-    c.add_argument("--out", default="out/compare", help="output directory (default: out/compare)")
+    c.add_argument("--steps", type=types.positive_int, help="optimizer steps per model (overrides run.steps)")
+    c.add_argument("--seeds", type=types.positive_int, help="seeds per model (overrides compare.seeds)")
+    c.add_argument("--out", default="out/compare", type=types.output_dir, help="output directory (default: out/compare)")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     c.add_argument("--resume", action="store_true", help="reuse finished runs in --out and continue interrupted ones")
-    c.add_argument("--nproc", type=int, default=1, help="processes per model run (torchrun; default 1)")
-    c.add_argument("--lr-grid", type=_float_list, metavar="LR,LR,...",
+    c.add_argument("--nproc", type=types.positive_int, default=1, help="processes per model run (torchrun; default 1)")
+    c.add_argument("--lr-grid", type=types.positive_float_list, metavar="LR,LR,...",
                    help="re-run the learning-rate sweep: train every model at each peak lr (min_lr keeps its ratio), "
                    "report each at its own best; default: the config's compare.lr_grid, else each model's own lr")
-    c.add_argument("--retrieval-lr-grid", type=_float_list, metavar="LR,LR,...",
+    c.add_argument("--retrieval-lr-grid", type=types.positive_float_list, metavar="LR,LR,...",
                    help="the same for the retrieval experiment (default: retrieval.lr_grid, else each model's retrieval_lr)")
     c.add_argument("--no-retrieval", action="store_true", help="skip the retrieval experiment")
     c.add_argument("--no-eval", action="store_true", help="skip the evaluation suite after training")
@@ -65,27 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(run=run_compare)
 
 
-def _float_list(text: str) -> list[float]:
-    """"1e-3,2e-3" -> [0.001, 0.002]: positive numbers, comma-separated."""
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
-
-
 def run_train(args: argparse.Namespace) -> int:
-    from ..checkpoint import CheckpointError
-    from ..train import TrainingError, load_config, train
+    from ..train import load_config, train
 
-    try:
-        config = load_config(args.config, args.overrides)
-        result = train(config, args.model, resume=args.resume)
-    except (ConfigError, TrainingError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = load_config(args.config, args.overrides)
+    result = train(config, args.model, resume=args.resume)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for all
         return {"completed": 0, "paused": 0, "interrupted": 130}.get(result.status, 1)
     if result.status == "diverged":
@@ -104,32 +88,25 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     from ..evaluation import run_suite
-    from ..train import TrainingError, load_config
+    from ..train import load_config
     from ..train.compare import CompareInterrupted, compare, select_models
 
     overrides = list(args.overrides)
     if args.steps is not None:
         overrides.append(f"run.steps={args.steps}")
+    config = load_config(args.config, overrides)
+    kinds = [k.strip() for k in args.attention.split(",") if k.strip()] if args.attention else None
+    models = select_models(config, kinds)
+    evaluation = None
+    if not args.no_eval and config.compare.evaluations:
+        evaluation = partial(run_suite, quick=args.quick_eval, evaluations=config.compare.evaluations,
+                             options=None if args.quick_eval else config.compare.evaluation_options)
     try:
-        config = load_config(args.config, overrides)
-        kinds = [k.strip() for k in args.attention.split(",") if k.strip()] if args.attention else None
-        models = select_models(config, kinds)
-        if args.seeds is not None and args.seeds < 1:
-            raise ConfigError(f"--seeds must be at least 1, got {args.seeds}")
-        if args.nproc < 1:
-            raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
-        evaluation = None
-        if not args.no_eval and config.compare.evaluations:
-            evaluation = partial(run_suite, quick=args.quick_eval, evaluations=config.compare.evaluations,
-                                 options=None if args.quick_eval else config.compare.evaluation_options)
         metrics = compare(
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
             retrieval_lr_grid=args.retrieval_lr_grid, retrieval=False if args.no_retrieval else None,
             resume=args.resume, nproc=args.nproc, evaluation=evaluation,
         )
-    except (ConfigError, TrainingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except CompareInterrupted as exc:
         print(exc, file=sys.stderr)
         return 130

@@ -165,14 +165,14 @@ def write_shards(documents: Sequence[Document], directory: Path, tokenizer, *, t
                  sources: list[dict], text_field: str = "text", val_fraction: float = DEFAULT_VAL_FRACTION,
                  seed: int = 0, progress: bool = True) -> dict:
     """Tokenize ``documents`` into an existing empty ``directory``; returns the meta.json dict."""
-    from tqdm.auto import tqdm
+    from ..progress import progress as progress_bar
 
     dtype = token_dtype(tokenizer.vocab_size)
     plan = plan_split([d.size for d in documents], val_fraction, seed)
     start = time.perf_counter()
     writer = _ShardWriter(tokenizer, directory, dtype)
     total_bytes = sum(d.size for d in documents)
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
+    with progress_bar(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
         for index, (doc, text) in enumerate(zip(documents, iter_texts(documents, text_field))):
             if index == plan.cut:
                 head, tail = cut_text(text, plan.cut_bytes)

@@ -47,7 +47,7 @@ NAME = "ar-hit"
 @dataclass
 class ARHitOptions:
     windows: int = option(32, "held-out windows")
-    seq_len: int = option(0, "window length (0 = the model's context)")
+    seq_len: int = option(0, "window length (0 = the model's context)", minimum=0)
     ngram: int = option(2, "n of the n-gram a hit completes (Zoology: 2)")
     batch_size: int = option(8, "windows per forward pass")
 

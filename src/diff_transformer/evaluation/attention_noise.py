@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..attention import AttentionTap
 from ..data.synthetic import NeedleExample, build_needle_example
@@ -59,8 +59,8 @@ MIN_ROW_SUM = 0.05
 class AttentionNoiseOptions:
     needles: int = option(1, "needles per document (N)")
     queries: int = option(1, "queried cities per document (R)")
-    depths: tuple[float, ...] = option((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the queried needle")
-    length: int = option(0, "document length in tokens (0 = the model's context)")
+    depths: tuple[float, ...] = option((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the queried needle", maximum=1.0)
+    length: int = option(0, "document length in tokens (0 = the model's context)", minimum=0)
     samples: int = option(10, "documents per depth")
     digits: int = option(4, "digits of the magic numbers")
     batch_size: int = option(8, "documents per forward pass")
@@ -132,7 +132,7 @@ def run(mut: ModelUnderTest, options: AttentionNoiseOptions, text: EvalText, *, 
     n_layers = mut.model.config.n_layers
     by_depth = []
     profile_example = None
-    for depth in tqdm(options.depths, desc=f"attention-noise {mut.label}", disable=not progress, leave=False):
+    for depth in progress_bar(options.depths, desc=f"attention-noise {mut.label}", disable=not progress, leave=False):
         examples = [
             build_needle_example(
                 seeded_rng("attention-noise", options.seed, depth, sample), mut.tokenizer, filler, length=length,

@@ -346,11 +346,39 @@ def _flag_type(f: dataclasses.Field) -> tuple[Callable[[str], Any], bool]:
     return type(default), False
 
 
+def _flag_parser(f: dataclasses.Field, kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """The argument type of a number flag: an int is at least 1 (0 for a ``seed``) and a float at
+    least 0, unless the field's metadata gives ``minimum`` / ``maximum``; a field whose metadata
+    gives ``check`` (a function raising ValueError) has each value checked by it."""
+    check = f.metadata.get("check")
+    if check is not None:
+        import argparse
+
+        def checked(value: str):
+            converted = kind(value)
+            try:
+                check(converted)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(f"{value!r} is not valid ({exc})") from None
+            return converted
+
+        checked.__name__ = getattr(kind, "__name__", "value")
+        return checked
+    if kind not in (int, float):
+        return kind
+    from ..cli.args import bounded
+
+    default_minimum = (0 if f.name == "seed" else 1) if kind is int else 0.0
+    return bounded(kind, f.metadata.get("minimum", default_minimum), f.metadata.get("maximum"))
+
+
 def add_option_flags(parser, options_type: type) -> None:
-    """One ``--flag`` per field of the ``options_type`` dataclass."""
+    """One ``--flag`` per field of the ``options_type`` dataclass; numbers are range-checked
+    (see :func:`_flag_parser`) so a bad value is refused before any model loads."""
     for f in dataclasses.fields(options_type):
         flag = "--" + f.name.replace("_", "-")
         kind, several = _flag_type(f)
+        kind = _flag_parser(f, kind)
         shown = f.default if not isinstance(f.default, tuple) else " ".join(map(str, f.default))
         help_text = f.metadata.get("help", "") + (f" (default: {shown})" if shown not in ("", ()) else "")
         if kind is bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..data.synthetic import ClassificationTask, encode_demonstration, encode_label, encode_query, keyword_task
 from .. import paper
@@ -56,11 +56,12 @@ LAYOUTS = ("random", "alternating")
 
 @dataclass
 class ICLOptions:
-    tasks: tuple[str, ...] = option(("keywords-4", "keywords-8"), "generated tasks, keywords-C with C classes (none: give 'none')")
-    demos: tuple[int, ...] = option((0, 1, 2, 4, 8, 16, 32, 64), "numbers of demonstrations (those that fit the context)")
+    tasks: tuple[str, ...] = option(("keywords-4", "keywords-8"), "generated tasks, keywords-C with C classes (none: give 'none')",
+                                     check=lambda s: check_task_name(s))
+    demos: tuple[int, ...] = option((0, 1, 2, 4, 8, 16, 32, 64), "numbers of demonstrations (those that fit the context)", minimum=0)
     test_items: int = option(32, "test items per task")
     orders: int = option(5, "orderings of the demonstrations for robustness (K)")
-    robustness_demos: int = option(0, "demonstrations for robustness (0 = the largest count that fits)")
+    robustness_demos: int = option(0, "demonstrations for robustness (0 = the largest count that fits)", minimum=0)
     data: str = option("", "a JSONL file of labelled texts to evaluate as well")
     text_field: str = option("text", "field of --data holding the text")
     label_field: str = option("label", "field of --data holding the label")
@@ -97,6 +98,15 @@ def load_jsonl_task(path: str | Path, text_field: str, label_field: str) -> Clas
         raise ValueError(f"{path}: needs at least two distinct labels in {label_field!r}, found {labels}")
     index = {label: i for i, label in enumerate(labels)}
     return ClassificationTask(name=path.stem, labels=labels, items=[(t, index[l]) for t, l in zip(texts, raw_labels)])
+
+
+def check_task_name(spec: str) -> None:
+    """A ValueError unless ``spec`` names a generated task ('keywords-C', 2 <= C <= 30) or is 'none'."""
+    match = re.fullmatch(r"keywords-(\d+)", spec)
+    if spec != "none" and not match:
+        raise ValueError(f"unknown ICL task {spec!r}; generated tasks are named keywords-C (C classes)")
+    if match and not 2 <= int(match[1]) <= 30:
+        raise ValueError(f"keywords-C needs 2 <= C <= 30 classes, got {match[1]}")
 
 
 def build_tasks(options: ICLOptions) -> list[ClassificationTask]:
@@ -186,7 +196,7 @@ def run(mut: ModelUnderTest, options: ICLOptions, text: EvalText, *, progress: b
     for task in build_tasks(options):
         tests, pool = split_test_items(task, options.test_items)
         curve = []
-        for n in tqdm(options.demos, desc=f"icl {task.name} {mut.label}", disable=not progress, leave=False):
+        for n in progress_bar(options.demos, desc=f"icl {task.name} {mut.label}", disable=not progress, leave=False):
             if n > len(pool):
                 curve.append({"demos": n, "accuracy": None, "prompt_tokens": None, "skipped": "not enough demonstrations"})
                 continue

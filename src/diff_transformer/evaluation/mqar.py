@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..data.synthetic import build_mqar_example
 from .. import paper
@@ -77,7 +77,7 @@ def run(mut: ModelUnderTest, options: MQAROptions, text: EvalText, *, progress: 
     if not cells:
         raise ValueError(f"no MQAR cell fits: seq_lens {options.seq_lens} within max_seq_len={mut.max_seq_len}, "
                          f"pairs {options.pairs} with 1 + 4P <= length")
-    results = [_cell(mut, options, n, p) for n, p in tqdm(cells, desc=f"mqar {mut.label}", disable=not progress, leave=False)]
+    results = [_cell(mut, options, n, p) for n, p in progress_bar(cells, desc=f"mqar {mut.label}", disable=not progress, leave=False)]
     return {"model": mut.describe(), "cells": results, "accuracy": mean(c["accuracy"] for c in results)}
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..data.synthetic import build_needle_example
 from .. import paper
@@ -49,9 +49,10 @@ NAME = "needle"
 
 @dataclass
 class NeedleOptions:
-    settings: tuple[str, ...] = option(("1:1", "2:2", "4:2", "6:2"), "N:R settings of the table (N needles, R queried), at the longest length")
-    heatmap: str = option("4:1", "the N:R setting of the depth x length heatmap")
-    depths: tuple[float, ...] = option((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the tracked needle, 0 = start, 1 = end of the haystack")
+    settings: tuple[str, ...] = option(("1:1", "2:2", "4:2", "6:2"), "N:R settings of the table (N needles, R queried), at the longest length",
+                                     check=lambda s: parse_setting(s))
+    heatmap: str = option("4:1", "the N:R setting of the depth x length heatmap", check=lambda s: parse_setting(s))
+    depths: tuple[float, ...] = option((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the tracked needle, 0 = start, 1 = end of the haystack", maximum=1.0)
     lengths: tuple[int, ...] = option((), "context lengths in tokens (default: half, three quarters and all of the model's context)", type=int)
     samples: int = option(5, "documents per cell (the paper: 50)")
     digits: int = option(4, "digits of the magic numbers")
@@ -121,7 +122,7 @@ def run(mut: ModelUnderTest, options: NeedleOptions, text: EvalText, *, progress
     max_new = len(mut.tokenizer.encode(" " + "9" * options.digits)) + 1
     correct = dict.fromkeys(cells, 0)
     batches = range(0, len(queue), options.batch_size)
-    for start in tqdm(batches, desc=f"needle {mut.label}", disable=not progress, leave=False):
+    for start in progress_bar(batches, desc=f"needle {mut.label}", disable=not progress, leave=False):
         batch = queue[start : start + options.batch_size]
         room = mut.max_seq_len - max(n for n, _, _, _ in batch)  # the last answer of a full-length document ends at the context's end
         decoded = greedy_decode(mut.model, [p for _, _, p, _ in batch], min(max_new, room))

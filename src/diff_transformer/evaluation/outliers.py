@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..attention import AttentionTap
 from ..ops import AttentionMaps
@@ -47,7 +47,7 @@ RELATIVE_TIE = 0.05  # top-1 values within 5% of each other are reported as a ti
 @dataclass
 class OutlierOptions:
     tokens: int = option(16384, "held-out tokens to look at (the paper used 0.4M)")
-    seq_len: int = option(0, "window length (0 = the model's context)")
+    seq_len: int = option(0, "window length (0 = the model's context)", minimum=0)
     batch_size: int = option(4, "windows per forward pass")
     median_sample: int = option(2_000_000, "values kept per activation kind to estimate the median")
     seed: int = option(0, "seed of the median's subsample")
@@ -132,7 +132,7 @@ def run(mut: ModelUnderTest, options: OutlierOptions, text: EvalText, *, progres
     ]
     try:
         with mut.model.tap_attention(LogitTap(logit_stats)):
-            for batch in tqdm(windows.split(options.batch_size), desc=f"outliers {mut.label}", disable=not progress, leave=False):
+            for batch in progress_bar(windows.split(options.batch_size), desc=f"outliers {mut.label}", disable=not progress, leave=False):
                 mut.model(batch[:, :-1].to(mut.device))
     finally:
         for hook in hooks:

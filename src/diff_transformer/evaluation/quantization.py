@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from ..attention import AttentionTap
 from ..data.synthetic import build_needle_example
@@ -56,7 +56,7 @@ GRANULARITIES = ("row", "head")
 
 @dataclass
 class QuantizationOptions:
-    bits: tuple[int, ...] = option((16, 8, 6, 4), "bit widths of the attention logits")
+    bits: tuple[int, ...] = option((16, 8, 6, 4), "bit widths of the attention logits", minimum=2, maximum=24)
     granularity: str = option("row", "absmax over each query row ('row') or each head's whole map ('head')",
                               choices=GRANULARITIES)
     loss_windows: int = option(16, "held-out windows for the validation loss")
@@ -64,7 +64,7 @@ class QuantizationOptions:
     cloze_choices: int = option(4, "choices per cloze item")
     cloze_context: int = option(48, "context tokens of a cloze item")
     cloze_continuation: int = option(12, "continuation tokens of a cloze item")
-    needle_setting: str = option("2:1", "N:R of the needle documents")
+    needle_setting: str = option("2:1", "N:R of the needle documents", check=lambda s: parse_setting(s))
     needle_samples: int = option(24, "needle documents")
     batch_size: int = option(8, "sequences per forward pass")
     seed: int = option(0, "seed of the cloze items and needle documents")
@@ -172,7 +172,7 @@ def run(mut: ModelUnderTest, options: QuantizationOptions, text: EvalText, *, pr
         documents = []
     settings: list[int | None] = [None, *options.bits]
     rows = []
-    for bits in tqdm(settings, desc=f"quantization {mut.label}", disable=not progress, leave=False):
+    for bits in progress_bar(settings, desc=f"quantization {mut.label}", disable=not progress, leave=False):
         with mut.model.tap_attention(QuantizeTap(bits, options.granularity)):
             loss = float(token_nll(mut.model, windows, options.batch_size).mean())
             cloze = _cloze_correct(mut, items, 4 * options.batch_size)  # cloze sequences are short

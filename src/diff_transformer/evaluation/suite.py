@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from ..progress import progress as progress_bar
 
 from . import ar_hit, attention_noise, icl, mqar, needle, outliers, position_nll, quantization, scaling
 from .common import EvalText, Evaluation, ModelUnderTest, load_model, options_dict, write_json
@@ -137,7 +137,7 @@ def run_suite(
     models = [load_model(path, device=device, label=label) for label, path in checkpoints.items()]
     result = SuiteResult()
     model_names = [n for n in names if n in EVALUATIONS]
-    for name in tqdm(model_names, desc="evaluation suite", disable=not progress):
+    for name in progress_bar(model_names, desc="evaluation suite", disable=not progress):
         spec = EVALUATIONS[name]
         chosen = evaluation_options(name, (options or {}).get(name), quick=quick)
         data, section, files = run_evaluation(spec, models, out_dir, options=chosen, text=text, progress=progress)

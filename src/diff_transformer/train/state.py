@@ -18,6 +18,7 @@ s·B … s·B + B − 1 of the dataset (see diff_transformer.data.shards), so no
 from __future__ import annotations
 
 import random
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,12 @@ def save_training_checkpoint(
     written = None
     if env.is_main:
         weights = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
+        # One id per save, in config.json and in training_state.pt: a training state copied in from
+        # another run (or another save of this one) is refused when resuming.
+        identity = {"checkpoint_id": uuid.uuid4().hex, "step": progress.step}
         state = {
             "version": STATE_VERSION,
+            **identity,
             "progress": asdict(progress),
             "optimizer": optimizer_state,
             "schedule": schedule.state_dict(),
@@ -109,7 +114,8 @@ def save_training_checkpoint(
             (tmp / TRAIN_CONFIG_FILE).write_text(yaml.safe_dump(train_config, sort_keys=False))
 
         written = save_pretrained(
-            model, directory, tokenizer=tokenizer, state=weights, extra_files=write_training_files
+            model, directory, tokenizer=tokenizer, state=weights, extra_files=write_training_files,
+            extra={"training": identity},
         )
     if env.distributed:
         torch.distributed.barrier()
@@ -136,7 +142,37 @@ def read_training_state(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: unreadable training state ({type(exc).__name__}: {exc})") from exc
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         raise CheckpointError(f"{path}: not a version-{STATE_VERSION} training state")
+    missing = [k for k in ("progress", "optimizer", "schedule", "rng") if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not a complete training state (no {', '.join(missing)})")
     return state
+
+
+def check_same_save(directory: str | Path, state: dict[str, Any]) -> None:
+    """A CheckpointError unless training_state.pt and config.json were written by the same save."""
+    from ..checkpoint import read_config
+
+    _, meta = read_config(directory)
+    saved = meta.get("training") or {}
+    ours, theirs = state.get("checkpoint_id"), saved.get("checkpoint_id")
+    if ours is None and theirs is None:  # written before checkpoints carried an id
+        return
+    if ours != theirs:
+        raise CheckpointError(
+            f"{Path(directory) / TRAINING_STATE_FILE}: from another run or another save (its step "
+            f"{state.get('progress', {}).get('step')}, id {ours}; config.json: step {saved.get('step')}, id {theirs}); "
+            f"the weights and the optimizer state must come from the same checkpoint"
+        )
+
+
+def saved_step(directory: str | Path) -> int | None:
+    """The step a training checkpoint was saved at, from its config.json (None if unknown)."""
+    from ..checkpoint import read_config
+
+    try:
+        return read_config(directory)[1].get("training", {}).get("step")
+    except CheckpointError:
+        return None
 
 
 def read_train_config(directory: str | Path) -> dict[str, Any]:
@@ -186,6 +222,7 @@ def load_training_checkpoint(
 
     directory = Path(directory)
     state = read_training_state(directory)
+    check_same_save(directory, state)
     options = _full_options(env, loading=True)
     read_here = env.is_main or not env.distributed
     weights = read_weights(directory / WEIGHTS_FILE) if read_here else {}
@@ -193,7 +230,10 @@ def load_training_checkpoint(
         set_model_state_dict(model, weights, options=options)
     except RuntimeError as exc:
         raise CheckpointError(f"{directory}: weights do not fit the model of this config ({exc})") from exc
-    set_optimizer_state_dict(model, optimizer, state["optimizer"] if read_here else {}, options=options)
+    try:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"] if read_here else {}, options=options)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{directory / TRAINING_STATE_FILE}: optimizer state does not fit the model ({exc})") from exc
     schedule.load_state_dict(state["schedule"])
     set_rng_states(state["rng"])
     return Progress(**state["progress"])

@@ -43,7 +43,9 @@ from ..model import LanguageModel
 from .config import TrainConfig
 from .distributed import Environment, all_reduce_sum, parallelize, setup, teardown, unwrap
 from .optim import WarmupLinearSchedule, build_optimizer
-from .state import Progress, check_resumable, find_checkpoint, load_training_checkpoint, save_training_checkpoint
+from .state import (
+    Progress, check_resumable, find_checkpoint, load_training_checkpoint, save_training_checkpoint, saved_step,
+)
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -51,6 +53,10 @@ SUMMARY_FILE = "summary.json"
 
 class TrainingError(RuntimeError):
     """The run cannot start or cannot go on (the message says why)."""
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (a full disk...); the message says what remains."""
 
 
 @dataclass
@@ -334,16 +340,26 @@ def _train(config: TrainConfig, entry, model_config, env: Environment, resume: b
     n_params = raw_model.num_parameters()
 
     def save() -> Path | None:
-        return save_training_checkpoint(
-            checkpoint_dir, raw_model, optimizer, schedule, progress,
-            tokenizer=plan.tokenizer, train_config=train_config_dict, env=env,
-        )
+        try:
+            return save_training_checkpoint(
+                checkpoint_dir, raw_model, optimizer, schedule, progress,
+                tokenizer=plan.tokenizer, train_config=train_config_dict, env=env,
+            )
+        except OSError as exc:  # a full disk, a lost mount: the atomic write left the old version
+            previous = find_checkpoint(checkpoint_dir)
+            kept = (f"the previous checkpoint {previous} (step {saved_step(previous)}) is intact" if previous
+                    else "there is no earlier checkpoint")
+            raise CheckpointWriteError(
+                f"step {progress.step}: could not write the checkpoint to {checkpoint_dir} "
+                f"({exc.strerror or exc}); {kept}"
+            ) from exc
 
     bar = None
     if env.is_main and run.progress:
-        from tqdm.auto import tqdm
+        from ..progress import progress as progress_bar
 
-        bar = tqdm(total=run.steps, initial=progress.step, desc=entry.name, unit="step", dynamic_ncols=True, mininterval=1.0)
+        bar = progress_bar(total=run.steps, initial=progress.step, desc=entry.name, unit="step", dynamic_ncols=True,
+                           mininterval=1.0)
     status, message = "completed", ""
     final_val: float | None = None
     train_seconds, timed_tokens = 0.0, 0

@@ -1,0 +1,274 @@
+"""Every command answers a bad value, path or file with one line ``error: <what> (<why>)`` on
+stderr and exit status 2, before any work and never with a traceback (issue 13). Most cases run
+in-process through ``cli.main``; a few as subprocesses prove that no traceback reaches stderr."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from diff_transformer.cli import main
+from diff_transformer.config import ModelConfig
+from diff_transformer.model import LanguageModel
+from diff_transformer.tokenizer import ByteTokenizer
+
+CUDA_BAD = "cuda:99" if torch.cuda.is_available() else "cuda"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """A debug checkpoint, a damaged copy, a text file, a JSONL file and a plain file."""
+    root = tmp_path_factory.mktemp("cli-errors")
+    ckpt = root / "ckpt"
+    LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(ckpt, ByteTokenizer())
+    damaged = root / "damaged"
+    LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(damaged, ByteTokenizer())
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    (root / "text.txt").write_text("To be, or not to be, that is the question.\n" * 20)
+    (root / "docs.jsonl").write_text('{"body": "some text"}\n')
+    (root / "junk.json").write_bytes(os.urandom(300))
+    (root / "file").write_text("a file, not a directory")
+    return {"root": root, "ckpt": ckpt, "damaged": damaged, "text": root / "text.txt", "jsonl": root / "docs.jsonl",
+            "junk": root / "junk.json", "file": root / "file"}
+
+
+# (case id, argument list with {placeholders}, text the error line must contain)
+CASES = [
+    # generate: every option that takes a value
+    ("generate-checkpoint-missing", ["generate", "{root}/none"], "not a checkpoint directory"),
+    ("generate-checkpoint-is-file", ["generate", "{file}"], "not a checkpoint directory (a file"),
+    ("generate-checkpoint-truncated", ["generate", "{damaged}"], "truncated or corrupted safetensors"),
+    ("generate-max-new-tokens", ["generate", "{ckpt}", "--max-new-tokens", "-3"], "--max-new-tokens: '-3' is not valid (must be a positive integer)"),
+    ("generate-max-new-tokens-word", ["generate", "{ckpt}", "--max-new-tokens", "ten"], "an integer is needed"),
+    ("generate-temperature", ["generate", "{ckpt}", "--temperature", "-1"], "--temperature: '-1' is not valid (must be 0 or more)"),
+    ("generate-temperature-nan", ["generate", "{ckpt}", "--temperature", "nan"], "a finite number is needed"),
+    ("generate-top-k", ["generate", "{ckpt}", "--top-k", "0"], "--top-k: '0' is not valid"),
+    ("generate-top-p", ["generate", "{ckpt}", "--top-p", "1.5"], "--top-p: '1.5' is not valid (must be in (0, 1])"),
+    ("generate-top-p-zero", ["generate", "{ckpt}", "--top-p", "0"], "must be in (0, 1]"),
+    ("generate-seed", ["generate", "{ckpt}", "--seed", "-1"], "--seed: '-1' is not valid (a seed must be"),
+    ("generate-tokenizer-missing", ["generate", "{ckpt}", "--tokenizer", "{root}/none.json"], "--tokenizer"),
+    ("generate-tokenizer-junk", ["generate", "{ckpt}", "--tokenizer", "{junk}"], "not a readable tokenizers JSON file"),
+    ("generate-device", ["generate", "{ckpt}", "--device", "gpu0"], "--device: 'gpu0' is not valid"),
+    ("generate-device-cuda", ["generate", "{ckpt}", "--device", CUDA_BAD], "--device"),
+    ("generate-prompt-too-long", ["generate", "{ckpt}", "--prompt", "x" * 200], "--prompt: 200 tokens (the model's context is 128)"),
+    # info
+    ("info-missing", ["info", "{root}/none"], "not a checkpoint directory"),
+    ("info-truncated", ["info", "{damaged}"], "truncated or corrupted safetensors"),
+    # tokenizer train
+    ("tokenizer-input", ["tokenizer", "train", "--input", "{root}/none.txt", "--out", "{root}/t.json"], "--input: "),
+    ("tokenizer-vocab-size", ["tokenizer", "train", "--input", "{text}", "--vocab-size", "0", "--out", "{root}/t.json"], "--vocab-size"),
+    ("tokenizer-vocab-size-small", ["tokenizer", "train", "--input", "{text}", "--vocab-size", "100", "--out", "{root}/t.json"], "vocab_size must be between 257"),
+    ("tokenizer-out-is-dir", ["tokenizer", "train", "--input", "{text}", "--out", "{root}"], "an output file is needed, this is a directory"),
+    ("tokenizer-out-exists", ["tokenizer", "train", "--input", "{text}", "--out", "{file}"], "already exists; pass --overwrite"),
+    ("tokenizer-text-field", ["tokenizer", "train", "--input", "{jsonl}", "--out", "{root}/t.json"], "no field 'text'"),
+    ("tokenizer-min-frequency", ["tokenizer", "train", "--input", "{text}", "--out", "{root}/t.json", "--min-frequency", "0"], "--min-frequency"),
+    # prepare
+    ("prepare-input", ["prepare", "{root}/none.txt", "--out", "{root}/data"], "argument INPUT: "),
+    ("prepare-out-is-file", ["prepare", "{text}", "--out", "{file}"], "an output directory is needed, this is a file"),
+    ("prepare-out-under-file", ["prepare", "{text}", "--out", "{file}/data"], "is a file, so no directory can be created"),
+    ("prepare-tokenizer", ["prepare", "{text}", "--out", "{root}/data", "--tokenizer", "{root}/none.json"], "--tokenizer"),
+    ("prepare-text-field", ["prepare", "{jsonl}", "--out", "{root}/data", "--text-field", "content"], "no field 'content'"),
+    ("prepare-val-fraction", ["prepare", "{text}", "--out", "{root}/data", "--val-fraction", "1.5"], "--val-fraction: '1.5' is not valid (must be in [0, 1))"),
+    ("prepare-seed", ["prepare", "{text}", "--out", "{root}/data", "--seed", "x"], "--seed"),
+    # export-hf / import-hf
+    ("export-checkpoint", ["export-hf", "{root}/none", "{root}/hf"], "not a checkpoint directory"),
+    ("export-out", ["export-hf", "{ckpt}", "{file}"], "an output directory is needed"),
+    ("import-directory", ["import-hf", "{root}/none", "{root}/back"], "no such directory"),
+    ("import-out", ["import-hf", "{root}", "{file}/x"], "is a file, so no directory"),
+    # eval (the shared flags, and the option flags of several evaluations)
+    ("eval-checkpoint", ["eval", "needle", "--checkpoint", "{root}/none"], "--checkpoint {root}/none: not a checkpoint directory"),
+    ("eval-label", ["eval", "needle", "--checkpoint", "{ckpt}", "--label", "a", "--label", "b"], "2 --label for 1 --checkpoint"),
+    ("eval-out", ["eval", "needle", "--checkpoint", "{ckpt}", "--out", "{file}"], "--out"),
+    ("eval-tokenizer", ["eval", "needle", "--checkpoint", "{ckpt}", "--tokenizer", "{root}/none.json"], "--tokenizer"),
+    ("eval-text", ["eval", "needle", "--checkpoint", "{ckpt}", "--text", "{root}/none.txt"], "--text: "),
+    ("eval-device", ["eval", "needle", "--checkpoint", "{ckpt}", "--device", "tpu"], "--device"),
+    ("eval-needle-depths", ["eval", "needle", "--checkpoint", "{ckpt}", "--depths", "0.5", "2"], "--depths: '2' is not valid (must be in [0.0, 1.0])"),
+    ("eval-needle-samples", ["eval", "needle", "--checkpoint", "{ckpt}", "--samples", "0"], "--samples: '0' is not valid"),
+    ("eval-ar-hit-batch", ["eval", "ar-hit", "--checkpoint", "{ckpt}", "--batch-size", "-1"], "--batch-size"),
+    ("eval-ar-hit-seq-len", ["eval", "ar-hit", "--checkpoint", "{ckpt}", "--seq-len", "-1"], "--seq-len: '-1' is not valid (must be in [0, "),
+    ("eval-quantization-bits", ["eval", "quantization", "--checkpoint", "{ckpt}", "--bits", "1"], "--bits: '1' is not valid (must be in [2, 24])"),
+    ("eval-quantization-granularity", ["eval", "quantization", "--checkpoint", "{ckpt}", "--granularity", "tensor"], "invalid choice: 'tensor'"),
+    ("eval-attention-noise-depths", ["eval", "attention-noise", "--checkpoint", "{ckpt}", "--depths", "1.5"], "--depths: '1.5' is not valid"),
+    ("eval-outliers-tokens", ["eval", "outliers", "--checkpoint", "{ckpt}", "--tokens", "0"], "--tokens: '0' is not valid"),
+    ("eval-position-nll-windows", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--windows", "many"], "--windows: 'many' is not valid (an integer is needed)"),
+    ("eval-icl-demos", ["eval", "icl", "--checkpoint", "{ckpt}", "--demos", "-2"], "--demos"),
+    ("eval-icl-data", ["eval", "icl", "--checkpoint", "{ckpt}", "--data", "{root}/none.jsonl", "--tasks", "none"], "no such JSONL file"),
+    ("eval-mqar-seed", ["eval", "mqar", "--checkpoint", "{ckpt}", "--seed", "-5"], "--seed"),
+    ("eval-needle-settings", ["eval", "needle", "--checkpoint", "{ckpt}", "--settings", "4:2", "x"], "--settings: 'x' is not valid (needle setting 'x' must look like N:R"),
+    ("eval-needle-heatmap", ["eval", "needle", "--checkpoint", "{ckpt}", "--heatmap", "1:3"], "need 1 <= R <= N"),
+    ("eval-quantization-needle-setting", ["eval", "quantization", "--checkpoint", "{ckpt}", "--needle-setting", "2"], "--needle-setting"),
+    ("eval-icl-tasks", ["eval", "icl", "--checkpoint", "{ckpt}", "--tasks", "sentiment"], "unknown ICL task 'sentiment'"),
+    ("eval-icl-tasks-classes", ["eval", "icl", "--checkpoint", "{ckpt}", "--tasks", "keywords-1"], "2 <= C <= 30"),
+    ("eval-scaling-results", ["eval", "scaling", "--results", "{root}/none.json"], "--results: "),
+    ("eval-scaling-results-junk", ["eval", "scaling", "--results", "{junk}", "--out", "{root}/scaling"], "error: "),
+    ("eval-scaling-x", ["eval", "scaling", "--results", "{text}", "--x", "flops"], "invalid choice: 'flops'"),
+    ("eval-scaling-windows", ["eval", "scaling", "--windows", "0"], "--windows"),
+    ("eval-scaling-nothing", ["eval", "scaling", "--out", "{root}/scaling"], "nothing to fit"),
+    # train
+    ("train-config", ["train", "--config", "{root}/none.yaml"], "none.yaml"),
+    ("train-model", ["train", "--config", "tiny", "--model", "gpt"], "gpt"),
+    ("train-set-syntax", ["train", "--config", "tiny", "--set", "run.steps"], "run.steps"),
+    ("train-set-key", ["train", "--config", "tiny", "--set", "run.bogus=1"], "bogus"),
+    ("train-set-value", ["train", "--config", "tiny", "--set", "data.batch_size=-4"], "data.batch_size must be positive"),
+    # compare
+    ("compare-config", ["compare", "--config", "{root}/none.yaml"], "none.yaml"),
+    ("compare-attention", ["compare", "--attention", "mamba", "--out", "{root}/cmp"], "mamba"),
+    ("compare-steps", ["compare", "--steps", "0"], "--steps: '0' is not valid"),
+    ("compare-seeds", ["compare", "--seeds", "-1"], "--seeds"),
+    ("compare-out", ["compare", "--out", "{file}"], "--out"),
+    ("compare-set", ["compare", "--set", "optim.bogus=1", "--out", "{root}/cmp"], "bogus"),
+    ("compare-nproc", ["compare", "--nproc", "0"], "--nproc"),
+    ("compare-lr-grid", ["compare", "--lr-grid", "1e-3,-2e-3"], "--lr-grid"),
+    ("compare-retrieval-lr-grid", ["compare", "--retrieval-lr-grid", "fast"], "--retrieval-lr-grid"),
+    # bench attention
+    ("bench-attention-device", ["bench", "attention", "--device", "gpu"], "--device"),
+    ("bench-attention-dtype", ["bench", "attention", "--dtype", "fp8"], "invalid choice: 'fp8'"),
+    ("bench-attention-lengths", ["bench", "attention", "--lengths", "0"], "lengths must be positive"),
+    ("bench-attention-heads", ["bench", "attention", "--heads", "3"], "heads must be even"),
+    ("bench-attention-kv-heads", ["bench", "attention", "--kv-heads", "3"], "kv_heads must be even"),
+    ("bench-attention-head-dim", ["bench", "attention", "--head-dim", "0"], "head_dim must be >= 1"),
+    ("bench-attention-batch", ["bench", "attention", "--batch", "0"], "batch must be >= 1"),
+    ("bench-attention-backends", ["bench", "attention", "--backends", "flash9"], "invalid choice: 'flash9'"),
+    ("bench-attention-modes", ["bench", "attention", "--modes", "train"], "invalid choice: 'train'"),
+    ("bench-attention-repeats", ["bench", "attention", "--repeats", "0"], "repeats must be >= 1"),
+    ("bench-attention-warmup", ["bench", "attention", "--warmup", "-1"], "warmup must be >= 0"),
+    ("bench-attention-memory", ["bench", "attention", "--memory-budget-gib", "-2"], "memory_budget_gib must be > 0"),
+    ("bench-attention-threads", ["bench", "attention", "--threads", "0"], "threads must be >= 1"),
+    # bench model
+    ("bench-model-preset", ["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
+    ("bench-model-length", ["bench", "model", "--length", "0"], "length must be >= 1"),
+    ("bench-model-batch", ["bench", "model", "--batch", "0"], "batch must be >= 1"),
+    ("bench-model-decode-tokens", ["bench", "model", "--decode-tokens", "1"], "decode_tokens must be >= 2"),
+    ("bench-model-device", ["bench", "model", "--device", "gpu"], "--device"),
+    ("bench-model-dtype", ["bench", "model", "--dtype", "int8"], "invalid choice: 'int8'"),
+    ("bench-model-backend", ["bench", "model", "--backend", "magic"], "invalid choice: 'magic'"),
+    ("bench-model-repeats", ["bench", "model", "--repeats", "0"], "repeats must be >= 1"),
+    ("bench-model-warmup", ["bench", "model", "--warmup", "-1"], "warmup must be >= 0"),
+    ("bench-model-threads", ["bench", "model", "--threads", "0"], "threads must be >= 1"),
+    # the parser itself
+    ("no-command", [], "the following arguments are required: COMMAND"),
+    ("unknown-command", ["fly"], "invalid choice: 'fly'"),
+    ("unknown-option", ["info", "--colour"], "unrecognized arguments: --colour"),
+]  # fmt: skip
+
+
+def _fill(argv: list[str], files: dict[str, Path]) -> list[str]:
+    return [a.format(**files) for a in argv]
+
+
+@pytest.mark.parametrize("argv, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line_and_status_2(argv, expected, files, capsys):
+    code = main(_fill(argv, files))
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2, captured.err
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert expected.format(**files) in lines[0]
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def _leaf_parsers(parser=None, path=()):
+    """(command path, parser) of every runnable subcommand, e.g. (("bench", "model"), parser)."""
+    import argparse
+
+    from diff_transformer.cli import build_parser
+
+    parser = parser or build_parser()
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subparsers:
+        yield path, parser
+        return
+    for name, sub in subparsers[0].choices.items():
+        yield from _leaf_parsers(sub, (*path, name))
+
+
+# Flags every evaluation shares: tried on needle. Free-text flags, where any string is a value.
+EVAL_SHARED = {"--checkpoint", "--label", "--out", "--tokenizer", "--text", "--device"}
+FREE_TEXT = {"--prompt", "--text-field", "--label-field"}
+
+
+def _is_number_flag(action) -> bool:
+    return getattr(action.type, "__name__", "") in ("int", "float")
+
+
+def test_every_command_and_option_that_takes_a_value_has_a_case():
+    """Each subcommand appears in CASES, and so does each of its options that takes a value (the
+    numeric option flags of the evaluations are covered by the test below, free text has no bad value)."""
+    missing = []
+    for path, parser in _leaf_parsers():
+        here = [argv for _, argv, _ in CASES if tuple(argv[: len(path)]) == path]
+        if not here:
+            missing.append(" ".join(path))
+        for action in parser._actions:
+            if action.nargs == 0 or not action.option_strings or action.option_strings[0] in FREE_TEXT:
+                continue
+            flag = action.option_strings[-1]
+            if path[0] == "eval" and ((path[1] != "needle" and flag in EVAL_SHARED) or _is_number_flag(action)):
+                continue
+            if not any(flag in argv for argv in here):
+                missing.append(f"{' '.join(path)} {flag}")
+    assert missing == []
+
+
+def test_every_numeric_evaluation_option_refuses_a_negative_value(files, capsys):
+    """For every evaluation and every option of it that takes a number: -1 is one error line."""
+    tried = 0
+    for path, parser in _leaf_parsers():
+        if path[0] != "eval" or path[1] == "scaling":
+            continue
+        for action in parser._actions:
+            if action.option_strings and _is_number_flag(action):
+                flag = action.option_strings[-1]
+                assert main([*path, "--checkpoint", str(files["ckpt"]), flag, "-1"]) == 2, flag
+                err = capsys.readouterr().err.strip().splitlines()
+                assert len(err) == 1 and err[0].startswith("error: ") and f"{flag}: '-1' is not valid" in err[0]
+                tried += 1
+    assert tried > 30
+
+
+def test_debug_flag_and_environment_show_the_traceback(files, monkeypatch):
+    from diff_transformer.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        main(["--debug", "info", str(files["damaged"])])
+    monkeypatch.setenv("DIFF_TRANSFORMER_DEBUG", "1")
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        main(["info", str(files["damaged"])])
+
+
+def test_an_unexpected_error_is_one_line_with_status_1(files, monkeypatch, capsys):
+    from diff_transformer import model as model_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(model_module.LanguageModel, "from_pretrained", broken)
+    assert main(["info", str(files["ckpt"])]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: unexpected KeyError: 'a bug' (a bug? rerun with --debug for the traceback)"]
+
+
+def test_a_good_command_still_runs(files, capsys):
+    assert main(["generate", str(files["ckpt"]), "--max-new-tokens", "3", "--temperature", "0", "--top-p", "1"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [(["generate", "{damaged}", "--temperature", "0"], "truncated or corrupted safetensors file")],
+    ids=["truncated-weights"],
+)
+def test_no_traceback_from_the_console_command(argv, expected, files):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    env.pop("DIFF_TRANSFORMER_DEBUG", None)
+    done = subprocess.run([sys.executable, "-m", "diff_transformer", *_fill(argv, files)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and expected in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
