@@ -127,6 +127,8 @@ CASES = [
     ("compare-lr-grid", ["compare", "--lr-grid", "1e-3,-2e-3"], "--lr-grid"),
     ("compare-retrieval-lr-grid", ["compare", "--retrieval-lr-grid", "fast"], "--retrieval-lr-grid"),
     # bench attention
+    ("bench-gpu", ["bench", "gpu", "--out", "{root}/gpu"], "needs a CUDA device"),
+    ("bench-gpu-out", ["bench", "gpu", "--out", "{file}"], "--out"),
     ("bench-attention-device", ["bench", "attention", "--device", "gpu"], "--device"),
     ("bench-attention-dtype", ["bench", "attention", "--dtype", "fp8"], "invalid choice: 'fp8'"),
     ("bench-attention-lengths", ["bench", "attention", "--lengths", "0"], "lengths must be positive"),

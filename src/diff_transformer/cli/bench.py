@@ -12,7 +12,7 @@ import torch
 from ..bench.attention import DTYPES, MODES
 from ..config import PRESETS
 from ..ops import BACKEND_NAMES, DIFF_BACKENDS
-from .args import device as device_type
+from .args import device as device_type, output_dir
 
 
 def _default_device() -> str:
@@ -99,7 +99,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "1024 tokens). Writes DIR/gpu_bench.json and DIR/gpu_bench.md; exits 1 if a correctness check "
         "fails, 2 without a CUDA device.",
     )
-    g.add_argument("--out", required=True, metavar="DIR", help="directory for gpu_bench.json and gpu_bench.md")
+    g.add_argument("--out", required=True, metavar="DIR", type=output_dir,
+                   help="directory for gpu_bench.json and gpu_bench.md")
     g.set_defaults(run=run_gpu)
 
 
