@@ -87,3 +87,29 @@ def test_retrieval_near_chance_is_not_tested():
     rows = paper_claims(config, _metrics([3.0, 3.1], [3.0, 3.1], retrieval), {})
     needle = next(r for r in rows if r["measure"].startswith("needle"))
     assert needle["verdict"] == "not testable here" and "chance" in needle["note"]
+
+
+def test_attention_claims_use_the_deepest_layer_measured_in_every_model():
+    config = load_config("tiny")
+
+    def run(layers):
+        return {"mean_accuracy": {"needle": 0.5, "mqar": 0.5}, "attention": layers,
+                "quantized_accuracy": {"full": 0.5, "4": 0.5}}
+
+    share = lambda answer: {"answer": answer, "noise": 1.0 - answer, "other": 0.0}  # noqa: E731
+    # DIFF's last layer has no measurable rows (None): layer 0 is compared, and the row says so.
+    retrieval = {"chance": 0.02, "settings": {"quantize_bits": [4]}, "models": {
+        "standard": {"runs": [run([share(0.1), share(0.3)]), run([share(0.2), share(0.3)])]},
+        "diff": {"runs": [run([share(0.4), None]), run([share(0.5), share(0.9)])]},
+    }}
+    rows = {r["measure"]: r for r in paper_claims(config, _metrics([3.0, 3.1], [3.0, 3.1], retrieval), {})}
+    answer = rows["share of the answer row on the queried needle, layer 0"]
+    assert answer["diff"]["per_seed"] == [0.4, 0.5] and answer["transformer"]["per_seed"] == [0.1, 0.2]
+    assert "λ near 1" in answer["note"]
+    # No layer measurable everywhere: one row, not testable, with no figures.
+    retrieval["models"]["diff"]["runs"] = [run([None, None])] * 2
+    rows = paper_claims(config, _metrics([3.0, 3.1], [3.0, 3.1], retrieval), {})
+    noise = next(r for r in rows if r["claim"] == "Attention noise")
+    assert noise["verdict"] == "not testable here" and noise["diff"] is None
+    assert "| Attention noise | share of the answer row on noise and distractors (lower) | – | – | – |" in "\n".join(
+        render_claims(rows, 2))

@@ -103,13 +103,21 @@ def paper_claims(config: TrainConfig, metrics: dict[str, Any], suite: dict[str, 
             rows.append(_claim("Key-information retrieval", f"{task} accuracy, mean over difficulty cells "
                                f"(chance {chance:.3f})", "higher", per[diff_name], per[base_name], paper_text, +1,
                                testable=testable, note="" if testable else "both models near chance"))
-        answer = {n: [_last_layer(r, "answer") for r in runs[n]] for n in pair}
-        noise = {n: [_last_layer(r, "noise") for r in runs[n]] for n in pair}
-        if all(v and None not in v for v in (*answer.values(), *noise.values())):
-            rows.append(_claim("Attention to the answer", "share of the answer row on the queried needle, last layer",
-                               "higher", answer[diff_name], answer[base_name], _table3("answer"), +1))
-            rows.append(_claim("Attention noise", "share of the answer row on noise and distractors, last layer",
-                               "lower", noise[diff_name], noise[base_name], _table3("noise"), -1))
+        layer = _deepest_measured_layer([r for n in pair for r in runs[n]])
+        if layer is not None:
+            where = "last layer" if layer == len(runs[diff_name][0]["attention"]) - 1 else f"layer {layer}"
+            note = "" if where == "last layer" else "the last layer's rows sum to ~0 for some model (λ near 1)"
+            answer = {n: [r["attention"][layer]["answer"] for r in runs[n]] for n in pair}
+            noise = {n: [r["attention"][layer]["noise"] for r in runs[n]] for n in pair}
+            rows.append(_claim("Attention to the answer", f"share of the answer row on the queried needle, {where}",
+                               "higher", answer[diff_name], answer[base_name], _table3("answer"), +1, note=note))
+            rows.append(_claim("Attention noise", f"share of the answer row on noise and distractors, {where}",
+                               "lower", noise[diff_name], noise[base_name], _table3("noise"), -1, note=note))
+        else:
+            rows.append({"claim": "Attention noise", "measure": "share of the answer row on noise and distractors",
+                         "better": "lower", "diff": None, "transformer": None, "difference": None,
+                         "paper": _table3("noise"), "paper_sign": -1, "verdict": "not testable here",
+                         "note": "no layer whose answer rows are measurable in every model"})
         drops = {n: [r["quantized_accuracy"]["full"] - r["quantized_accuracy"][str(min(retrieval["settings"]["quantize_bits"]))]
                      for r in runs[n]] for n in pair}
         bits = min(retrieval["settings"]["quantize_bits"])
@@ -133,8 +141,11 @@ def paper_claims(config: TrainConfig, metrics: dict[str, Any], suite: dict[str, 
             top1, median = 0, OUTLIERS_TABLE5["columns"].index("median")
             paper = (t5[key]["diff"][top1] / t5[key]["diff"][median]
                      - t5[key]["standard"][top1] / t5[key]["standard"][median])
+            raw = per_seed("outliers", lambda r, key=key: r[key]["top1"])
+            note = (f"raw top-1 DIFF {statistics.fmean(raw[diff_name]):.3g} vs {statistics.fmean(raw[base_name]):.3g}; "
+                    "the ratio discounts each model's scale")
             rows.append(_claim("Activation outliers", f"top-1 / median magnitude of {tensor}", "lower",
-                               ratio[diff_name], ratio[base_name], f"{paper:+.0f} (Table 5)", -1))
+                               ratio[diff_name], ratio[base_name], f"{paper:+.0f} (Table 5)", -1, note=note))
     quantized = per_seed("quantization", _loss_increase_at_fewest_bits)
     if quantized:
         rows.append(_claim("Quantisation", "validation loss added by the fewest-bit attention logits (LM models)",
@@ -160,9 +171,11 @@ def _table3(group: str) -> str:
     return f"{delta:+.2f} (Table 3, mean over depths)"
 
 
-def _last_layer(run: dict, group: str) -> float | None:
-    layer = run["attention"][-1]
-    return None if layer is None else layer[group]
+def _deepest_measured_layer(runs: list[dict]) -> int | None:
+    """The deepest layer whose answer-row shares exist in every run (a DIFF layer with λ near 1 has
+    rows summing to ~0, whose shares are not defined), or None."""
+    layers = range(min(len(r["attention"]) for r in runs) - 1, -1, -1)
+    return next((i for i in layers if all(r["attention"][i] is not None for r in runs)), None)
 
 
 def _loss_increase_at_fewest_bits(result: dict) -> float:
@@ -207,12 +220,17 @@ def render_claims(rows: list[dict[str, Any]], seeds: int) -> list[str]:
     ]
     for row in rows:
         d = row["difference"]
-        interval = f" [{d['low']:+.4g}, {d['high']:+.4g}]" if d["low"] is not None else ""
+        if d is None:  # nothing measurable
+            delta = "–"
+        else:
+            delta = f"{d['delta']:+.4g}" + (f" [{d['low']:+.4g}, {d['high']:+.4g}]" if d["low"] is not None else "")
         verdict_text = row["verdict"] + (f" ({row['note']})" if row["note"] else "")
         lines.append(f"| {row['claim']} | {row['measure']} ({row['better']}) | {_cell(row['transformer'])} | "
-                     f"{_cell(row['diff'])} | {d['delta']:+.4g}{interval} | {row['paper']} | **{verdict_text}** |")
+                     f"{_cell(row['diff'])} | {delta} | {row['paper']} | **{verdict_text}** |")
     return lines + [""]
 
 
-def _cell(stats: dict[str, Any]) -> str:
+def _cell(stats: dict[str, Any] | None) -> str:
+    if stats is None:
+        return "–"
     return f"{stats['mean']:.4g}" + (f" ± {stats['std']:.2g}" if stats["std"] is not None else "")

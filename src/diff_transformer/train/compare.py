@@ -226,12 +226,12 @@ def compare(
         checkpoints = {seed_label(config, name, r["seed"]): Path(r["checkpoint_dir"]) for name in names for r in chosen[name]}
         suite = evaluation(checkpoints, out_dir / "eval")
     metrics["claims"] = paper_claims(config, metrics, suite.data if suite else {})
+    metrics["wall_seconds"] = time.perf_counter() - start  # both experiments and the evaluations
     write_plots(metrics, out_dir)
     report = render_report(metrics)
     if suite is not None:
         report += "\n" + evaluation_intro() + "\n\n" + suite.markdown(relative_to=out_dir, heading="###")
 
-    metrics["wall_seconds"] = time.perf_counter() - start
     _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     _write_text(out_dir / "report.md", report)
     return metrics

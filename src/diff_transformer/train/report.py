@@ -378,7 +378,8 @@ def render_report(metrics: dict) -> str:
         + f"), with {seeds} seed{'s' if seeds > 1 else ''} ({', '.join(str(s) for s in next(iter(models.values()))['seeds'])}). "
         f"Device: {env['device']} ({env['processes']} process{'es' if env['processes'] > 1 else ''}, "
         f"{env['cpu_count']} CPU cores), torch {env['torch']}. Wall time: {metrics['wall_seconds'] / 60:.1f} min "
-        f"for this command, {metrics['runs_wall_seconds'] / 60:.1f} min in the training runs themselves "
+        "for this command (language modelling, the retrieval experiment and the evaluations), "
+        f"{metrics['runs_wall_seconds'] / 60:.1f} min of it in the language-model training runs "
         "(the last invocation of each, when resumed).",
         "",
         *render_claims(metrics.get("claims", []), seeds),
