@@ -105,7 +105,7 @@ def test_attention_claims_use_the_deepest_layer_measured_in_every_model():
     rows = {r["measure"]: r for r in paper_claims(config, _metrics([3.0, 3.1], [3.0, 3.1], retrieval), {})}
     answer = rows["share of the answer row on the queried needle, layer 0"]
     assert answer["diff"]["per_seed"] == [0.4, 0.5] and answer["transformer"]["per_seed"] == [0.1, 0.2]
-    assert "λ near 1" in answer["note"]
+    assert "not measurable" in answer["note"]
     # No layer measurable everywhere: one row, not testable, with no figures.
     retrieval["models"]["diff"]["runs"] = [run([None, None])] * 2
     rows = paper_claims(config, _metrics([3.0, 3.1], [3.0, 3.1], retrieval), {})

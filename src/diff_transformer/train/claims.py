@@ -106,7 +106,7 @@ def paper_claims(config: TrainConfig, metrics: dict[str, Any], suite: dict[str, 
         layer = _deepest_measured_layer([r for n in pair for r in runs[n]])
         if layer is not None:
             where = "last layer" if layer == len(runs[diff_name][0]["attention"]) - 1 else f"layer {layer}"
-            note = "" if where == "last layer" else "the last layer's rows sum to ~0 for some model (λ near 1)"
+            note = "" if where == "last layer" else "the last layer is not measurable: its rows sum to ~0 where λ is near 1"
             answer = {n: [r["attention"][layer]["answer"] for r in runs[n]] for n in pair}
             noise = {n: [r["attention"][layer]["noise"] for r in runs[n]] for n in pair}
             rows.append(_claim("Attention to the answer", f"share of the answer row on the queried needle, {where}",
@@ -233,4 +233,5 @@ def render_claims(rows: list[dict[str, Any]], seeds: int) -> list[str]:
 def _cell(stats: dict[str, Any] | None) -> str:
     if stats is None:
         return "–"
-    return f"{stats['mean']:.4g}" + (f" ± {stats['std']:.2g}" if stats["std"] is not None else "")
+    mean = 0.0 if abs(stats["mean"]) < 1e-12 else stats["mean"]  # float rounding of a zero difference
+    return f"{mean:.4g}" + (f" ± {stats['std']:.2g}" if stats["std"] is not None else "")
