@@ -141,6 +141,33 @@ def grid_1d(blocks: int, heads: int) -> tuple[int]:
 # in log2 units (exp2 is the cheap instruction); KEY_VALID (B, S) uint8 is read only if KEY_MASK.
 
 
+@triton.jit
+def _key_block(
+    K1, K2, V, KEY_VALID_ROW, k_base, v_base, stride_kt, stride_vt,
+    cols, query_pos, offs_d, offs_v, S,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, KEY_MASK: tl.constexpr,
+):
+    """One block of keys for a block of queries, as the forward and the dQ pass read it: k1, k2
+    (BLOCK_N, BLOCK_D), v (BLOCK_N, 2·BLOCK_D), zero past S and past d, and which (query, key)
+    pairs are visible: key < S, a real key or the query's own position (key mask), causal."""
+    col_ok = cols < S
+    k_mask = col_ok[:, None]
+    v_mask = col_ok[:, None]
+    if BLOCK_D != HEAD_DIM:  # padded head dim
+        k_mask = k_mask & (offs_d < HEAD_DIM)[None, :]
+        v_mask = v_mask & (offs_v < 2 * HEAD_DIM)[None, :]
+    k1 = tl.load(K1 + k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=k_mask, other=0.0)
+    k2 = tl.load(K2 + k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=k_mask, other=0.0)
+    v = tl.load(V + v_base + cols[:, None] * stride_vt + offs_v[None, :], mask=v_mask, other=0.0)
+    visible = col_ok[None, :]  # (1, BLOCK_N), (BLOCK_M, BLOCK_N) once a mask depends on the query
+    if KEY_MASK:
+        real = tl.load(KEY_VALID_ROW + cols, mask=col_ok, other=0) != 0
+        visible = visible & (real[None, :] | (cols[None, :] == query_pos[:, None]))
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= query_pos[:, None])
+    return k1, k2, v, visible
+
+
 def _diff_attn_fwd(
     Q1, Q2, K1, K2, V, LAM, KEY_VALID, OUT, OUT2, LSE1, LSE2,
     stride_qb, stride_qh, stride_qt,
@@ -191,22 +218,9 @@ def _diff_attn_fwd(
     if CAUSAL:
         hi = tl.minimum(S, offset + (pid_m + 1) * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        col_ok = cols < S
-        k_mask = col_ok[:, None]
-        v_mask = col_ok[:, None]
-        if BLOCK_D != HEAD_DIM:
-            k_mask = k_mask & (offs_d < HEAD_DIM)[None, :]
-            v_mask = v_mask & (offs_v < 2 * HEAD_DIM)[None, :]
-        k1 = tl.load(K1 + k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=k_mask, other=0.0)
-        k2 = tl.load(K2 + k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=k_mask, other=0.0)
-        v = tl.load(V + v_base + cols[:, None] * stride_vt + offs_v[None, :], mask=v_mask, other=0.0)
-        visible = col_ok[None, :]  # (1 or BLOCK_M, BLOCK_N)
-        if KEY_MASK:  # a real key, or the query's own position
-            real = tl.load(KEY_VALID + b * stride_mb + cols, mask=col_ok, other=0) != 0
-            visible = visible & (real[None, :] | (cols[None, :] == offset + offs_m[:, None]))
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offset + offs_m[:, None])
+        k1, k2, v, visible = _key_block(K1, K2, V, KEY_VALID + b * stride_mb, k_base, v_base, stride_kt, stride_vt,
+                                        start_n + offs_n, offset + offs_m, offs_d, offs_v, S,
+                                        HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale
         s1 = tl.where(visible, s1, float("-inf"))
@@ -426,22 +440,10 @@ def _diff_attn_bwd_dq(
     if CAUSAL:
         hi = tl.minimum(S, offset + (pid_m + 1) * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        col_ok = cols < S
-        k_mask = col_ok[:, None]
-        v_mask = col_ok[:, None]
-        if BLOCK_D != HEAD_DIM:
-            k_mask = k_mask & (offs_d < HEAD_DIM)[None, :]
-            v_mask = v_mask & (offs_v < 2 * HEAD_DIM)[None, :]
-        k1 = tl.load(K1 + k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=k_mask, other=0.0)
-        k2 = tl.load(K2 + k_base + cols[:, None] * stride_kt + offs_d[None, :], mask=k_mask, other=0.0)
-        v = tl.load(V + v_base + cols[:, None] * stride_vt + offs_v[None, :], mask=v_mask, other=0.0)
-        visible = col_ok[None, :] & row_ok[:, None]  # (BLOCK_M, BLOCK_N)
-        if KEY_MASK:
-            real = tl.load(KEY_VALID + b * stride_mb + cols, mask=col_ok, other=0) != 0
-            visible = visible & (real[None, :] | (cols[None, :] == offset + rows[:, None]))
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offset + rows[:, None])
+        k1, k2, v, visible = _key_block(K1, K2, V, KEY_VALID + b * stride_mb, k_base, v_base, stride_kt, stride_vt,
+                                        start_n + offs_n, offset + rows, offs_d, offs_v, S,
+                                        HEAD_DIM, BLOCK_D, CAUSAL, KEY_MASK)
+        visible = visible & row_ok[:, None]  # (BLOCK_M, BLOCK_N)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PRECISION) * qk_scale
         s2 = tl.dot(q2, tl.trans(k2), input_precision=PRECISION) * qk_scale
         p1 = tl.where(visible, tl.exp2(s1 - lse1[:, None]), 0.0)
