@@ -190,3 +190,10 @@ def test_each_run_reads_its_own_config_even_for_a_model_name_with_dots(tmp_path)
     assert again.run.seed == 2 and again.run.checkpoint_dir == str(tmp_path / "run" / "ck")
     assert again.model("diff-lambda-0.8").model_config().lambda_init == 0.8
     assert again.optim_for("standard").lr == config.optim_for("standard").lr  # other models untouched
+
+
+def test_the_report_says_why_the_budget_is_what_it_is(tmp_path):
+    report = report_for(tmp_path, fake_runs([4.0], [4.1]))
+    assert "**The budget.** Sized to finish within 12 minutes" in report
+    config = load_config("tiny", ['compare.budget_note=""'])
+    assert "**The budget.**" not in render_report(build_metrics(config, fake_runs([4.0], [4.1]), wall_seconds=1.0, nproc=1))

@@ -250,6 +250,8 @@ class CompareConfig:
     evaluations: list[str] = field(default_factory=lambda: ["outliers", "quantization", "ar-hit", "position-nll", "icl"])
     # Options of those evaluations over their defaults, e.g. {outliers: {tokens: 4096}} (diff-transformer eval --help).
     evaluation_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Why the budget is what it is (steps, seeds, sizes), printed under the report's first paragraph.
+    budget_note: str = ""
 
     def __post_init__(self) -> None:
         if self.seeds <= 0:

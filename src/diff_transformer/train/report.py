@@ -67,6 +67,7 @@ def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seco
     return {
         "config": config.name,
         "description": config.description,
+        "budget_note": config.compare.budget_note,
         "budget": {
             "steps": config.run.steps,
             "batch_size": config.data.batch_size,
@@ -382,6 +383,7 @@ def render_report(metrics: dict) -> str:
         f"{metrics['runs_wall_seconds'] / 60:.1f} min of it in the language-model training runs "
         "(the last invocation of each, when resumed).",
         "",
+        *([f"**The budget.** {metrics['budget_note']}", ""] if metrics.get("budget_note") else []),
         *render_claims(metrics.get("claims", []), seeds),
         "## Language modelling",
         "",
