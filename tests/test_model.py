@@ -190,6 +190,10 @@ def test_init_weights_is_explicit_and_deterministic():
     assert torch.equal(meta.norm.weight, torch.ones(config.d_model))
     out_std = meta.layers[0].attn.o_proj.weight.std().item()
     assert out_std == pytest.approx(config.init_std / math.sqrt(2 * config.n_layers), rel=0.1)
+    plain = LanguageModel(ModelConfig.from_preset("debug", scale_residual_init=False))
+    for layer in plain.layers:  # HF Llama's rule: every matrix at init_std
+        assert layer.attn.o_proj.weight.std().item() == pytest.approx(config.init_std, rel=0.1)
+        assert layer.ffn.down_proj.weight.std().item() == pytest.approx(config.init_std, rel=0.1)
 
 
 def test_no_biases_and_tied_embeddings():

@@ -71,6 +71,9 @@ class ModelConfig:
     head_norm: bool | None = None  # per-head RMSNorm; None = on for "diff", off otherwise
     # Initialisation and runtime
     init_std: float = 0.02
+    # o_proj and down_proj (they write into the residual stream) at init_std / sqrt(2·n_layers), as
+    # GPT-2 and the authors' code; False: init_std like every other matrix, as transformers' Llama.
+    scale_residual_init: bool = True
     attn_backend: str = "auto"  # see diff_transformer.ops
 
     def __post_init__(self) -> None:

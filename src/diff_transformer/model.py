@@ -80,11 +80,13 @@ class LanguageModel(nn.Module):
 
         - embed.weight, lm_head.weight, every q/k/v/gate/up projection, DIFF V2's lambda_proj:
           N(0, init_std)
-        - o_proj and down_proj (they write into the residual stream): N(0, init_std / sqrt(2 L))
+        - o_proj and down_proj (they write into the residual stream): N(0, init_std / sqrt(2 L)), or
+          N(0, init_std) with ``scale_residual_init=False``
         - DIFF lambda_q1, lambda_k1, lambda_q2, lambda_k2: N(0, lambda_std) in fp32
         - every RMSNorm weight (block norms, final norm, head norms): 1
         """
-        std, out_std = self.config.init_std, self.config.init_std / math.sqrt(2 * self.config.n_layers)
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.n_layers) if self.config.scale_residual_init else std
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
