@@ -64,9 +64,13 @@ class CompareInterrupted(RuntimeError):
 
 def select_models(config: TrainConfig, attention: list[str] | None) -> list[str]:
     """Model names to train: those whose attention kind is listed (in config order), else the
-    config's compare.models, else all of its models."""
+    config's compare.models, else all of its models. For a listed kind that compare.models
+    names, only its models there (a config's ablation variants stay out); for any other kind,
+    every model of that kind."""
     if attention:
-        names = [name for name, entry in config.models.items() if entry.attention in attention]
+        preferred = {n: config.models[n].attention for n in config.compare.models}
+        names = [name for name, entry in config.models.items() if entry.attention in attention
+                 and (name in preferred or entry.attention not in preferred.values())]
         missing = [kind for kind in attention if not any(config.models[n].attention == kind for n in names)]
         if missing:
             raise ConfigError(
