@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.cli import build_parser, main

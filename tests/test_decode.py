@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diff_transformer import ops
 from diff_transformer.config import ModelConfig
 from diff_transformer.model import LanguageModel
 from diff_transformer.ops import diff_attention, resolve_backend

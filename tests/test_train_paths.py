@@ -117,6 +117,7 @@ BF16_TOLERANCE = 0.05  # nats: bf16 keeps 8 bits of mantissa; the debug model's 
 
 def test_bf16_autocast_training_on_cpu(byte_dataset, tmp_path):  # noqa: F811
     fp32 = train(debug_config(byte_dataset, tmp_path / "fp32", run={"steps": 3, "precision": "fp32"}))
+    assert fp32.status == "completed"
     bf16 = train(debug_config(byte_dataset, tmp_path / "bf16", run={"steps": 3, "precision": "bf16"}))
     assert bf16.status == "completed"
     a, b = losses(tmp_path / "fp32"), losses(tmp_path / "bf16")

@@ -8,11 +8,10 @@ tokens and decodes back exactly.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from ..files import write_atomically
 from ..tokenizer import EOS_TOKEN, BPETokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -59,20 +58,4 @@ def save_tokenizer_file(tokenizer, path: str | Path, *, overwrite: bool = False)
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass --overwrite to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
-    try:
-        tokenizer.save(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; give it the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return write_atomically(path, lambda tmp: tokenizer.save(str(tmp)))

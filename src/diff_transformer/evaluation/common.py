@@ -13,9 +13,7 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import random
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -24,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..files import write_atomically, write_text_atomically
 from ..model import LanguageModel
 
 DEFAULT_OUT = Path("out/eval")
@@ -421,25 +420,10 @@ class Evaluation:
 # --- output files ---------------------------------------------------------------------------------------
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_json(path: Path, data: Any) -> Path:
     """Write ``data`` as indented JSON, atomically (NaN/inf become null)."""
     text = json.dumps(_finite(data), indent=2) + "\n"
-    return _write_atomically(path, lambda tmp: tmp.write_text(text))
+    return write_text_atomically(path, text)
 
 
 def _finite(x: Any) -> Any:
@@ -466,7 +450,7 @@ def save_figure(fig, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
-    return _write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
 KIND_COLORS = {"standard": "#4c72b0", "diff": "#dd8452", "diff_v2": "#55a868"}

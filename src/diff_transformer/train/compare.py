@@ -47,6 +47,7 @@ import yaml
 from ..config import ConfigError
 from .config import TrainConfig
 from ..evaluation.suite import SuiteResult
+from ..files import write_text_atomically
 from .claims import paper_claims
 from .report import build_metrics, evaluation_intro, mean_std, render_report, write_plots
 from .state import find_checkpoint
@@ -91,7 +92,7 @@ def _run_config(resolved: dict, config: TrainConfig, name: str, lr: float, seed:
     data["run"].update(seed=seed, out_dir=str(log_dir), checkpoint_dir=str(checkpoint_dir))
     path = log_dir / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_text(path, yaml.safe_dump(data, sort_keys=False))
+    write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -169,7 +170,7 @@ def compare(
     resolved["compare"].update(models=names, seeds=n_seeds, lr_grid=grid)
     resolved["run"]["progress"] = progress
     config_file = out_dir / "config.yaml"
-    _write_text(config_file, yaml.safe_dump(resolved, sort_keys=False))
+    write_text_atomically(config_file, yaml.safe_dump(resolved, sort_keys=False))
 
     # Language modelling: every (seed, learning rate, model), seeds outermost so that an early stop
     # leaves every model with the same runs.
@@ -236,8 +237,8 @@ def compare(
     if suite is not None:
         report += "\n" + evaluation_intro() + "\n\n" + suite.markdown(relative_to=out_dir, heading="###")
 
-    _write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    _write_text(out_dir / "report.md", report)
+    write_text_atomically(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    write_text_atomically(out_dir / "report.md", report)
     return metrics
 
 
@@ -290,9 +291,4 @@ def _clear_run(log_dir: Path, label: str) -> None:
         print(f"{label}: replacing the earlier run in {log_dir}", file=sys.stderr)
         shutil.rmtree(log_dir)
 
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 

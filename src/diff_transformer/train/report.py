@@ -13,6 +13,7 @@ import torch
 
 from .claims import render_claims
 from .config import TrainConfig
+from ..files import write_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
 
 THROUGHPUT_TARGET = 0.9  # project goal: DIFF trains at >= 0.9x the matched Transformer's tokens/s
@@ -192,11 +193,10 @@ def write_plots(metrics: dict, out_dir: Path) -> list[Path]:
 def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def _retrieval_plot(retrieval: dict, path: Path) -> Path:

@@ -39,6 +39,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..data.shards import IGNORE_INDEX
+from ..files import write_text_atomically
 from ..model import LanguageModel
 from .config import TrainConfig
 from .distributed import Environment, all_reduce_sum, parallelize, setup, teardown, unwrap
@@ -169,7 +170,7 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def peak_memory(device: torch.device) -> tuple[int, str]:
+def process_peak_memory(device: torch.device) -> tuple[int, str]:
     """(bytes, what) — CUDA max allocated, or this process's peak resident set size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "max allocated"
@@ -190,9 +191,7 @@ class MetricsLog:
             self.path.write_text("")
         else:
             kept = [line for line in read_metrics(self.path) if line["step"] <= resume_step]
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
-            os.replace(tmp, self.path)
+            write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -446,7 +445,7 @@ def _train(config: TrainConfig, entry, model_config, env: Environment, resume: b
         saved = find_checkpoint(checkpoint_dir)
     if status == "diverged" and env.is_main:
         print(message, file=sys.stderr)
-    memory, memory_kind = peak_memory(env.device)
+    memory, memory_kind = process_peak_memory(env.device)
     result = TrainResult(
         model=entry.name,
         attention=model_config.attention,
@@ -467,7 +466,5 @@ def _train(config: TrainConfig, entry, model_config, env: Environment, resume: b
         message=message,
     )
     if env.is_main:
-        tmp = out_dir / (SUMMARY_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(result), indent=2) + "\n")
-        os.replace(tmp, out_dir / SUMMARY_FILE)
+        write_text_atomically(out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
     return result

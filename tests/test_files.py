@@ -1,0 +1,39 @@
+"""diff_transformer.files: one way to write a file atomically, used by every writer."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from diff_transformer.files import write_atomically, write_text_atomically
+
+
+def test_replaces_the_file_whole_with_the_usual_mode(tmp_path):
+    target = tmp_path / "deep" / "report.md"
+    write_text_atomically(target, "first")
+    write_text_atomically(target, "second")
+    assert target.read_text() == "second"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+    assert [p.name for p in target.parent.iterdir()] == ["report.md"]  # no temporary file left
+
+
+def test_a_failing_writer_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "metrics.json"
+    target.write_text("old")
+    seen: list[Path] = []
+
+    def fails(tmp: Path) -> None:
+        seen.append(tmp)
+        tmp.write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        write_atomically(target, fails)
+    assert target.read_text() == "old"
+    assert seen[0].parent == tmp_path and seen[0].suffix == ".json"  # beside the target, its suffix kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
