@@ -21,7 +21,8 @@ from diff_transformer.train import state as state_module
 from diff_transformer.train import trainer as trainer_module
 from diff_transformer.train.config import OptimConfig, config_from_dict
 from diff_transformer.train.distributed import Environment
-from diff_transformer.train.optim import RECIPES, WarmupLinearSchedule, parameter_groups
+from diff_transformer.train.config import RECIPES
+from diff_transformer.train.optim import WarmupLinearSchedule, parameter_groups
 from diff_transformer.train.state import TRAINING_STATE_FILE, find_checkpoint
 from diff_transformer.train.trainer import DataPlan, read_metrics
 

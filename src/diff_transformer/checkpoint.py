@@ -192,19 +192,6 @@ def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor], so
     model.load_state_dict(state)
 
 
-def load_pretrained(directory: str | Path, *, device: torch.device | str = "cpu", attn_backend: str | None = None):
-    """Read a checkpoint directory into a LanguageModel (on ``device``)."""
-    from .model import LanguageModel
-
-    config, _ = read_config(directory)
-    if attn_backend is not None:
-        config.attn_backend = attn_backend
-    model = LanguageModel(config, device="meta")
-    model.to_empty(device=device)
-    load_state_dict_checked(model, read_weights(Path(directory) / WEIGHTS_FILE), source=f"{directory}/{WEIGHTS_FILE}")
-    return model
-
-
 def load_checkpoint_tokenizer(directory: str | Path, vocab_size: int | None = None):
     """The tokenizer stored in a checkpoint directory, or None; checked against ``vocab_size``."""
     directory = Path(directory)

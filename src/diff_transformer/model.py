@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import checkpoint
 from .attention import ATTENTION_CLASSES, AttentionTap, DiffAttention, RMSNorm, rope_frequencies
 from .cache import KVCache
 from .config import ModelConfig
@@ -192,15 +193,19 @@ class LanguageModel(nn.Module):
 
     def save_pretrained(self, directory: str | Path, tokenizer: "Tokenizer | None" = None) -> Path:
         """Write DIR/config.json, DIR/model.safetensors and the tokenizer, atomically."""
-        from .checkpoint import save_pretrained
-
-        return save_pretrained(self, directory, tokenizer=tokenizer)
+        return checkpoint.save_pretrained(self, directory, tokenizer=tokenizer)
 
     @classmethod
     def from_pretrained(
         cls, directory: str | Path, *, device: torch.device | str = "cpu", attn_backend: str | None = None
     ) -> "LanguageModel":
-        """Load a directory written by :meth:`save_pretrained`."""
-        from .checkpoint import load_pretrained
-
-        return load_pretrained(directory, device=device, attn_backend=attn_backend)
+        """Load a directory written by :meth:`save_pretrained` (on ``device``); every problem with
+        its files is a CheckpointError naming the file."""
+        config, _ = checkpoint.read_config(directory)
+        if attn_backend is not None:
+            config.attn_backend = attn_backend
+        model = cls(config, device="meta")
+        model.to_empty(device=device)
+        weights = Path(directory) / checkpoint.WEIGHTS_FILE
+        checkpoint.load_state_dict_checked(model, checkpoint.read_weights(weights), source=str(weights))
+        return model

@@ -49,7 +49,6 @@ from torch import Tensor
 from ..checkpoint import (
     CheckpointError,
     load_checkpoint_tokenizer,
-    load_pretrained,
     load_state_dict_checked,
     read_weights,
     write_directory_atomically,
@@ -404,7 +403,7 @@ def save_hf(model: LanguageModel, directory: str | Path, tokenizer: ByteTokenize
 
 def export_hf(checkpoint: str | Path, out: str | Path) -> Path:
     """A checkpoint directory of this project -> a transformers directory at ``out``."""
-    model = load_pretrained(checkpoint)
+    model = LanguageModel.from_pretrained(checkpoint)
     tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
     return save_hf(model, out, tokenizer)
 

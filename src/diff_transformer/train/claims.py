@@ -57,9 +57,13 @@ def verdict(diff: dict[str, Any], paper_sign: int) -> str:
     return "inconclusive"
 
 
-def _stats(values: list[float]) -> dict[str, Any]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
-            "per_seed": values}
+def mean_std(values: list[float]) -> dict[str, Any]:
+    """{mean, std (None below 2 values), per_seed} of a list of per-seed figures."""
+    return {
+        "mean": statistics.fmean(values) if values else None,
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "per_seed": values,
+    }
 
 
 def _claim(claim: str, measure: str, better: str, ours: list[float], base: list[float], paper: str,
@@ -67,7 +71,7 @@ def _claim(claim: str, measure: str, better: str, ours: list[float], base: list[
     """One row: ``paper_sign`` is the sign of DIFF − Transformer the paper found (+1 or −1)."""
     diff = difference(ours, base)
     return {
-        "claim": claim, "measure": measure, "better": better, "diff": _stats(ours), "transformer": _stats(base),
+        "claim": claim, "measure": measure, "better": better, "diff": mean_std(ours), "transformer": mean_std(base),
         "difference": diff, "paper": paper, "paper_sign": paper_sign,
         "verdict": verdict(diff, paper_sign) if testable else "not testable here", "note": note,
     }

@@ -48,8 +48,8 @@ from ..config import ConfigError
 from .config import TrainConfig
 from ..evaluation.suite import SuiteResult
 from ..files import write_text_atomically
-from .claims import paper_claims
-from .report import build_metrics, evaluation_intro, mean_std, render_report, write_plots
+from .claims import mean_std, paper_claims
+from .report import build_metrics, evaluation_intro, render_report, write_plots
 from .state import find_checkpoint
 from .trainer import SUMMARY_FILE, TrainingError, read_metrics
 

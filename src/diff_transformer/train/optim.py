@@ -1,4 +1,4 @@
-"""AdamW with the paper's two recipes, and the warmup + linear-decay learning-rate schedule."""
+"""AdamW (the paper's two recipes are in ``config.RECIPES``), and the warmup + linear-decay learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -8,15 +8,6 @@ import torch
 from torch import nn
 
 from .config import OptimConfig
-
-# SPEC §6. A recipe fills every optim field a config leaves unset.
-RECIPES: dict[str, dict[str, Any]] = {
-    # Table 9, the 3B model: 1000 warmup steps, then linear decay to 1.28e-5.
-    "paper-3b": dict(lr=3.2e-4, min_lr=1.28e-5, warmup_steps=1000, betas=(0.9, 0.95), weight_decay=0.1),
-    # Table 10, the scaling runs (830M-13.1B): lr 1.5e-4 up to 2.8B (use 7.5e-5 from 6.8B on),
-    # 375 warmup steps, linear decay. The paper names no floor: we decay to 0.
-    "paper-scaling": dict(lr=1.5e-4, min_lr=0.0, warmup_steps=375, betas=(0.9, 0.98), weight_decay=0.05),
-}
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

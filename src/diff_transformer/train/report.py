@@ -11,21 +11,12 @@ from typing import Any
 
 import torch
 
-from .claims import render_claims
+from .claims import mean_std, render_claims
 from .config import TrainConfig
 from ..files import write_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
 
 THROUGHPUT_TARGET = 0.9  # project goal: DIFF trains at >= 0.9x the matched Transformer's tokens/s
-
-
-def mean_std(values: list[float]) -> dict[str, Any]:
-    """{mean, std (None below 2 values), per_seed} of a list of per-seed figures."""
-    return {
-        "mean": statistics.fmean(values) if values else None,
-        "std": statistics.stdev(values) if len(values) > 1 else None,
-        "per_seed": values,
-    }
 
 
 def _curves(runs: list[dict], kind: str) -> dict[str, list]:

@@ -48,7 +48,7 @@ from ..evaluation.common import write_json
 from ..evaluation.quantization import QuantizeTap
 from .config import OptimConfig, RetrievalConfig, TrainConfig
 from .optim import WarmupLinearSchedule, build_optimizer
-from .report import mean_std
+from .claims import mean_std
 
 TASKS = ("needle", "mqar")
 IGNORE = -100
