@@ -196,6 +196,14 @@ def test_init_weights_is_explicit_and_deterministic():
         assert layer.ffn.down_proj.weight.std().item() == pytest.approx(config.init_std, rel=0.1)
 
 
+def test_the_ambient_device_is_honoured():
+    config = ModelConfig.from_preset("debug")
+    with torch.device("meta"):
+        meta = LanguageModel(config)
+    assert all(p.is_meta for p in meta.parameters())
+    assert all(p.device.type == "cpu" for p in LanguageModel(config).parameters())
+
+
 def test_no_biases_and_tied_embeddings():
     model = LanguageModel(ModelConfig.from_preset("debug", tie_embeddings=True))
     assert model.lm_head is None

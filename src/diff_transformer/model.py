@@ -60,19 +60,21 @@ class LanguageModel(nn.Module):
     """``LanguageModel(config)``; ``logits, loss = model(tokens, targets)``.
 
     ``device="meta"`` leaves the parameters unallocated (for FSDP: shard, then
-    ``to_empty`` and :meth:`init_weights`); any other device allocates and initialises.
+    ``to_empty`` and :meth:`init_weights`); any other device allocates and initialises. Without
+    ``device``, the ambient default device is used (``with torch.device("meta"): ...`` works).
     """
 
     def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.config = config
-        with torch.device("meta"):
+        device = torch.device(device) if device is not None else torch.get_default_device()
+        with torch.device("meta"):  # built unallocated, then allocated once on the target device
             self.embed = nn.Embedding(config.vocab_size, config.d_model)
             self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.norm = RMSNorm(config.d_model, config.norm_eps)
             self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if str(device) != "meta":
-            self.to_empty(device=device or "cpu")
+        if device.type != "meta":
+            self.to_empty(device=device)
             self.init_weights()
 
     @torch.no_grad()
