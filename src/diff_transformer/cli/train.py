@@ -71,12 +71,12 @@ def run_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     result = train(config, args.model, resume=args.resume)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for all
-        return {"completed": 0, "paused": 0, "interrupted": 130}.get(result.status, 1)
+        return {"completed": 0, "paused": 0, "interrupted": 0}.get(result.status, 1)
     if result.status == "diverged":
         return 1
-    if result.status in ("interrupted", "paused"):
+    if result.status in ("interrupted", "paused"):  # a checkpoint was saved: --resume continues
         print(result.message, file=sys.stderr)
-        return 130 if result.status == "interrupted" else 0
+        return 0
     val = f"{result.final_val_loss:.4f}" if result.final_val_loss is not None else "-"
     print(
         f"{result.model}: {result.steps} steps, {result.tokens:,} tokens, final validation loss {val}, "
@@ -107,8 +107,8 @@ def run_compare(args: argparse.Namespace) -> int:
             retrieval_lr_grid=args.retrieval_lr_grid, retrieval=False if args.no_retrieval else None,
             resume=args.resume, nproc=args.nproc, evaluation=evaluation,
         )
-    except CompareInterrupted as exc:
+    except CompareInterrupted as exc:  # the running model saved a checkpoint: --resume continues
         print(exc, file=sys.stderr)
-        return 130
+        return 0
     print(f"report: {args.out}/report.md ({metrics['wall_seconds'] / 60:.1f} min)", file=sys.stderr)
     return 0
