@@ -22,6 +22,7 @@ curve as one. A run writes into ``run.out_dir``:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -299,172 +300,241 @@ def train(config: TrainConfig, model_name: str | None = None, *, resume: bool = 
 
 def _train(config: TrainConfig, entry, model_config, env: Environment, resume: bool) -> TrainResult:
     wall_start = time.perf_counter()
-    run, data = config.run, config.data
-    out_dir = Path(run.out_dir)
-    checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
-    seq_len = data.seq_len or model_config.max_seq_len
-    if seq_len > model_config.max_seq_len:
-        raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
-    plan = DataPlan(config, seq_len, env)
-    if plan.vocab_size > model_config.vocab_size:
-        raise ConfigError(
-            f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
-            f"vocab_size={model_config.vocab_size}"
-        )
-    existing = find_checkpoint(checkpoint_dir)
-    if resume and existing is None:
-        raise TrainingError(f"--resume: no training checkpoint at {checkpoint_dir}")
-    if not resume and existing is not None:
-        raise TrainingError(
-            f"{existing} already holds a training checkpoint: pass --resume to continue it, "
-            f"or choose another run.out_dir / run.checkpoint_dir"
-        )
-
-    model = parallelize(lambda device: LanguageModel(model_config, device=device), env, run.parallel, run.seed)
-    raw_model = unwrap(model)  # the LanguageModel (FSDP-sharded or not): state dicts and checkpoints
-    optim = config.optim_for(entry.name)  # the optim section with the model's own fields (its lr) over it
-    optimizer = build_optimizer(raw_model, optim, env.device)
-    schedule = WarmupLinearSchedule(optimizer, optim, run.steps)
-    progress = Progress()
-    if resume:
-        check_resumable(existing, config, model_config)
-        progress = load_training_checkpoint(existing, raw_model, optimizer, schedule, env)
-        if env.is_main:
-            print(f"resuming from {existing} at step {progress.step}", file=sys.stderr)
-    forward_model = torch.compile(model) if run.compile else model
-    autocast = _autocast(env, run.precision)
-    log = MetricsLog(out_dir, env, run.tensorboard, progress.step if resume else None)
-    validation = plan.validation_batches()
-    train_config_dict = {**config.to_dict(), "trained_model": entry.name}
-    n_params = raw_model.num_parameters()
-
-    def save() -> Path | None:
-        try:
-            return save_training_checkpoint(
-                checkpoint_dir, raw_model, optimizer, schedule, progress,
-                tokenizer=plan.tokenizer, train_config=train_config_dict, env=env,
-            )
-        except OSError as exc:  # a full disk, a lost mount: the atomic write left the old version
-            previous = find_checkpoint(checkpoint_dir)
-            kept = (f"the previous checkpoint {previous} (step {saved_step(previous)}) is intact" if previous
-                    else "there is no earlier checkpoint")
-            raise CheckpointWriteError(
-                f"step {progress.step}: could not write the checkpoint to {checkpoint_dir} "
-                f"({exc.strerror or exc}); {kept}"
-            ) from exc
-
-    bar = None
-    if env.is_main and run.progress:
-        from ..progress import progress as progress_bar
-
-        bar = progress_bar(total=run.steps, initial=progress.step, desc=entry.name, unit="step", dynamic_ncols=True,
-                           mininterval=1.0)
-    status, message = "completed", ""
-    final_val: float | None = None
-    train_seconds, timed_tokens = 0.0, 0
-    window_loss, window_steps = 0.0, 0
-    window_start = time.perf_counter()
-    first_step = progress.step
-    load_samples: list[float] = []
-    tokens_per_step = plan.batch_size * seq_len
-    model.train()
-    with _StopSignal() as stop:
-        while progress.step < run.steps:
-            step_start = time.perf_counter()
-            batches = list(plan.micro_batches(progress.step))
-            local_loss_sum, global_count = _forward_backward(model, forward_model, batches, env, run.parallel, autocast)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                raw_model.parameters(), optim.grad_clip if optim.grad_clip > 0 else float("inf")
-            )
-            if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
-                grad_norm = grad_norm.full_tensor()
-            step_loss_sum, stop_votes = all_reduce_sum([local_loss_sum, float(stop.received is not None)], env)
-            step_loss = step_loss_sum / max(global_count, 1)
-            grad_norm = float(grad_norm)
-            if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
-                status = "diverged"
-                message = (
-                    f"step {progress.step + 1}: loss {step_loss} / gradient norm {grad_norm} is not finite; "
-                    f"stopped without saving, the last good checkpoint is kept"
-                    + (f" ({find_checkpoint(checkpoint_dir)})" if find_checkpoint(checkpoint_dir) else "")
-                )
-                break
-            lr = schedule.current_lr
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            schedule.step()
-            progress.step += 1
-            progress.samples += plan.batch_size
-            progress.tokens += tokens_per_step
-            if env.device.type == "cuda":
-                torch.cuda.synchronize(env.device)
-            step_seconds = time.perf_counter() - step_start
-            if progress.step > first_step + 1 or run.steps - first_step == 1:  # the first step warms up
-                train_seconds += step_seconds
-                timed_tokens += tokens_per_step
-            window_loss += step_loss
-            window_steps += 1
-            if progress.step % run.log_every == 0 or progress.step == run.steps:
-                now = time.perf_counter()
-                log.write(dict(
-                    kind="train", step=progress.step, tokens=progress.tokens, loss=window_loss / window_steps,
-                    lr=lr, grad_norm=grad_norm,
-                    tokens_per_s=window_steps * tokens_per_step / max(now - window_start, 1e-9),
-                ))
-                window_loss, window_steps, window_start = 0.0, 0, now
-                if hasattr(os, "getloadavg"):  # how busy the machine was: throughput figures depend on it
-                    load_samples.append(os.getloadavg()[0])
-            if progress.step % run.eval_every == 0 or progress.step == run.steps:
-                final_val = evaluate(forward_model, validation, env, autocast)
-                log.write(dict(kind="val", step=progress.step, tokens=progress.tokens, loss=final_val))
-            if bar is not None:
-                postfix = {"loss": f"{step_loss:.3f}", "tok/s": f"{timed_tokens / train_seconds:,.0f}" if train_seconds else "-"}
-                if final_val is not None:
-                    postfix["val"] = f"{final_val:.3f}"
-                bar.set_postfix(postfix, refresh=False)
-                bar.update(1)
-            if stop_votes > 0:
-                status = "interrupted"
-                message = f"stopped at step {progress.step} by a signal; continue with --resume"
-                break
-            if progress.step == run.stop_at_step and progress.step < run.steps:
-                status = "paused"
-                message = f"stopped at step {progress.step} (run.stop_at_step); continue with --resume"
-                break
-            if run.checkpoint_every and progress.step % run.checkpoint_every == 0 and progress.step < run.steps:
-                save()
-        if bar is not None:
-            bar.close()
-        saved = None
-        if status != "diverged":
-            if final_val is None and status == "completed":  # resumed a run that had already finished
-                final_val = evaluate(forward_model, validation, env, autocast)
-            saved = save()
-    log.close()
-    if saved is None:  # diverged (the last good one, if any), or a rank other than 0 (rank 0 wrote it)
-        saved = find_checkpoint(checkpoint_dir)
+    run = _Run.prepare(config, entry, model_config, env, resume)
+    status, message, final_val, meter = _loop(run)
+    run.log.close()
+    saved = run.last_saved or find_checkpoint(run.checkpoint_dir)  # diverged, or a rank other than 0
     if status == "diverged" and env.is_main:
         print(message, file=sys.stderr)
     memory, memory_kind = process_peak_memory(env.device)
     result = TrainResult(
         model=entry.name,
         attention=model_config.attention,
-        parameters=n_params,
+        parameters=run.raw_model.num_parameters(),
         status=status,
-        steps=progress.step,
-        tokens=progress.tokens,
+        steps=run.progress.step,
+        tokens=run.progress.tokens,
         final_val_loss=final_val,
-        tokens_per_s=timed_tokens / train_seconds if train_seconds else 0.0,
+        tokens_per_s=meter.tokens_per_s,
         peak_memory_bytes=memory,
         peak_memory_kind=memory_kind,
-        train_seconds=train_seconds,
+        train_seconds=meter.train_seconds,
         wall_seconds=time.perf_counter() - wall_start,
-        load_average=sum(load_samples) / len(load_samples) if load_samples else None,
+        load_average=sum(meter.load_samples) / len(meter.load_samples) if meter.load_samples else None,
         device=str(env.device.type),
         world_size=env.world_size,
         checkpoint=str(saved) if saved is not None else None,
         message=message,
     )
     if env.is_main:
-        write_text_atomically(out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
+        write_text_atomically(run.out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+@dataclass
+class _Run:
+    """What one training run holds while it runs: data, model, optimizer, progress and logs."""
+
+    config: TrainConfig
+    entry: Any
+    env: Environment
+    out_dir: Path
+    checkpoint_dir: Path
+    plan: DataPlan
+    model: nn.Module  # what the step calls backward through (DDP / FSDP wrapped)
+    raw_model: LanguageModel  # state dicts and checkpoints
+    forward_model: nn.Module  # model, or torch.compile(model)
+    optim: Any  # the model's OptimConfig
+    optimizer: torch.optim.Optimizer
+    schedule: WarmupLinearSchedule
+    progress: Progress
+    log: "MetricsLog"
+    validation: list
+    autocast: Any
+    last_saved: Path | None = None
+
+    @classmethod
+    def prepare(cls, config: TrainConfig, entry, model_config, env: Environment, resume: bool) -> "_Run":
+        """Check the inputs, build everything, and load the checkpoint when resuming."""
+        run, data = config.run, config.data
+        out_dir = Path(run.out_dir)
+        checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
+        seq_len = data.seq_len or model_config.max_seq_len
+        if seq_len > model_config.max_seq_len:
+            raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
+        plan = DataPlan(config, seq_len, env)
+        if plan.vocab_size > model_config.vocab_size:
+            raise ConfigError(
+                f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
+                f"vocab_size={model_config.vocab_size}"
+            )
+        existing = find_checkpoint(checkpoint_dir)
+        if resume and existing is None:
+            raise TrainingError(f"--resume: no training checkpoint at {checkpoint_dir}")
+        if not resume and existing is not None:
+            raise TrainingError(
+                f"{existing} already holds a training checkpoint: pass --resume to continue it, "
+                f"or choose another run.out_dir / run.checkpoint_dir"
+            )
+
+        model = parallelize(lambda device: LanguageModel(model_config, device=device), env, run.parallel, run.seed)
+        raw_model = unwrap(model)
+        optim = config.optim_for(entry.name)  # the optim section with the model's own fields (its lr) over it
+        optimizer = build_optimizer(raw_model, optim, env.device)
+        schedule = WarmupLinearSchedule(optimizer, optim, run.steps)
+        progress = Progress()
+        if resume:
+            check_resumable(existing, config, model_config)
+            progress = load_training_checkpoint(existing, raw_model, optimizer, schedule, env)
+            if env.is_main:
+                print(f"resuming from {existing} at step {progress.step}", file=sys.stderr)
+        return cls(
+            config=config, entry=entry, env=env, out_dir=out_dir, checkpoint_dir=checkpoint_dir, plan=plan,
+            model=model, raw_model=raw_model, forward_model=torch.compile(model) if run.compile else model,
+            optim=optim, optimizer=optimizer, schedule=schedule, progress=progress,
+            log=MetricsLog(out_dir, env, run.tensorboard, progress.step if resume else None),
+            validation=plan.validation_batches(), autocast=_autocast(env, run.precision),
+        )
+
+    def save(self) -> Path | None:
+        """Write the training checkpoint (rank 0 writes; every rank takes part under FSDP)."""
+        try:
+            self.last_saved = save_training_checkpoint(
+                self.checkpoint_dir, self.raw_model, self.optimizer, self.schedule, self.progress,
+                tokenizer=self.plan.tokenizer, train_config={**self.config.to_dict(), "trained_model": self.entry.name},
+                env=self.env,
+            )
+            return self.last_saved
+        except OSError as exc:  # a full disk, a lost mount: the atomic write left the old version
+            previous = find_checkpoint(self.checkpoint_dir)
+            kept = (f"the previous checkpoint {previous} (step {saved_step(previous)}) is intact" if previous
+                    else "there is no earlier checkpoint")
+            raise CheckpointWriteError(
+                f"step {self.progress.step}: could not write the checkpoint to {self.checkpoint_dir} "
+                f"({exc.strerror or exc}); {kept}"
+            ) from exc
+
+    def evaluate(self) -> float:
+        return evaluate(self.forward_model, self.validation, self.env, self.autocast)
+
+    def gradients(self, stop_requested: bool) -> tuple[float, float, int]:
+        """Forward and backward over this step's global batch, then clip:
+        (mean loss per target token, gradient norm before clipping, processes asking to stop)."""
+        batches = list(self.plan.micro_batches(self.progress.step))
+        local_loss_sum, global_count = _forward_backward(
+            self.model, self.forward_model, batches, self.env, self.config.run.parallel, self.autocast
+        )
+        clip = self.optim.grad_clip if self.optim.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+            grad_norm = grad_norm.full_tensor()
+        step_loss_sum, stop_votes = all_reduce_sum([local_loss_sum, float(stop_requested)], self.env)
+        return step_loss_sum / max(global_count, 1), float(grad_norm), stop_votes
+
+    def update(self) -> None:
+        """The optimizer and schedule step, and the counters of the step just taken."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.schedule.step()
+        self.progress.step += 1
+        self.progress.samples += self.plan.batch_size
+        self.progress.tokens += self.plan.batch_size * self.plan.seq_len
+
+
+@dataclass
+class _Meter:
+    """Training throughput (the first step of an invocation warms up and is not timed) and the
+    loss window between two log lines."""
+
+    tokens_per_step: int
+    train_seconds: float = 0.0
+    timed_tokens: int = 0
+    window_loss: float = 0.0
+    window_steps: int = 0
+    window_start: float = 0.0
+    load_samples: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.timed_tokens / self.train_seconds if self.train_seconds else 0.0
+
+    def add(self, seconds: float, loss: float, timed: bool) -> None:
+        if timed:
+            self.train_seconds += seconds
+            self.timed_tokens += self.tokens_per_step
+        self.window_loss += loss
+        self.window_steps += 1
+
+    def close_window(self) -> dict[str, float]:
+        """The window's mean loss and tokens/s; starts the next window."""
+        now = time.perf_counter()
+        out = {"loss": self.window_loss / self.window_steps,
+               "tokens_per_s": self.window_steps * self.tokens_per_step / max(now - self.window_start, 1e-9)}
+        self.window_loss, self.window_steps, self.window_start = 0.0, 0, now
+        if hasattr(os, "getloadavg"):  # how busy the machine was: throughput figures depend on it
+            self.load_samples.append(os.getloadavg()[0])
+        return out
+
+
+def _loop(run: _Run) -> tuple[str, str, float | None, _Meter]:
+    """Steps until the end, a signal, a pause or divergence; saves at the end (not when diverged).
+    Returns (status, message, final validation loss, meter)."""
+    settings, progress, env = run.config.run, run.progress, run.env
+    meter = _Meter(tokens_per_step=run.plan.batch_size * run.plan.seq_len, window_start=time.perf_counter())
+    bar = None
+    if env.is_main and settings.progress:
+        from ..progress import progress as progress_bar
+
+        bar = progress_bar(total=settings.steps, initial=progress.step, desc=run.entry.name, unit="step",
+                           dynamic_ncols=True, mininterval=1.0)
+    status, message, final_val = "completed", "", None
+    first_step = progress.step
+    run.model.train()
+    with _StopSignal() as stop:
+        while progress.step < settings.steps:
+            step_start = time.perf_counter()
+            step_loss, grad_norm, stop_votes = run.gradients(stop.received is not None)
+            if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
+                last_good = find_checkpoint(run.checkpoint_dir)
+                status = "diverged"
+                message = (
+                    f"step {progress.step + 1}: loss {step_loss} / gradient norm {grad_norm} is not finite; "
+                    f"stopped without saving, the last good checkpoint is kept"
+                    + (f" ({last_good})" if last_good else "")
+                )
+                break
+            lr = run.schedule.current_lr
+            run.update()
+            if env.device.type == "cuda":
+                torch.cuda.synchronize(env.device)
+            timed = progress.step > first_step + 1 or settings.steps - first_step == 1  # the first step warms up
+            meter.add(time.perf_counter() - step_start, step_loss, timed)
+            if progress.step % settings.log_every == 0 or progress.step == settings.steps:
+                window = meter.close_window()
+                run.log.write(dict(kind="train", step=progress.step, tokens=progress.tokens, loss=window["loss"],
+                                   lr=lr, grad_norm=grad_norm, tokens_per_s=window["tokens_per_s"]))
+            if progress.step % settings.eval_every == 0 or progress.step == settings.steps:
+                final_val = run.evaluate()
+                run.log.write(dict(kind="val", step=progress.step, tokens=progress.tokens, loss=final_val))
+            if bar is not None:
+                postfix = {"loss": f"{step_loss:.3f}", "tok/s": f"{meter.tokens_per_s:,.0f}" if meter.train_seconds else "-"}
+                if final_val is not None:
+                    postfix["val"] = f"{final_val:.3f}"
+                bar.set_postfix(postfix, refresh=False)
+                bar.update(1)
+            if stop_votes > 0:
+                status, message = "interrupted", f"stopped at step {progress.step} by a signal; continue with --resume"
+                break
+            if progress.step == settings.stop_at_step and progress.step < settings.steps:
+                status = "paused"
+                message = f"stopped at step {progress.step} (run.stop_at_step); continue with --resume"
+                break
+            if settings.checkpoint_every and progress.step % settings.checkpoint_every == 0 and progress.step < settings.steps:
+                run.save()
+        if bar is not None:
+            bar.close()
+        if status != "diverged":
+            if final_val is None and status == "completed":  # resumed a run that had already finished
+                final_val = run.evaluate()
+            run.save()
+    return status, message, final_val, meter
