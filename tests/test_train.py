@@ -152,6 +152,22 @@ def test_checkpoint_loads_as_a_model_with_its_tokenizer(byte_dataset, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["peak_memory_kind"] == "peak RSS"
     assert summary["peak_memory_bytes"] > 0 and summary["tokens_per_s"] > 0
+    # Throughput counts the steps after the first (which warms up): 5 steps of 8 × 32 tokens.
+    assert summary["tokens_per_s"] * summary["train_seconds"] == pytest.approx(5 * 8 * 32)
+    assert summary["train_seconds"] < summary["wall_seconds"]
+
+
+def test_the_meter_times_only_what_it_is_told_and_averages_each_log_window():
+    from diff_transformer.train.trainer import _Meter
+
+    meter = _Meter(tokens_per_step=100)
+    meter.add(5.0, loss=4.0, timed=False)  # the warm-up step
+    meter.add(2.0, loss=3.0, timed=True)
+    meter.add(2.0, loss=2.0, timed=True)
+    assert meter.train_seconds == 4.0 and meter.tokens_per_s == 50.0
+    assert meter.close_window()["loss"] == 3.0  # mean over the window's three steps
+    meter.add(1.0, loss=1.0, timed=True)
+    assert meter.close_window()["loss"] == 1.0 and meter.window_steps == 0
 
 
 def test_gradient_accumulation_follows_the_full_batch(byte_dataset, tmp_path):

@@ -42,7 +42,7 @@ from ..config import ConfigError
 from ..data.shards import IGNORE_INDEX
 from ..files import write_text_atomically
 from ..model import LanguageModel
-from .config import TrainConfig
+from .config import ModelEntry, OptimConfig, TrainConfig
 from .distributed import Environment, all_reduce_sum, parallelize, setup, teardown, unwrap
 from .optim import WarmupLinearSchedule, build_optimizer
 from .state import (
@@ -298,7 +298,7 @@ def train(config: TrainConfig, model_name: str | None = None, *, resume: bool = 
         teardown(env)
 
 
-def _train(config: TrainConfig, entry, model_config, env: Environment, resume: bool) -> TrainResult:
+def _train(config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool) -> TrainResult:
     wall_start = time.perf_counter()
     run = _Run.prepare(config, entry, model_config, env, resume)
     status, message, final_val, meter = _loop(run)
@@ -336,7 +336,7 @@ class _Run:
     """What one training run holds while it runs: data, model, optimizer, progress and logs."""
 
     config: TrainConfig
-    entry: Any
+    entry: ModelEntry
     env: Environment
     out_dir: Path
     checkpoint_dir: Path
@@ -344,17 +344,17 @@ class _Run:
     model: nn.Module  # what the step calls backward through (DDP / FSDP wrapped)
     raw_model: LanguageModel  # state dicts and checkpoints
     forward_model: nn.Module  # model, or torch.compile(model)
-    optim: Any  # the model's OptimConfig
+    optim: OptimConfig  # the model's: the optim section with its own fields over it
     optimizer: torch.optim.Optimizer
     schedule: WarmupLinearSchedule
     progress: Progress
-    log: "MetricsLog"
+    log: MetricsLog
     validation: list
     autocast: Any
     last_saved: Path | None = None
 
     @classmethod
-    def prepare(cls, config: TrainConfig, entry, model_config, env: Environment, resume: bool) -> "_Run":
+    def prepare(cls, config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool) -> "_Run":
         """Check the inputs, build everything, and load the checkpoint when resuming."""
         run, data = config.run, config.data
         out_dir = Path(run.out_dir)
