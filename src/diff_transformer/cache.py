@@ -54,6 +54,26 @@ class KVCache:
         """Called by the model once every layer has stored the n new tokens."""
         self.length += n
 
+    def expand(self, repeats: int, max_len: int | None = None) -> "KVCache":
+        """A new cache holding what this one holds with every row repeated ``repeats`` times (row i
+        becomes rows i·repeats … i·repeats + repeats − 1), room for ``max_len`` tokens (default:
+        this cache's). For evaluations that branch one prefix into several continuations."""
+        max_len = self.max_len if max_len is None else max_len
+        if repeats < 1 or max_len < self.length:
+            raise ValueError(f"expand needs repeats >= 1 and max_len >= {self.length} cached tokens, got {repeats}, {max_len}")
+        new = KVCache.__new__(KVCache)
+        n = self.length
+        new.keys, new.values = [], []
+        for stored, out in ((self.keys, new.keys), (self.values, new.values)):
+            for buffer in stored:
+                b, heads, _, width = buffer.shape
+                copy = buffer.new_zeros(b * repeats, heads, max_len, width)
+                copy[:, :, :n] = buffer[:, :, :n].repeat_interleave(repeats, dim=0)
+                out.append(copy)
+        new.batch_size, new.max_len, new.length = self.batch_size * repeats, max_len, n
+        new.lambdas = dict(self.lambdas)
+        return new
+
     def reset(self) -> None:
         self.length = 0
         self.lambdas.clear()

@@ -191,18 +191,6 @@ def token_nll(model: LanguageModel, windows: Tensor, batch_size: int = 8) -> Ten
     return torch.cat(out)
 
 
-def _branch_cache(model: LanguageModel, source, length: int, repeats: int, capacity: int):
-    """A new KV cache holding the first ``length`` positions of every row of ``source``, each row
-    repeated ``repeats`` times (row i of the source becomes rows i·repeats … i·repeats + repeats − 1)."""
-    rows = source.batch_size * repeats
-    cache = model.new_cache(rows, capacity)
-    for layer in range(model.config.n_layers):
-        cache.keys[layer][:, :, :length] = source.keys[layer][:, :, :length].repeat_interleave(repeats, dim=0)
-        cache.values[layer][:, :, :length] = source.values[layer][:, :, :length].repeat_interleave(repeats, dim=0)
-    cache.length = length
-    return cache
-
-
 @torch.no_grad()
 def score_choices(
     model: LanguageModel,
@@ -239,12 +227,12 @@ def score_choices(
         for start in range(0, len(indices), per_chunk):
             chunk = indices[start : start + per_chunk]
             b = len(chunk)
-            query_cache = _branch_cache(model, prefix_cache, len(prefix), b, capacity)
+            query_cache = prefix_cache.expand(b)
             query_logits, _ = model(torch.tensor([list(queries[i]) for i in chunk], device=device), cache=query_cache)
             rows = choice_rows.repeat(b, 1)  # (b·C, W): query i's choices are rows i·C … i·C + C − 1
             last = query_logits[:, -1:].float().repeat_interleave(n_choices, dim=0)  # predicts each choice's first token
             if width > 1:
-                choice_cache = _branch_cache(model, query_cache, len(prefix) + length, n_choices, capacity)
+                choice_cache = query_cache.expand(n_choices)
                 choice_logits, _ = model(rows[:, :-1], cache=choice_cache)
                 last = torch.cat([last, choice_logits.float()], dim=1)
             token_logp = last.log_softmax(-1).gather(-1, rows[..., None]).squeeze(-1)  # (b·C, W)
