@@ -88,7 +88,7 @@ def main() -> int:
             with torch.no_grad():
                 expected = official(x, rel_pos(t, embed_dim // heads // 2, theta))
                 for backend in ("reference", "sdpa", "sdpa_split"):
-                    ours.config.attn_backend = backend
+                    ours.backend = backend
                     err = (ours(x) - expected).abs().max().item()
                     worst = max(worst, err)
                     print(f"{official_class.__name__:20} E={embed_dim} depth={depth} H={heads} Hkv={kv_heads} "

@@ -92,10 +92,10 @@ def test_token_by_token_decoding_gives_full_forward_logits(n_kv_heads):
 def test_auto_generation_runs_decode_steps_and_matches_reference(monkeypatch):
     """generate() with "auto": the prompt goes through "sdpa_split", every later step through
     the packed decode path; the greedy tokens equal those of the reference backend."""
-    from diff_transformer import attention as attention_module
+    from diff_transformer import ops as ops_module
 
     calls = {"decode": 0}
-    decode = attention_module.decode_diff_attention_packed
+    decode = ops_module.decode_diff_attention_packed
 
     def counting_decode(*args, **kwargs):
         calls["decode"] += 1
@@ -107,7 +107,7 @@ def test_auto_generation_runs_decode_steps_and_matches_reference(monkeypatch):
     model.set_attention_backend("reference")
     want = model.generate(prompts, 6, temperature=0.0)
     model.set_attention_backend("auto")
-    monkeypatch.setattr(attention_module, "decode_diff_attention_packed", counting_decode)
+    monkeypatch.setattr(ops_module, "decode_diff_attention_packed", counting_decode)
     got = model.generate(prompts, 6, temperature=0.0)
     assert got == want
     assert calls["decode"] >= 5 * config.n_layers  # every layer, at every step after the prompt

@@ -15,8 +15,8 @@ KINDS = ["standard", "diff", "diff_v2"]
 @pytest.mark.parametrize("n_kv_heads", [None, 1])
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split"])
 def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, backend):
-    config = ModelConfig.from_preset("debug", attention=kind, n_kv_heads=n_kv_heads, attn_backend=backend)
-    model = LanguageModel(config).eval()
+    config = ModelConfig.from_preset("debug", attention=kind, n_kv_heads=n_kv_heads)
+    model = LanguageModel(config, attn_backend=backend).eval()
     tokens = torch.randint(0, config.vocab_size, (2, 23))
     with torch.no_grad():
         full, _ = model(tokens)

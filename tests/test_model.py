@@ -102,8 +102,8 @@ def randomise(model):
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split"])
 def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
     overrides = dict(head_norm=True) if kind == "standard" else {}
-    config = ModelConfig.from_preset("debug", attention=kind, n_kv_heads=n_kv_heads, attn_backend=backend, **overrides)
-    model = LanguageModel(config)
+    config = ModelConfig.from_preset("debug", attention=kind, n_kv_heads=n_kv_heads, **overrides)
+    model = LanguageModel(config, attn_backend=backend)
     randomise(model)
     module = model.layers[1].attn
     x = torch.randn(2, 19, config.d_model)

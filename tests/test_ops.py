@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from diff_transformer.ops import attention, diff_attention
+from diff_transformer.ops import attention, diff_attention, reference_diff_attention
 
 FAST_BACKENDS = ["sdpa", "sdpa_split"]
 TOL = 1e-5  # fp32, absolute, outputs and gradients
@@ -93,7 +93,7 @@ def test_attn_mask_combines_with_causal(backend, causal):
 
 def test_reference_maps_are_consistent():
     q1, q2, k1, k2, v, lam = make_inputs(2, 4, 2, 6, 10, 8)
-    out, maps = diff_attention(q1, q2, k1, k2, v, lam, backend="reference", return_maps=True)
+    out, maps = reference_diff_attention(q1, q2, k1, k2, v, lam)
     p1, p2 = maps.probs
     assert p1.shape == p2.shape == maps.combined.shape == (2, 4, 6, 10)
     torch.testing.assert_close(p1.sum(-1), torch.ones(2, 4, 6), atol=1e-6, rtol=0)
@@ -109,9 +109,7 @@ def test_reference_maps_are_consistent():
 
 def test_logits_transform_is_applied_before_softmax():
     inputs = make_inputs(1, 2, 2, 5, 5, 8)
-    _, maps = diff_attention(
-        *inputs, backend="reference", return_maps=True, logits_transform=lambda logits, visible: logits * 0
-    )
+    _, maps = reference_diff_attention(*inputs, logits_transform=lambda logits, visible: logits * 0)
     # all-zero logits -> uniform over the visible keys: row i has i + 1 keys
     expected = 1.0 / torch.arange(1, 6, dtype=torch.float32)
     torch.testing.assert_close(maps.probs[0][0, 0].max(-1).values, expected)
@@ -152,8 +150,6 @@ def test_input_errors_name_the_problem():
         diff_attention(q1[0], q2, k1, k2, v, lam)
     with pytest.raises(ValueError, match="unknown attention backend 'flash3'"):
         diff_attention(q1, q2, k1, k2, v, lam, backend="flash3")
-    with pytest.raises(ValueError, match="need backend='reference'"):
-        diff_attention(q1, q2, k1, k2, v, lam, backend="sdpa", return_maps=True)
     with pytest.raises(TypeError, match="attn_mask must be a bool tensor"):
         diff_attention(q1, q2, k1, k2, v, lam, attn_mask=torch.ones(5, 5))
     with pytest.raises(ValueError, match="does not broadcast"):

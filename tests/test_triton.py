@@ -683,8 +683,8 @@ def test_custom_ops_pass_opcheck_with_key_mask_and_deterministic():
 def test_model_compiles_without_graph_breaks():
     """A debug DIFF model on the "triton" backend under torch.compile(fullgraph=True): traced in
     one graph (the custom op and its registered autograd), same loss and gradients as eager."""
-    config = ModelConfig.from_preset("debug", attention="diff", n_kv_heads=1, attn_backend="triton")
-    model = LanguageModel(config, device=DEVICE)
+    config = ModelConfig.from_preset("debug", attention="diff", n_kv_heads=1)
+    model = LanguageModel(config, device=DEVICE, attn_backend="triton")
     tokens = torch.randint(0, config.vocab_size, (2, 19), device=DEVICE)
 
     def step(tokens):

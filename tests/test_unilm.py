@@ -88,7 +88,7 @@ def test_matches_official_forward(embed_dim, depth, num_heads, num_kv_heads, the
     module = attention_from_unilm(
         sd, embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_kv_heads=num_kv_heads, rope_theta=theta
     )
-    module.config.attn_backend = backend
+    module.backend = backend
     x = torch.randn(2, t, embed_dim, generator=g)
     expected = official_forward(sd, x, rel_pos(t, embed_dim // num_heads // 2, theta), depth, num_heads, num_kv_heads)
     assert (module(x) - expected).abs().max().item() < 1e-5

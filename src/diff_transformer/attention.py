@@ -19,8 +19,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .ops import AttentionMaps, attention, diff_attention
-from .ops.decode import decode_diff_attention_packed
+from .ops import (
+    AttentionMaps,
+    LogitsTransform,
+    attention,
+    diff_attention_packed,
+    reference_attention,
+    reference_diff_attention,
+)
 
 if TYPE_CHECKING:
     from .cache import KVCache
@@ -83,48 +89,45 @@ class AttentionTap:
         pass
 
 
-class _Attention(nn.Module):
-    """What the three kinds share: RoPE on projected q/k, the KV cache, the tap."""
+class Attention(nn.Module):
+    """One attention forward for every kind: projection, RoPE, KV cache, tap, head norm, output.
 
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    A kind sets the projection widths and supplies how it attends: :meth:`attend` (the fast ops,
+    dispatched by ``self.backend``) and :meth:`attend_with_maps` (the reference, which hands its
+    maps to a tap). Both take q (B, Hq, T, d) and the cached k (B, Hk, S, d), v (B, Hkv, S, w)
+    and return the (B, H, T, out) heads that the head norm and o_proj read.
+    """
+
+    def __init__(
+        self, config: ModelConfig, layer_index: int, *, q_heads: int, k_heads: int, value_width: int, out_heads: int,
+    ) -> None:
         super().__init__()
+        e, d = config.d_model, config.head_dim
         self.config = config
         self.layer_index = layer_index
-        self.head_dim = config.head_dim
+        self.head_dim = d
+        self.value_width = value_width  # width of one value head: d, or 2d for DIFF
+        self.q_proj = nn.Linear(e, q_heads * d, bias=False)
+        self.k_proj = nn.Linear(e, k_heads * d, bias=False)
+        self.v_proj = nn.Linear(e, config.n_kv_heads * value_width, bias=False)
+        self.o_proj = nn.Linear(out_heads * value_width, e, bias=False)
+        self.head_norm = RMSNorm(value_width, eps=1e-5) if config.head_norm else None
+        self.out_scale = 1.0  # a constant on the normed heads (DIFF: 1 − λ_init)
+        self.backend = "auto"  # runtime choice (see diff_transformer.ops); not part of the checkpoint
         self.tap: AttentionTap | None = None
 
-    def _rope(self, q: Tensor, k: Tensor, rope: Tensor | None, start: int) -> tuple[Tensor, Tensor]:
-        if rope is None:  # standalone use: positions start .. start + T - 1
-            positions = torch.arange(start, start + q.shape[1], device=q.device)
-            rope = rope_frequencies(positions, self.head_dim, self.config.rope_theta)
-        return apply_rope(q, rope), apply_rope(k, rope)
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
+        """q/k/v at N(0, std), o_proj (it writes into the residual stream) at N(0, out_std), head norm 1."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            proj.weight.normal_(0.0, std, generator=generator)
+        self.o_proj.weight.normal_(0.0, out_std, generator=generator)
+        if self.head_norm is not None:
+            self.head_norm.weight.fill_(1.0)
 
-    def _tap_kwargs(self) -> dict:
-        if self.tap is None:
-            return {"backend": self.config.attn_backend, "check": False}
-        return {
-            "backend": "reference",
-            "check": False,
-            "return_maps": True,
-            "logits_transform": partial(self.tap.transform_logits, self.layer_index),
-        }
-
-    def _attend_cache(self, k: Tensor, v: Tensor, cache: "KVCache | None") -> tuple[Tensor, Tensor]:
-        """k, v (B, heads, T, w) -> all keys/values so far (B, heads, S, w)."""
-        return (k, v) if cache is None else cache.update(self.layer_index, k, v)
-
-
-class StandardAttention(_Attention):
-    """Softmax attention with H heads of width d; optional per-head RMSNorm (Table 6 ablation)."""
-
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
-        super().__init__(config, layer_index)
-        e, h, hkv, d = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
-        self.q_proj = nn.Linear(e, h * d, bias=False)
-        self.k_proj = nn.Linear(e, hkv * d, bias=False)
-        self.v_proj = nn.Linear(e, hkv * d, bias=False)
-        self.o_proj = nn.Linear(h * d, e, bias=False)
-        self.head_norm = RMSNorm(d, eps=1e-5) if config.head_norm else None
+    def lam(self) -> Tensor | None:
+        """The layer's learned scalar λ (0-d fp32) for kinds that have one, else None."""
+        return None
 
     def forward(
         self,
@@ -138,38 +141,75 @@ class StandardAttention(_Attention):
         d = self.head_dim
         q = self.q_proj(x).view(b, t, -1, d)
         k = self.k_proj(x).view(b, t, -1, d)
-        v = self.v_proj(x).view(b, t, -1, d)
-        q, k = self._rope(q, k, rope, 0 if cache is None else cache.length)
-        k, v = self._attend_cache(k.transpose(1, 2), v.transpose(1, 2), cache)  # (B, Hkv, S, d)
-        out = attention(q.transpose(1, 2), k, v, causal=True, attn_mask=attn_mask, **self._tap_kwargs())
-        if self.tap is not None:
-            out, maps = out
+        v = self.v_proj(x).view(b, t, -1, self.value_width)
+        if rope is None:  # standalone use: positions start .. start + T - 1
+            start = 0 if cache is None else cache.length
+            rope = rope_frequencies(torch.arange(start, start + t, device=x.device), d, self.config.rope_theta)
+        q, k = apply_rope(q, rope).transpose(1, 2), apply_rope(k, rope).transpose(1, 2)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(self.layer_index, k, v)  # all keys/values so far (B, heads, S, w)
+        if self.tap is None:
+            out = self.attend(q, k, v, x, cache=cache, attn_mask=attn_mask)
+        else:
+            transform = partial(self.tap.transform_logits, self.layer_index)
+            out, maps = self.attend_with_maps(q, k, v, x, attn_mask=attn_mask, logits_transform=transform)
             self.tap.record(self.layer_index, maps)
         if self.head_norm is not None:
             out = self.head_norm(out)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, H, T, d) -> (B, T, E)
+        if self.out_scale != 1.0:
+            out = out * self.out_scale
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, H, T, w) -> (B, T, E)
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, *, cache: "KVCache | None", attn_mask: Tensor | None
+    ) -> Tensor:
+        raise NotImplementedError
+
+    def attend_with_maps(
+        self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, *, attn_mask: Tensor | None, logits_transform: LogitsTransform
+    ) -> tuple[Tensor, AttentionMaps]:
+        raise NotImplementedError
 
 
-class DiffAttention(_Attention):
+class StandardAttention(Attention):
+    """Softmax attention with H heads of width d; optional per-head RMSNorm (Table 6 ablation)."""
+
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
+        super().__init__(config, layer_index, q_heads=h, k_heads=hkv, value_width=d, out_heads=h)
+
+    def attend(self, q, k, v, x, *, cache, attn_mask):
+        return attention(q, k, v, causal=True, attn_mask=attn_mask, backend=self.backend, check=False)
+
+    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+        return reference_attention(q, k, v, causal=True, attn_mask=attn_mask, logits_transform=logits_transform)
+
+
+class DiffAttention(Attention):
     """Multi-head differential attention (paper §2.1), H DIFF heads of two d-wide groups.
 
+    q (B, 2H, T, d) and k (B, 2Hkv, S, d) hold the groups as interleaved sub-heads; v (B, Hkv, S, 2d).
     Parameters beyond a matched standard attention: λ vectors 4d, head-norm weight 2d.
     """
 
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
-        super().__init__(config, layer_index)
-        e, h, hkv, d = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
-        self.q_proj = nn.Linear(e, 2 * h * d, bias=False)
-        self.k_proj = nn.Linear(e, 2 * hkv * d, bias=False)
-        self.v_proj = nn.Linear(e, hkv * 2 * d, bias=False)
-        self.o_proj = nn.Linear(h * 2 * d, e, bias=False)
+        h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
+        super().__init__(config, layer_index, q_heads=2 * h, k_heads=2 * hkv, value_width=2 * d, out_heads=h)
         # λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, one scalar per layer; vectors kept in fp32.
         self.lambda_q1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
         self.lambda_k1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
         self.lambda_q2 = nn.Parameter(torch.empty(d, dtype=torch.float32))
         self.lambda_k2 = nn.Parameter(torch.empty(d, dtype=torch.float32))
         self.lambda_init = config.lambda_init_for(layer_index)
-        self.head_norm = RMSNorm(2 * d, eps=1e-5) if config.head_norm else None
+        self.out_scale = 1.0 - self.lambda_init
+
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
+        """As every attention, and the four λ vectors at N(0, lambda_std) in fp32."""
+        super().init_weights(std, out_std, generator)
+        for vec in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            vec.normal_(0.0, self.config.lambda_std, generator=generator)
 
     def lam(self) -> Tensor:
         """λ as a 0-d fp32 tensor (not clamped)."""
@@ -185,40 +225,17 @@ class DiffAttention(_Attention):
             cache.lambdas[self.layer_index] = self.lam()
         return cache.lambdas[self.layer_index]
 
-    def forward(
-        self,
-        x: Tensor,
-        rope: Tensor | None = None,
-        *,
-        cache: "KVCache | None" = None,
-        attn_mask: Tensor | None = None,
-    ) -> Tensor:
-        b, t, _ = x.shape
-        d = self.head_dim
-        q = self.q_proj(x).view(b, t, -1, d)  # (B, T, 2H, d)
-        k = self.k_proj(x).view(b, t, -1, d)  # (B, T, 2Hkv, d)
-        v = self.v_proj(x).view(b, t, -1, 2 * d)  # (B, T, Hkv, 2d)
-        q, k = self._rope(q, k, rope, 0 if cache is None else cache.length)
-        k, v = self._attend_cache(k.transpose(1, 2), v.transpose(1, 2), cache)  # (B, 2Hkv, S, d), (B, Hkv, S, 2d)
-        q = q.transpose(1, 2)  # (B, 2H, T, d)
-        lam = self._lam_for(cache)
-        if t == 1 and self.tap is None and self.config.attn_backend in ("auto", "decode"):
-            out = decode_diff_attention_packed(q, k, v, lam, attn_mask=attn_mask)  # (B, H, 1, 2d)
-        else:
-            out = diff_attention(
-                q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2], v, lam,
-                causal=True, attn_mask=attn_mask, **self._tap_kwargs(),
-            )  # (B, H, T, 2d)
-        if self.tap is not None:
-            out, maps = out
-            self.tap.record(self.layer_index, maps)
-        if self.head_norm is not None:
-            out = self.head_norm(out)
-        out = out * (1.0 - self.lambda_init)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+    def attend(self, q, k, v, x, *, cache, attn_mask):
+        return diff_attention_packed(q, k, v, self._lam_for(cache), causal=True, attn_mask=attn_mask, backend=self.backend)
+
+    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+        return reference_diff_attention(
+            q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2], v, self.lam(),
+            causal=True, attn_mask=attn_mask, logits_transform=logits_transform,
+        )
 
 
-class DiffV2Attention(_Attention):
+class DiffV2Attention(Attention):
     """DIFF V2 (unilm Diff-Transformer-V2): one attention call over 2H query heads of width d,
     then out_h = attn_2h − sigmoid(x W_λ)_h · attn_2h+1. No λ vectors, no head norm.
 
@@ -226,41 +243,33 @@ class DiffV2Attention(_Attention):
     """
 
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
-        super().__init__(config, layer_index)
-        e, h, hkv, d = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
-        self.q_proj = nn.Linear(e, 2 * h * d, bias=False)
-        self.k_proj = nn.Linear(e, hkv * d, bias=False)
-        self.v_proj = nn.Linear(e, hkv * d, bias=False)
-        self.o_proj = nn.Linear(h * d, e, bias=False)
-        self.lambda_proj = nn.Linear(e, h, bias=False)
+        h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
+        super().__init__(config, layer_index, q_heads=2 * h, k_heads=hkv, value_width=d, out_heads=h)
+        self.lambda_proj = nn.Linear(config.d_model, h, bias=False)
 
-    def forward(
-        self,
-        x: Tensor,
-        rope: Tensor | None = None,
-        *,
-        cache: "KVCache | None" = None,
-        attn_mask: Tensor | None = None,
-    ) -> Tensor:
-        b, t, _ = x.shape
-        d = self.head_dim
-        q = self.q_proj(x).view(b, t, -1, d)  # (B, T, 2H, d)
-        k = self.k_proj(x).view(b, t, -1, d)
-        v = self.v_proj(x).view(b, t, -1, d)
-        q, k = self._rope(q, k, rope, 0 if cache is None else cache.length)
-        k, v = self._attend_cache(k.transpose(1, 2), v.transpose(1, 2), cache)  # (B, Hkv, S, d)
-        out = attention(q.transpose(1, 2), k, v, causal=True, attn_mask=attn_mask, **self._tap_kwargs())
-        lam = torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, H, T, 1)
-        if self.tap is not None:
-            out, maps = out
-            p = maps.probs[0]
-            combined = p[:, 0::2] - lam * p[:, 1::2]
-            self.tap.record(self.layer_index, AttentionMaps(maps.logits, maps.probs, combined))
-        out = out[:, 0::2] - lam.to(out.dtype) * out[:, 1::2]  # (B, H, T, d)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
+        """As every attention, and lambda_proj at N(0, std)."""
+        super().init_weights(std, out_std, generator)
+        self.lambda_proj.weight.normal_(0.0, std, generator=generator)
+
+    def _gate(self, x: Tensor) -> Tensor:
+        """sigmoid(x W_λ): (B, T, E) -> (B, H, T, 1) fp32."""
+        return torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)
+
+    def attend(self, q, k, v, x, *, cache, attn_mask):
+        out = attention(q, k, v, causal=True, attn_mask=attn_mask, backend=self.backend, check=False)  # (B, 2H, T, d)
+        return out[:, 0::2] - self._gate(x).to(out.dtype) * out[:, 1::2]
+
+    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+        out, maps = reference_attention(q, k, v, causal=True, attn_mask=attn_mask, logits_transform=logits_transform)
+        gate = self._gate(x)
+        p = maps.probs[0]
+        combined = p[:, 0::2] - gate * p[:, 1::2]
+        return out[:, 0::2] - gate.to(out.dtype) * out[:, 1::2], AttentionMaps(maps.logits, maps.probs, combined)
 
 
-ATTENTION_CLASSES: dict[str, type[_Attention]] = {
+ATTENTION_CLASSES: dict[str, type[Attention]] = {
     "standard": StandardAttention,
     "diff": DiffAttention,
     "diff_v2": DiffV2Attention,

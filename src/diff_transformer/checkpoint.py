@@ -149,7 +149,11 @@ def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
             f"{path}: format_version {version!r} is newer than this library reads ({FORMAT_VERSION}); upgrade diff-transformer"
         )
     try:
-        return ModelConfig.from_dict(meta["model"]), meta
+        # Checkpoints written before the backend became a runtime setting carry it: not architecture.
+        fields = meta["model"]
+        if isinstance(fields, dict):
+            fields = {k: v for k, v in fields.items() if k != "attn_backend"}
+        return ModelConfig.from_dict(fields), meta
     except (ConfigError, TypeError) as exc:
         raise CheckpointError(f"{path}: invalid model config: {exc}") from exc
 

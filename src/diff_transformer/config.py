@@ -69,12 +69,11 @@ class ModelConfig:
     lambda_init: float | None = None  # None = the depth schedule; a number = constant (Table 6 ablation)
     lambda_std: float = 0.1  # std of the four λ vectors at init
     head_norm: bool | None = None  # per-head RMSNorm; None = on for "diff", off otherwise
-    # Initialisation and runtime
+    # Initialisation
     init_std: float = 0.02
     # o_proj and down_proj (they write into the residual stream) at init_std / sqrt(2·n_layers), as
     # GPT-2 and the authors' code; False: init_std like every other matrix, as transformers' Llama.
     scale_residual_init: bool = True
-    attn_backend: str = "auto"  # see diff_transformer.ops
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "ffn_multiple_of"):
@@ -107,10 +106,6 @@ class ModelConfig:
             raise ConfigError(f"lambda_init only applies to attention='diff', not {self.attention!r}")
         if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0 or self.lambda_std <= 0:
             raise ConfigError("rope_theta, norm_eps, init_std and lambda_std must be positive")
-        from .ops import BACKEND_NAMES  # local import: ops does not depend on config
-
-        if self.attn_backend not in BACKEND_NAMES:
-            raise ConfigError(f"attn_backend must be one of {', '.join(BACKEND_NAMES)}, got {self.attn_backend!r}")
 
     @property
     def head_dim(self) -> int:
@@ -143,6 +138,11 @@ class ModelConfig:
         """Build from a plain dict (e.g. config.json); an unknown key is an error naming it."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
+        if "attn_backend" in unknown:
+            raise ConfigError(
+                "attn_backend is a runtime setting, not a ModelConfig field: pass LanguageModel(config, "
+                "attn_backend=...), call model.set_attention_backend(...), or set run.attn_backend in a training config"
+            )
         if unknown:
             raise ConfigError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
         return cls(**data)

@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import checkpoint
-from .attention import ATTENTION_CLASSES, AttentionTap, DiffAttention, RMSNorm, rope_frequencies
+from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencies
 from .cache import KVCache
 from .config import ModelConfig
+from .ops import BACKEND_NAMES
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -37,6 +38,13 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(d_model, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, d_model, bias=False)
 
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
+        """gate/up at N(0, std); down_proj (it writes into the residual stream) at N(0, out_std)."""
+        self.gate_proj.weight.normal_(0.0, std, generator=generator)
+        self.up_proj.weight.normal_(0.0, std, generator=generator)
+        self.down_proj.weight.normal_(0.0, out_std, generator=generator)
+
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -48,6 +56,13 @@ class Block(nn.Module):
         self.attn = ATTENTION_CLASSES[config.attention](config, layer_index)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.ffn = SwiGLU(config.d_model, config.ffn_hidden)
+
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
+        self.attn_norm.weight.fill_(1.0)
+        self.attn.init_weights(std, out_std, generator)
+        self.ffn_norm.weight.fill_(1.0)
+        self.ffn.init_weights(std, out_std, generator)
 
     def forward(
         self, x: Tensor, rope: Tensor, cache: KVCache | None, attn_mask: Tensor | None
@@ -62,9 +77,13 @@ class LanguageModel(nn.Module):
     ``device="meta"`` leaves the parameters unallocated (for FSDP: shard, then
     ``to_empty`` and :meth:`init_weights`); any other device allocates and initialises. Without
     ``device``, the ambient default device is used (``with torch.device("meta"): ...`` works).
+    ``attn_backend`` is the runtime attention backend (see diff_transformer.ops and
+    :meth:`set_attention_backend`); it is not part of the config or the checkpoint.
     """
 
-    def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, *, device: torch.device | str | None = None, attn_backend: str = "auto"
+    ) -> None:
         super().__init__()
         self.config = config
         device = torch.device(device) if device is not None else torch.get_default_device()
@@ -73,13 +92,16 @@ class LanguageModel(nn.Module):
             self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.norm = RMSNorm(config.d_model, config.norm_eps)
             self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.set_attention_backend(attn_backend)
         if device.type != "meta":
             self.to_empty(device=device)
             self.init_weights()
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """Give every tensor its initial value (seed the global RNG or pass ``generator``):
+        """Give every tensor its initial value (seed the global RNG or pass ``generator``); each
+        module initialises its own tensors, in this order: embed, then per layer the attention
+        and the FFN, then lm_head.
 
         - embed.weight, lm_head.weight, every q/k/v/gate/up projection, DIFF V2's lambda_proj:
           N(0, init_std)
@@ -90,17 +112,12 @@ class LanguageModel(nn.Module):
         """
         std = self.config.init_std
         out_std = std / math.sqrt(2 * self.config.n_layers) if self.config.scale_residual_init else std
-        for module in self.modules():
-            if isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, std, generator=generator)
+        self.embed.weight.normal_(0.0, std, generator=generator)
         for layer in self.layers:
-            layer.attn.o_proj.weight.normal_(0.0, out_std, generator=generator)
-            layer.ffn.down_proj.weight.normal_(0.0, out_std, generator=generator)
-            if isinstance(layer.attn, DiffAttention):
-                for vec in (layer.attn.lambda_q1, layer.attn.lambda_k1, layer.attn.lambda_q2, layer.attn.lambda_k2):
-                    vec.normal_(0.0, self.config.lambda_std, generator=generator)
+            layer.init_weights(std, out_std, generator)
+        self.norm.weight.fill_(1.0)
+        if self.lm_head is not None:
+            self.lm_head.weight.normal_(0.0, std, generator=generator)
 
     def forward(
         self,
@@ -157,9 +174,10 @@ class LanguageModel(nn.Module):
         return total
 
     def lambdas(self) -> list[float]:
-        """λ of every DIFF layer (empty for other attention kinds)."""
+        """The learned scalar λ of every layer that has one (DIFF; empty for other kinds)."""
         with torch.no_grad():
-            return [layer.attn.lam().item() for layer in self.layers if isinstance(layer.attn, DiffAttention)]
+            values = [layer.attn.lam() for layer in self.layers]
+        return [v.item() for v in values if v is not None]
 
     @contextmanager
     def tap_attention(self, tap: AttentionTap) -> Iterator[AttentionTap]:
@@ -172,13 +190,17 @@ class LanguageModel(nn.Module):
             for layer in self.layers:
                 layer.attn.tap = None
 
+    @property
+    def attn_backend(self) -> str:
+        """The attention backend every layer dispatches with (a runtime setting, not saved)."""
+        return self.layers[0].attn.backend
+
     def set_attention_backend(self, backend: str) -> None:
         """Switch the attention backend of every layer (see diff_transformer.ops)."""
-        from .ops import BACKEND_NAMES
-
         if backend not in BACKEND_NAMES:
             raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
-        self.config.attn_backend = backend
+        for layer in self.layers:
+            layer.attn.backend = backend
 
     # --- inference and checkpoints ----------------------------------------------------------
 
@@ -199,14 +221,12 @@ class LanguageModel(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, *, device: torch.device | str = "cpu", attn_backend: str | None = None
+        cls, directory: str | Path, *, device: torch.device | str = "cpu", attn_backend: str = "auto"
     ) -> "LanguageModel":
         """Load a directory written by :meth:`save_pretrained` (on ``device``); every problem with
         its files is a CheckpointError naming the file."""
         config, _ = checkpoint.read_config(directory)
-        if attn_backend is not None:
-            config.attn_backend = attn_backend
-        model = cls(config, device="meta")
+        model = cls(config, device="meta", attn_backend=attn_backend)
         model.to_empty(device=device)
         weights = Path(directory) / checkpoint.WEIGHTS_FILE
         checkpoint.load_state_dict_checked(model, checkpoint.read_weights(weights), source=str(weights))

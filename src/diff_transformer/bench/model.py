@@ -95,7 +95,7 @@ class Contender:
 def model_config(settings: ModelBenchSettings, attention: str) -> ModelConfig:
     """The preset with room for the prompt and the generated tokens."""
     max_len = max(PRESETS[settings.preset]["max_seq_len"], settings.length + settings.decode_tokens)
-    return ModelConfig.from_preset(settings.preset, attention=attention, max_seq_len=max_len, attn_backend=settings.backend)
+    return ModelConfig.from_preset(settings.preset, attention=attention, max_seq_len=max_len)
 
 
 def diffllama_config(config: ModelConfig):
@@ -110,11 +110,13 @@ def diffllama_config(config: ModelConfig):
     return DiffLlamaConfig(**{**fields, "pad_token_id": 0})
 
 
-def _ours(name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype, compile: bool) -> Contender:
+def _ours(
+    name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype, compile: bool, backend: str
+) -> Contender:
     """This project's model."""
     from ..generation import stream
 
-    model = LanguageModel(config, device=device).to(dtype)
+    model = LanguageModel(config, device=device, attn_backend=backend).to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def train_step(tokens):
@@ -215,8 +217,8 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
     torch.manual_seed(0)
     diff_config = model_config(settings, "diff")
     contenders = [
-        _ours("DIFF", diff_config, device, dtype, settings.compile),
-        _ours("Transformer", model_config(settings, "standard"), device, dtype, settings.compile),
+        _ours("DIFF", diff_config, device, dtype, settings.compile, settings.backend),
+        _ours("Transformer", model_config(settings, "standard"), device, dtype, settings.compile, settings.backend),
     ]
     if settings.compare_hf and hf_available():
         contenders.append(_diffllama("DiffLlama (transformers)", diff_config, device, dtype))

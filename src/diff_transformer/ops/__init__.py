@@ -1,12 +1,19 @@
 """Attention ops: one function per attention kind, many backends behind one signature.
 
-    from diff_transformer.ops import diff_attention
+    from diff_transformer.ops import diff_attention, reference_diff_attention
     out = diff_attention(q1, q2, k1, k2, v, lam)             # (B, H, T, 2d), before the head norm
+    out, maps = reference_diff_attention(q1, q2, k1, k2, v, lam)   # and both maps, fp32
+
+Return types are fixed: the fast ops return the output only; the reference functions return
+(output, :class:`AttentionMaps`) and alone take a ``logits_transform``. :func:`diff_attention_packed`
+takes the model's own layout (the two groups interleaved as sub-heads) and is what
+``DiffAttention`` calls: one dispatcher for prefill, training and single-token decoding.
 
 Backends of ``diff_attention``:
-    "reference"   materialises both maps in fp32; can return them (``return_maps=True``)
+    "reference"   materialises both maps in fp32 (``reference_diff_attention`` returns them)
     "sdpa"        two SDPA calls with v of width 2d            (the paper's FlashDiffAttn_1)
-    "sdpa_split"  four SDPA calls of equal widths             (the paper's FlashDiffAttn_2)
+    "sdpa_split"  SDPA calls of equal widths (v halved)      (the paper's FlashDiffAttn_2; two
+                  calls over Q1/Q2 stacked as heads rather than its four)
     "triton"      one fused Triton kernel, forward and backward (triton_diff.py); CUDA, or CPU
                   under TRITON_INTERPRET=1 (tests); no attn_mask (a key_padding_mask is fused);
                   d in {16, 32, 64, 96, 128, 256}
@@ -29,18 +36,22 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .decode import decode_diff_attention
+from .decode import decode_diff_attention, decode_diff_attention_packed
 from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
-from .sdpa import sdpa, sdpa_diff_attention, sdpa_split_diff_attention
+from .sdpa import sdpa, sdpa_diff_attention, sdpa_split_diff_attention, split_diff_attention_stacked
 
 __all__ = [
     "AttentionMaps",
+    "BACKEND_NAMES",
     "DIFF_BACKENDS",
     "LogitsTransform",
     "attention",
     "choose_backend",
     "diff_attention",
+    "diff_attention_packed",
     "key_padding_to_attn_mask",
+    "reference_attention",
+    "reference_diff_attention",
     "resolve_backend",
 ]
 
@@ -100,6 +111,7 @@ def choose_backend(
     *,
     dtype: torch.dtype | None = None,
     queries: int | None = None,
+    keys: int | None = None,
     masked: bool = False,
     head_dim: int | None = None,
     triton_ok: bool = False,
@@ -107,7 +119,7 @@ def choose_backend(
     """What "auto" means, as a pure function (testable without CUDA).
 
     device_type "cuda"/"cpu"/...; dtype of q (None = not known: treated as half precision);
-    queries T (1 = decoding); masked: an attn_mask is given (a key_padding_mask is not one);
+    queries T (1 = decoding); keys S (None = not known); masked: an attn_mask is given (a key_padding_mask is not one);
     triton_ok: the fused kernels are usable (:func:`triton_available`).
     """
     if queries == 1:
@@ -123,6 +135,7 @@ def resolve_backend(
     device: torch.device,
     *,
     queries: int | None = None,
+    keys: int | None = None,
     masked: bool = False,
     head_dim: int | None = None,
     dtype: torch.dtype | None = None,
@@ -131,7 +144,7 @@ def resolve_backend(
     if backend == "auto":
         triton_ok = device.type == "cuda" and queries != 1 and triton_available()
         return choose_backend(
-            device.type, dtype=dtype, queries=queries, masked=masked, head_dim=head_dim, triton_ok=triton_ok
+            device.type, dtype=dtype, queries=queries, keys=keys, masked=masked, head_dim=head_dim, triton_ok=triton_ok
         )
     if backend not in DIFF_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
@@ -211,11 +224,9 @@ def diff_attention(
     attn_mask: Tensor | None = None,
     backend: str = "auto",
     scale: float | None = None,
-    return_maps: bool = False,
-    logits_transform: LogitsTransform | None = None,
     check: bool = True,
     key_padding_mask: Tensor | None = None,
-) -> Tensor | tuple[Tensor, AttentionMaps]:
+) -> Tensor:
     """Differential attention ``(softmax(q1 k1ᵀ/√d) − λ·softmax(q2 k2ᵀ/√d)) v``, before the head norm.
 
     Args:
@@ -230,8 +241,6 @@ def diff_attention(
         backend: "auto", "reference", "sdpa", "sdpa_split", "triton" or "decode" (see the
             module docstring).
         scale: softmax scale, default 1/√d with d the width of ONE group.
-        return_maps: also return :class:`AttentionMaps` (reference backend only).
-        logits_transform: rewrite the pre-softmax logits (reference backend only).
         check: validate shapes, dtypes and the mask. Modules whose tensors are right by
             construction pass False to save the checks' overhead on every decoding step.
         key_padding_mask: optional (B, S) bool, True = a real key (batched generation with left
@@ -240,23 +249,17 @@ def diff_attention(
             attn_mask (combined with ``attn_mask`` if both are given).
 
     Returns:
-        (B, H, T, 2d) in q1's dtype, and the maps when ``return_maps``.
+        (B, H, T, 2d) in q1's dtype. For the maps, call :func:`reference_diff_attention`.
     """
     if check:
         _check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
         _check_mask(attn_mask, q1.shape[0], q1.shape[1], q1.shape[2], k1.shape[2])
         _check_key_padding(key_padding_mask, q1.shape[0], k1.shape[2])
     t = q1.shape[2]
-    needs_maps = return_maps or logits_transform is not None
-    name = (
-        "reference"
-        if needs_maps and backend == "auto"
-        else resolve_backend(
-            backend, q1.device, queries=t, masked=attn_mask is not None, head_dim=q1.shape[-1], dtype=q1.dtype
-        )
+    name = resolve_backend(
+        backend, q1.device, queries=t, keys=k1.shape[2], masked=attn_mask is not None,
+        head_dim=q1.shape[-1], dtype=q1.dtype,
     )
-    if needs_maps and name != "reference":
-        raise ValueError(f"return_maps and logits_transform need backend='reference', got {backend!r}")
     if key_padding_mask is not None and name == "triton":
         return _triton_diff_attention(
             q1, q2, k1, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale, key_padding_mask=key_padding_mask
@@ -264,11 +267,36 @@ def diff_attention(
     if key_padding_mask is not None:  # every other backend takes it as an attn_mask (B, 1, T, S)
         padding = key_padding_to_attn_mask(key_padding_mask, t, k1.shape[2])
         attn_mask = padding if attn_mask is None else attn_mask & padding
-    kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
-    if name == "reference":
-        out, maps = reference_diff_attention(q1, q2, k1, k2, v, lam, logits_transform=logits_transform, **kw)
-        return (out, maps) if return_maps else out
-    return DIFF_BACKENDS[name](q1, q2, k1, k2, v, lam, **kw)
+    return DIFF_BACKENDS[name](q1, q2, k1, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
+
+
+def diff_attention_packed(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    backend: str = "auto",
+    scale: float | None = None,
+) -> Tensor:
+    """:func:`diff_attention` in the model's layout, unchecked (the module's shapes are right by
+    construction): q (B, 2H, T, d) with Q1, Q2 of DIFF head h at sub-heads 2h, 2h+1; k (B, 2Hkv, S, d)
+    likewise; v (B, Hkv, S, 2d) -> (B, H, T, 2d). A single query goes to the packed decode path
+    (both maps from one product); everything else to the chosen backend on strided views."""
+    t, s = q.shape[2], k.shape[2]
+    name = resolve_backend(
+        backend, q.device, queries=t, keys=s, masked=attn_mask is not None, head_dim=q.shape[-1], dtype=q.dtype
+    )
+    if name == "decode":
+        return decode_diff_attention_packed(q, k, v, lam, attn_mask=attn_mask, scale=scale)
+    if name == "sdpa_split":  # sub-heads 2h, 2h+1 -> group-major [Q1 heads; Q2 heads] (one copy each)
+        q, k = (x.unflatten(1, (-1, 2)).transpose(1, 2).flatten(1, 2) for x in (q, k))
+        return split_diff_attention_stacked(q, k, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
+    return DIFF_BACKENDS[name](
+        q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2], v, lam, causal=causal, attn_mask=attn_mask, scale=scale
+    )
 
 
 def attention(
@@ -280,14 +308,13 @@ def attention(
     attn_mask: Tensor | None = None,
     backend: str = "auto",
     scale: float | None = None,
-    return_maps: bool = False,
-    logits_transform: LogitsTransform | None = None,
     check: bool = True,
-) -> Tensor | tuple[Tensor, AttentionMaps]:
+) -> Tensor:
     """Standard softmax attention with the same conventions as :func:`diff_attention`.
 
     q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, dv) -> (B, H, T, dv). Backends: "reference"
-    or anything else, which means PyTorch SDPA (it picks flash / memory-efficient itself).
+    or anything else, which means PyTorch SDPA (it picks flash / memory-efficient itself). For the
+    maps, call :func:`reference_attention`.
     """
     if check:
         for name, x in {"q": q, "k": k, "v": v}.items():
@@ -298,14 +325,8 @@ def attention(
         if causal and q.shape[2] > k.shape[2]:
             raise ValueError(f"causal attention needs T <= S, got T={q.shape[2]} and S={k.shape[2]}")
         _check_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    needs_maps = return_maps or logits_transform is not None
-    if needs_maps or backend == "reference":
-        if backend not in ("auto", "reference"):
-            raise ValueError(f"return_maps and logits_transform need backend='reference', got {backend!r}")
-        out, maps = reference_attention(
-            q, k, v, causal=causal, attn_mask=attn_mask, scale=scale, logits_transform=logits_transform
-        )
-        return (out, maps) if return_maps else out
+    if backend == "reference":
+        return reference_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)[0]
     if check:
         resolve_backend(backend, q.device)
     return sdpa(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)

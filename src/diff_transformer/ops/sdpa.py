@@ -3,8 +3,10 @@
 - ``sdpa_diff_attention`` is FlashDiffAttn_1: two calls, q/k of width d and v of width 2d.
   On CUDA the memory-efficient kernel accepts that; on CPU PyTorch falls back to the math
   kernel, which materialises the T x S map.
-- ``sdpa_split_diff_attention`` is FlashDiffAttn_2: v split into halves, four calls of equal
-  widths, so PyTorch's flash kernels apply (on CPU too) and memory stays linear in T.
+- ``sdpa_split_diff_attention`` is FlashDiffAttn_2: v split into halves so that q, k and v have
+  equal widths and PyTorch's flash kernels apply (on CPU too), memory staying linear in T. The
+  paper's four calls become two by stacking Q1/Q2 and K1/K2 as heads (same arithmetic, half the
+  calls); :func:`split_diff_attention_stacked` takes that stacked layout directly.
 """
 
 from __future__ import annotations
@@ -69,8 +71,32 @@ def sdpa_split_diff_attention(
     attn_mask: Tensor | None = None,
     scale: float | None = None,
 ) -> Tensor:
-    v1, v2 = v.chunk(2, dim=-1)  # (B, Hkv, S, d) each
+    return split_diff_attention_stacked(
+        torch.cat([q1, q2], dim=1), torch.cat([k1, k2], dim=1), v, lam, causal=causal, attn_mask=attn_mask, scale=scale
+    )
+
+
+def split_diff_attention_stacked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """FlashDiffAttn_2 on the two groups stacked group-major: q (B, 2H, T, d) = [Q1 heads; Q2 heads],
+    k (B, 2Hkv, S, d) = [K1; K2], v (B, Hkv, S, 2d) -> (B, H, T, 2d).
+
+    Two SDPA calls over all 2H heads (one per half of v) instead of four over H: fewer calls and
+    no strided per-group slices. In this order SDPA's GQA rule (query head j reads KV head
+    j // n_rep) sends Q1 of head h to K1 of group h // n_rep and Q2 to K2, as it must.
+    """
+    h = q.shape[1] // 2
+    if attn_mask is not None and attn_mask.dim() == 4 and attn_mask.shape[1] == h > 1:
+        attn_mask = attn_mask.repeat(1, 2, 1, 1)  # a per-head mask covers both groups of the head
     kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
-    a1 = torch.cat([sdpa(q1, k1, v1, **kw), sdpa(q1, k1, v2, **kw)], dim=-1)  # (B, H, T, 2d)
-    a2 = torch.cat([sdpa(q2, k2, v1, **kw), sdpa(q2, k2, v2, **kw)], dim=-1)
-    return a1 - _lam_view(lam, a1) * a2
+    halves = [sdpa(q, k, half.repeat(1, 2, 1, 1), **kw) for half in v.chunk(2, dim=-1)]  # (B, 2H, T, d) each
+    out = torch.cat(halves, dim=-1).unflatten(1, (2, h))  # (B, 2, H, T, 2d): map 1, map 2
+    return out[:, 0] - _lam_view(lam, out) * out[:, 1]

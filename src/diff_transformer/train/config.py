@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from ..config import ATTENTION_KINDS, ConfigError, ModelConfig
+from ..ops import BACKEND_NAMES
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -167,6 +168,7 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda"
     precision: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU; or "fp32", "bf16"
     compile: bool = False  # torch.compile the model
+    attn_backend: str = "auto"  # attention backend of every layer (see diff_transformer.ops); not saved with the model
     parallel: str = "ddp"  # under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard per block)
     tensorboard: bool = True  # also write TensorBoard event files in out_dir/tensorboard
     progress: bool = True  # tqdm progress bar (rank 0)
@@ -179,7 +181,12 @@ class RunConfig:
             raise ConfigError(f"run.stop_at_step must be in [1, run.steps={self.steps}], got {self.stop_at_step}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
-        choices = {"device": ("auto", "cpu", "cuda"), "precision": ("auto", "fp32", "bf16"), "parallel": ("ddp", "fsdp")}
+        choices = {
+            "device": ("auto", "cpu", "cuda"),
+            "precision": ("auto", "fp32", "bf16"),
+            "parallel": ("ddp", "fsdp"),
+            "attn_backend": BACKEND_NAMES,
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"run.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

@@ -193,7 +193,7 @@ def check_resumable(directory: str | Path, config, model_config) -> None:
 
     saved_model, _ = read_config(directory)
     ours, theirs = model_config.to_dict(), saved_model.to_dict()
-    differing = [f"model.{k}: {theirs[k]!r} -> {ours[k]!r}" for k in ours if k != "attn_backend" and ours[k] != theirs.get(k)]
+    differing = [f"model.{k}: {theirs[k]!r} -> {ours[k]!r}" for k in ours if ours[k] != theirs.get(k)]
     saved = read_train_config(directory)
     current = config.to_dict()
     for section, keys in RESUME_INVARIANTS.items():

@@ -377,7 +377,8 @@ class _Run:
                 f"or choose another run.out_dir / run.checkpoint_dir"
             )
 
-        model = parallelize(lambda device: LanguageModel(model_config, device=device), env, run.parallel, run.seed)
+        build = lambda device: LanguageModel(model_config, device=device, attn_backend=run.attn_backend)  # noqa: E731
+        model = parallelize(build, env, run.parallel, run.seed)
         raw_model = unwrap(model)
         optim = config.optim_for(entry.name)  # the optim section with the model's own fields (its lr) over it
         optimizer = build_optimizer(raw_model, optim, env.device)
