@@ -80,3 +80,19 @@ def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):
     model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=200))
     with pytest.raises(CheckpointError, match="tokenizer has 257 tokens but the model's vocab_size is 200"):
         model.save_pretrained(tmp_path / "ckpt", tokenizer=ByteTokenizer())
+
+
+def test_a_checkpoint_that_carries_the_old_attn_backend_field_still_loads(tmp_path):
+    """Checkpoints written while the backend was a ModelConfig field hold "attn_backend" in
+    config.json; it is not architecture, so loading ignores it and the model runs on "auto"."""
+    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257))
+    out = model.save_pretrained(tmp_path / "ckpt")
+    meta = json.loads((out / "config.json").read_text())
+    assert "attn_backend" not in meta["model"]
+    meta["model"]["attn_backend"] = "reference"
+    (out / "config.json").write_text(json.dumps(meta))
+    loaded = LanguageModel.from_pretrained(out)
+    assert loaded.config == model.config and loaded.attn_backend == "auto"
+    assert LanguageModel.from_pretrained(out, attn_backend="sdpa").attn_backend == "sdpa"
+    tokens = torch.randint(0, 257, (2, 9))
+    torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], atol=0, rtol=0)

@@ -66,6 +66,8 @@ def minimal(**sections):
         (minimal(models={"diff": {"optim": {"lrr": 1.0}}}), r"models.diff.optim.lrr"),
         (minimal(retrieval={"length": 8}), "retrieval.length"),
         (minimal(retrieval={"bogus": 1}), "retrieval.bogus"),
+        (minimal(run={"attn_backend": "flash9"}), "run.attn_backend"),
+        (minimal(models={"diff": {"preset": "debug", "attn_backend": "sdpa"}}), "attn_backend is a runtime setting"),
     ],
 )
 def test_bad_keys_and_values_are_errors_naming_them(data, named):

@@ -114,3 +114,23 @@ def test_generate_errors():
         generate(model, [[1] * 100], 40)
     with pytest.raises(ValueError, match="at least one token"):
         generate(model, [[]], 4)
+
+
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2"])
+def test_an_expanded_cache_continues_every_row_as_the_whole_sequence_would(kind):
+    """expand(r): row i of the source becomes rows i·r … i·r + r − 1; continuing each with its own
+    tokens gives the logits of one full forward over prefix + continuation."""
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind)).eval()
+    prefix = torch.randint(0, 512, (2, 7))
+    continuations = torch.randint(0, 512, (6, 4))  # 3 per prefix row
+    with torch.no_grad():
+        cache = model.new_cache(2, 16)
+        model(prefix, cache=cache)
+        branched = cache.expand(3, max_len=11)
+        assert (branched.batch_size, branched.length, branched.max_len) == (6, 7, 11)
+        got, _ = model(continuations, cache=branched)
+        full, _ = model(torch.cat([prefix.repeat_interleave(3, dim=0), continuations], dim=1))
+    torch.testing.assert_close(got, full[:, 7:], atol=1e-5, rtol=1e-5)
+    assert cache.length == 7  # the source is untouched
+    with pytest.raises(ValueError, match="max_len >= 7"):
+        cache.expand(2, max_len=5)

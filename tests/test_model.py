@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from diff_transformer import LanguageModel, ModelConfig
+from diff_transformer.config import ConfigError
 from diff_transformer.attention import DiffAttention, DiffV2Attention, StandardAttention
 
 KINDS = ["standard", "diff", "diff_v2"]
@@ -224,3 +225,36 @@ def test_bad_inputs():
         model(torch.zeros(1, 4, dtype=torch.long), padding_mask=torch.ones(1, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="unknown attention backend"):
         model.set_attention_backend("nope")
+    with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
+        LanguageModel(ModelConfig.from_preset("debug"), attn_backend="nope")
+
+
+def test_the_backend_is_a_runtime_setting_of_every_layer():
+    config = ModelConfig.from_preset("debug")
+    model = LanguageModel(config, attn_backend="reference")
+    assert model.attn_backend == "reference" and {layer.attn.backend for layer in model.layers} == {"reference"}
+    model.set_attention_backend("sdpa")
+    assert {layer.attn.backend for layer in model.layers} == {"sdpa"}
+    assert "attn_backend" not in config.to_dict()
+    with pytest.raises(ConfigError, match="attn_backend is a runtime setting"):
+        ModelConfig.from_dict({**config.to_dict(), "attn_backend": "sdpa"})
+
+
+def test_each_module_initialises_its_own_tensors():
+    """The model's init_weights delegates: re-running one block's init_weights with a generator
+    gives the values that a fresh generator drawn in the documented order gives (embed, then per
+    layer attention q, k, v, o, λ vectors and FFN gate, up, down)."""
+    config = ModelConfig.from_preset("debug", attention="diff")
+    model = LanguageModel(config)
+    std, out_std = config.init_std, config.init_std / math.sqrt(2 * config.n_layers)
+    model.layers[1].init_weights(std, out_std, torch.Generator().manual_seed(7))
+    g = torch.Generator().manual_seed(7)
+    a, f = model.layers[1].attn, model.layers[1].ffn
+    expected = [
+        (a.q_proj.weight, std), (a.k_proj.weight, std), (a.v_proj.weight, std), (a.o_proj.weight, out_std),
+        *[(vec, config.lambda_std) for vec in (a.lambda_q1, a.lambda_k1, a.lambda_q2, a.lambda_k2)],
+        (f.gate_proj.weight, std), (f.up_proj.weight, std), (f.down_proj.weight, out_std),
+    ]
+    for tensor, scale in expected:
+        torch.testing.assert_close(tensor, torch.empty_like(tensor).normal_(0.0, scale, generator=g), atol=0, rtol=0)
+    assert torch.equal(a.head_norm.weight, torch.ones(2 * config.head_dim))
