@@ -169,7 +169,7 @@ def test_the_best_learning_rate_ignores_one_where_a_seed_diverged():
 
 
 def test_evaluation_sentences_pair_the_same_seed_only():
-    from diff_transformer.evaluation.common import pairs_to_compare
+    from diff_transformer.evaluation.output import pairs_to_compare
 
     def result(kind):
         return {"model": {"attention": kind}}

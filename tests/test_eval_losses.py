@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.data.synthetic import ICL_WORDS
 from diff_transformer.evaluation import EvalText, ModelUnderTest, ar_hit, position_nll
-from diff_transformer.evaluation.common import difference_noise, token_nll
+from diff_transformer.evaluation.scoring import token_nll
+from diff_transformer.evaluation.stats import difference_noise
 from diff_transformer.tokenizer import ByteTokenizer
 
 TEXT = EvalText([" ".join(random.Random(0).choices(ICL_WORDS, k=3000))])

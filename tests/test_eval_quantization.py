@@ -8,7 +8,7 @@ import torch
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.data.synthetic import ICL_WORDS
 from diff_transformer.evaluation import EvalText, ModelUnderTest, quantization
-from diff_transformer.evaluation.common import token_nll
+from diff_transformer.evaluation.scoring import token_nll
 from diff_transformer.tokenizer import ByteTokenizer
 
 TEXT = EvalText([" ".join(random.Random(0).choices(ICL_WORDS, k=3000))])

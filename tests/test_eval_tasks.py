@@ -9,7 +9,7 @@ import torch
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.data.synthetic import ICL_WORDS, ClassificationTask
 from diff_transformer.evaluation import EvalText, ModelUnderTest, icl, mqar, needle
-from diff_transformer.evaluation.common import score_choices, score_sequences
+from diff_transformer.evaluation.scoring import score_choices, score_sequences
 from diff_transformer.tokenizer import ByteTokenizer
 
 KINDS = ["standard", "diff", "diff_v2"]

@@ -39,7 +39,7 @@ from diff_transformer.evaluation import (
     quantization,
     scaling,
 )
-from diff_transformer.evaluation.common import score_choices, score_sequences
+from diff_transformer.evaluation.scoring import score_choices, score_sequences
 from diff_transformer.ops import AttentionMaps
 from diff_transformer.tokenizer import ByteTokenizer
 

@@ -92,6 +92,7 @@ class LanguageModel(nn.Module):
             self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.norm = RMSNorm(config.d_model, config.norm_eps)
             self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._rope_tables: dict[torch.device, Tensor] = {}  # see _rope_table
         self.set_attention_backend(attn_backend)
         if device.type != "meta":
             self.to_empty(device=device)
@@ -139,8 +140,7 @@ class LanguageModel(nn.Module):
         start = 0 if cache is None else cache.length
         if start + t > self.config.max_seq_len:
             raise ValueError(f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}")
-        positions = torch.arange(start, start + t, device=tokens.device)
-        rope = rope_frequencies(positions, self.config.head_dim, self.config.rope_theta)  # (T, d/2, 2) cos, sin
+        rope = self._rope_table(tokens.device)[start : start + t]  # (T, d/2, 2) cos, sin
         attn_mask = None if padding_mask is None else self._padding_to_attn_mask(padding_mask, t, start + t)
         x = self.embed(tokens)
         for layer in self.layers:
@@ -153,6 +153,15 @@ class LanguageModel(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
+
+    def _rope_table(self, device: torch.device) -> Tensor:
+        """cos, sin of every position < max_seq_len, fp32 (L, d/2, 2): computed once per device and
+        kept off the state dict and out of ``.to(dtype)``, so that a step only slices it."""
+        table = self._rope_tables.get(device)
+        if table is None:
+            positions = torch.arange(self.config.max_seq_len, device=device)
+            table = self._rope_tables[device] = rope_frequencies(positions, self.config.head_dim, self.config.rope_theta)
+        return table
 
     @staticmethod
     def _padding_to_attn_mask(padding_mask: Tensor, t: int, s: int) -> Tensor:

@@ -15,7 +15,8 @@ import sys
 
 import torch
 
-from ..evaluation.common import DEFAULT_OUT, add_option_flags, options_from_flags
+from ..evaluation.options import add_option_flags, options_from_flags
+from ..evaluation.output import DEFAULT_OUT
 from . import args as types
 
 
@@ -110,7 +111,7 @@ def run_scaling(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..evaluation import scaling
-    from ..evaluation.common import write_json
+    from ..evaluation.output import write_json
 
     runs = scaling.load_runs(args.results)
     if args.checkpoint:

@@ -18,8 +18,10 @@ several models (``compare`` does, after training) and returns Markdown sections 
 
 from __future__ import annotations
 
-from .common import Evaluation, EvalText, ModelUnderTest, load_model
+from .models import ModelUnderTest, load_model
+from .options import Evaluation
 from .suite import EVALUATIONS, NAMES, SuiteResult, report_sections, run_evaluation, run_suite
+from .texts import EvalText
 
 __all__ = [
     "EVALUATIONS",

@@ -24,22 +24,20 @@ import torch
 from torch import Tensor
 
 from .. import paper
-from .common import (
-    EvalText,
-    Evaluation,
-    ModelUnderTest,
+from .models import ModelUnderTest
+from .options import Evaluation, option
+from .output import (
     comparison_sentence,
-    difference_noise,
     fmt,
     markdown_table,
     model_colors,
     new_figure,
-    option,
     pairs_to_compare,
     save_figure,
-    token_nll,
-    windows_fingerprint,
 )
+from .scoring import token_nll, windows_fingerprint
+from .stats import difference_noise
+from .texts import EvalText
 
 NAME = "ar-hit"
 

@@ -34,21 +34,19 @@ from ..attention import AttentionTap
 from ..data.synthetic import NeedleExample, build_needle_example
 from ..ops import AttentionMaps
 from .. import paper
-from .common import (
-    EvalText,
-    Evaluation,
-    ModelUnderTest,
+from .models import ModelUnderTest
+from .options import Evaluation, option
+from .output import (
     comparison_sentence,
     fmt,
     markdown_table,
-    mean,
     model_colors,
     new_figure,
-    option,
     pairs_to_compare,
     save_figure,
-    seeded_rng,
 )
+from .stats import mean, seeded_rng
+from .texts import EvalText
 
 NAME = "attention-noise"
 GROUPS = ("answer", "noise", "other")

@@ -4,7 +4,7 @@ Prompts are [end-of-text] then demonstrations "Input: TEXT\\nLabel: LABEL\\n", t
 "Input: TEXT\\nLabel:". Constrained decoding: every label's tokens are scored as a continuation
 (sum of log-probabilities) and the best-scoring label is the prediction, so the model can only
 answer with a valid label. The demonstrations run once into a KV cache that every test item
-continues, and every label branches off its test item's cache (``common.score_choices``).
+continues, and every label branches off its test item's cache (``scoring.score_choices``).
 
 - Accuracy vs number of demonstrations, on class-balanced test items: for each count,
   demonstrations drawn at random from the rest (random order); counts whose prompt exceeds the
@@ -32,23 +32,20 @@ from ..progress import progress as progress_bar
 
 from ..data.synthetic import ClassificationTask, encode_demonstration, encode_label, encode_query, keyword_task
 from .. import paper
-from .common import (
-    EvalText,
-    Evaluation,
-    ModelUnderTest,
-    binomial_se,
+from .models import ModelUnderTest
+from .options import Evaluation, option
+from .output import (
     comparison_sentence,
     fmt,
     markdown_table,
-    mean,
     model_colors,
     new_figure,
-    option,
     pairs_to_compare,
     save_figure,
-    score_choices,
-    seeded_rng,
 )
+from .scoring import score_choices
+from .stats import binomial_se, mean, seeded_rng
+from .texts import EvalText
 
 NAME = "icl"
 LAYOUTS = ("random", "alternating")

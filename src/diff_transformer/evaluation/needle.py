@@ -26,23 +26,20 @@ from ..progress import progress as progress_bar
 
 from ..data.synthetic import build_needle_example
 from .. import paper
-from .common import (
-    EvalText,
-    Evaluation,
-    ModelUnderTest,
-    binomial_se,
+from .models import ModelUnderTest
+from .options import Evaluation, option
+from .output import (
     comparison_sentence,
     fmt,
-    greedy_decode,
     markdown_table,
-    mean,
     model_colors,
     new_figure,
-    option,
     pairs_to_compare,
     save_figure,
-    seeded_rng,
 )
+from .scoring import greedy_decode
+from .stats import binomial_se, mean, seeded_rng
+from .texts import EvalText
 
 NAME = "needle"
 

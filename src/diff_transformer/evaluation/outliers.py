@@ -24,19 +24,18 @@ from ..progress import progress as progress_bar
 from ..attention import AttentionTap
 from ..ops import AttentionMaps
 from .. import paper
-from .common import (
-    EvalText,
-    Evaluation,
-    ModelUnderTest,
+from .models import ModelUnderTest
+from .options import Evaluation, option
+from .output import (
     comparison_sentence,
     fmt,
     markdown_table,
     model_colors,
     new_figure,
-    option,
     pairs_to_compare,
     save_figure,
 )
+from .texts import EvalText
 
 NAME = "outliers"
 RANKS = (1, 2, 3, 10, 100)

@@ -32,23 +32,21 @@ from ..progress import progress as progress_bar
 from ..attention import AttentionTap
 from ..data.synthetic import build_needle_example
 from .. import paper
-from .common import (
-    EvalText,
-    Evaluation,
-    ModelUnderTest,
+from .models import ModelUnderTest
+from .needle import parse_setting
+from .options import Evaluation, option
+from .output import (
     comparison_sentence,
     fmt,
     markdown_table,
     model_colors,
     new_figure,
-    option,
     pairs_to_compare,
     save_figure,
-    score_sequences,
-    seeded_rng,
-    token_nll,
 )
-from .needle import parse_setting
+from .scoring import score_sequences, token_nll
+from .stats import seeded_rng
+from .texts import EvalText
 
 NAME = "quantization"
 GRANULARITIES = ("row", "head")

@@ -25,18 +25,10 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import paper
-from .common import (
-    BASELINE,
-    DIFF_KINDS,
-    KIND_COLORS,
-    EvalText,
-    ModelUnderTest,
-    fmt,
-    markdown_table,
-    new_figure,
-    save_figure,
-    token_nll,
-)
+from .models import BASELINE, DIFF_KINDS, ModelUnderTest
+from .output import KIND_COLORS, fmt, markdown_table, new_figure, save_figure
+from .scoring import token_nll
+from .texts import EvalText
 
 NAME = "scaling"
 TITLE = "Scaling laws (paper Fig. 3)"

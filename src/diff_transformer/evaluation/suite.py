@@ -24,7 +24,10 @@ import torch
 from ..progress import progress as progress_bar
 
 from . import ar_hit, attention_noise, icl, mqar, needle, outliers, position_nll, quantization, scaling
-from .common import EvalText, Evaluation, ModelUnderTest, load_model, options_dict, write_json
+from .models import ModelUnderTest, load_model
+from .options import Evaluation, options_dict
+from .output import write_json
+from .texts import EvalText
 
 EVALUATIONS: dict[str, Evaluation] = {
     module.SPEC.name: module.SPEC

@@ -44,7 +44,7 @@ from ..attention import AttentionTap
 from ..model import LanguageModel
 from ..ops import AttentionMaps
 from ..evaluation.attention_noise import MIN_ROW_SUM
-from ..evaluation.common import write_json
+from ..evaluation.output import write_json
 from ..evaluation.quantization import QuantizeTap
 from .config import OptimConfig, RetrievalConfig, TrainConfig
 from .optim import WarmupLinearSchedule, build_optimizer

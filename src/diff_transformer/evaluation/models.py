@@ -1,0 +1,76 @@
+"""The model under test: a checkpoint loaded in eval mode with its tokenizer and a label, and the
+attention kinds the reports compare (``BASELINE`` against ``DIFF_KINDS``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..model import LanguageModel
+
+BASELINE = "standard"  # the paper's "Transformer"
+DIFF_KINDS = ("diff", "diff_v2")
+
+
+@dataclass
+class ModelUnderTest:
+    """A model, its tokenizer, and a short label for tables and plots."""
+
+    label: str
+    model: LanguageModel
+    tokenizer: Any
+    checkpoint: str | None = None
+
+    @property
+    def attention(self) -> str:
+        return self.model.config.attention
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.config.max_seq_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed.weight.device
+
+    def describe(self) -> dict[str, Any]:
+        with torch.no_grad():
+            lambdas = self.model.lambdas()
+        return {
+            "checkpoint": self.checkpoint,
+            "attention": self.attention,
+            "parameters": self.model.num_parameters(),
+            "max_seq_len": self.max_seq_len,
+            "lambdas": [round(x, 4) for x in lambdas],
+        }
+
+
+def load_model(
+    checkpoint: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    tokenizer: Any = None,
+    label: str | None = None,
+) -> ModelUnderTest:
+    """A checkpoint directory (``save_pretrained``) in eval mode with its tokenizer.
+
+    ``tokenizer`` (a tokenizer or a path / "bytes") is needed only if the checkpoint holds none.
+    """
+    from ..checkpoint import load_checkpoint_tokenizer
+    from ..tokenizer import load_tokenizer
+
+    model = LanguageModel.from_pretrained(checkpoint, device=device).eval()
+    if isinstance(tokenizer, (str, Path)):
+        tokenizer = load_tokenizer(tokenizer)
+    if tokenizer is None:
+        tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
+    if tokenizer is None:
+        raise ValueError(f"{checkpoint} holds no tokenizer; pass one (--tokenizer)")
+    directory = Path(checkpoint).resolve()
+    if directory.name == "checkpoint":  # the trainer's layout: RUN_DIR/checkpoint
+        directory = directory.parent
+    name = label or f"{model.config.attention}:{directory.name}"
+    return ModelUnderTest(label=name, model=model, tokenizer=tokenizer, checkpoint=str(checkpoint))

@@ -1,0 +1,129 @@
+"""What an evaluation writes: JSON result files, plots (PNG, a colour per model) and Markdown
+(tables, numbers, sentences comparing each DIFF model with its baseline against the paper)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..files import write_atomically, write_text_atomically
+from .models import BASELINE, DIFF_KINDS
+
+DEFAULT_OUT = Path("out/eval")
+
+
+# --- output files ---------------------------------------------------------------------------------------
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON, atomically (NaN/inf become null)."""
+    text = json.dumps(_finite(data), indent=2) + "\n"
+    return write_text_atomically(path, text)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0, 4.0)):
+    """(figure, axes) without pyplot: an Agg-rendered matplotlib Figure, axes always a flat list."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Render ``fig`` to a PNG at ``path`` (Agg backend), atomically."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+
+
+KIND_COLORS = {"standard": "#4c72b0", "diff": "#dd8452", "diff_v2": "#55a868"}
+EXTRA_COLORS = ("#8172b3", "#c44e52", "#937860", "#da8bc3", "#8c8c8c", "#ccb974")
+
+
+def model_colors(results: dict[str, dict]) -> dict[str, str]:
+    """A colour per model label: blue for the first Transformer, orange for the first DIFF, green for
+    the first DIFF V2 (as in every plot of the suite), other colours for further models."""
+    colors, used, extra = {}, set(), 0
+    for label, result in results.items():
+        kind = result["model"]["attention"]
+        if kind in KIND_COLORS and kind not in used:
+            colors[label] = KIND_COLORS[kind]
+            used.add(kind)
+        else:
+            colors[label] = EXTRA_COLORS[extra % len(EXTRA_COLORS)]
+            extra += 1
+    return colors
+
+
+# --- Markdown --------------------------------------------------------------------------------------------
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def pairs_to_compare(results: dict[str, dict]) -> list[tuple[str, str]]:
+    """(baseline label, DIFF-kind label) pairs among the results, in order. Labels of one seed
+    of a comparison ("DIFF s1", as ``compare`` names them) are paired with the same seed only."""
+    baselines = [k for k, r in results.items() if r["model"]["attention"] == BASELINE]
+    diffs = [k for k, r in results.items() if r["model"]["attention"] in DIFF_KINDS]
+    return [(b, d) for b in baselines for d in diffs if _seed_of(b) == _seed_of(d)]
+
+
+def _seed_of(label: str) -> str | None:
+    """"DIFF s2" -> "2"; None for a label without a seed suffix."""
+    head, _, tail = label.rpartition(" s")
+    return tail if head and tail.isdigit() else None
+
+
+def comparison_sentence(
+    what: str,
+    baseline: tuple[str, float],
+    candidate: tuple[str, float],
+    *,
+    higher_is_better: bool,
+    paper_says_candidate_better: bool = True,
+    noise: float = 0.0,
+    digits: int = 3,
+) -> str:
+    """A plain sentence: does our small-scale result agree with the paper's direction?
+
+    ``noise`` is the difference below which the two are reported as indistinguishable
+    (e.g. two standard errors of an accuracy).
+    """
+    (b_label, b), (c_label, c) = baseline, candidate
+    if b is None or c is None or not (math.isfinite(b) and math.isfinite(c)):
+        return f"{what}: not measurable for {b_label} vs {c_label}."
+    diff = c - b
+    ours = f"{what}: {c_label} {c:.{digits}f} vs {b_label} {b:.{digits}f}"
+    if abs(diff) <= noise:
+        return f"{ours} — within noise (±{noise:.{digits}f}), so this run neither confirms nor contradicts the paper."
+    candidate_better = (diff > 0) == higher_is_better
+    if candidate_better == paper_says_candidate_better:
+        return f"{ours} — agrees with the paper."
+    return f"{ours} — **contradicts the paper** at this scale."
