@@ -155,9 +155,10 @@ class Attention(nn.Module):
             transform = partial(self.tap.transform_logits, self.layer_index)
             out, maps = self.attend_with_maps(q, k, v, x, attn_mask=attn_mask, logits_transform=transform)
             self.tap.record(self.layer_index, maps)
-        if self.head_norm is not None:
-            out = self.head_norm(out)
-        if self.out_scale != 1.0:
+        if self.head_norm is not None:  # the constant scale rides on the 2d-wide weight, not the activations
+            weight = self.head_norm.weight if self.out_scale == 1.0 else self.head_norm.weight * self.out_scale
+            out = rms_norm(out, weight, self.head_norm.eps)
+        elif self.out_scale != 1.0:
             out = out * self.out_scale
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, H, T, w) -> (B, T, E)
 
