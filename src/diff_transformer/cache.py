@@ -10,6 +10,8 @@ tensors keep their addresses (what CUDA graphs and torch.compile want). Per laye
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -61,16 +63,16 @@ class KVCache:
         max_len = self.max_len if max_len is None else max_len
         if repeats < 1 or max_len < self.length:
             raise ValueError(f"expand needs repeats >= 1 and max_len >= {self.length} cached tokens, got {repeats}, {max_len}")
-        new = KVCache.__new__(KVCache)
         n = self.length
+        new = copy.copy(self)  # every setting as here; buffers, rows, room and λ replaced below
         new.keys, new.values = [], []
         for stored, out in ((self.keys, new.keys), (self.values, new.values)):
             for buffer in stored:
                 b, heads, _, width = buffer.shape
-                copy = buffer.new_zeros(b * repeats, heads, max_len, width)
-                copy[:, :, :n] = buffer[:, :, :n].repeat_interleave(repeats, dim=0)
-                out.append(copy)
-        new.batch_size, new.max_len, new.length = self.batch_size * repeats, max_len, n
+                branched = buffer.new_zeros(b * repeats, heads, max_len, width)
+                branched[:, :, :n] = buffer[:, :, :n].repeat_interleave(repeats, dim=0)
+                out.append(branched)
+        new.batch_size, new.max_len = self.batch_size * repeats, max_len
         new.lambdas = dict(self.lambdas)
         return new
 
