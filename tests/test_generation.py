@@ -13,14 +13,15 @@ KINDS = ["standard", "diff", "diff_v2"]
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n_kv_heads", [None, 1])
-@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split"])
-def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, backend):
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
+@pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
+def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, backend, static):
     config = ModelConfig.from_preset("debug", attention=kind, n_kv_heads=n_kv_heads)
     model = LanguageModel(config, attn_backend=backend).eval()
     tokens = torch.randint(0, config.vocab_size, (2, 23))
     with torch.no_grad():
         full, _ = model(tokens)
-        cache = model.new_cache(2, 32)
+        cache = model.new_cache(2, 32, static=static)
         pieces = [model(tokens[:, :7], cache=cache)[0], model(tokens[:, 7:12], cache=cache)[0]]  # chunked prefill
         pieces += [model(tokens[:, i : i + 1], cache=cache)[0] for i in range(12, 23)]
     assert cache.length == 23
@@ -35,6 +36,78 @@ def test_cache_errors():
         model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="made for batch size 1"):
         model(torch.zeros(2, 1, dtype=torch.long), cache=model.new_cache(1, 8))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_static_cache_with_left_padding_decodes_each_row_as_it_would_alone(kind):
+    """Rows padded on the left, prefilled and decoded through a static cache (padding flags kept by
+    the cache, every step over all slots): the logits of each row's real tokens equal that row
+    alone in a full forward."""
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind)).eval()
+    rows = [torch.randint(0, 512, (n,)) for n in (9, 4)]
+    steps = torch.randint(0, 512, (2, 5))
+    prompt = torch.zeros(2, 9, dtype=torch.long)
+    real = torch.zeros(2, 9, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        prompt[i, 9 - len(row):], real[i, 9 - len(row):] = row, True
+    with torch.no_grad():
+        cache = model.new_cache(2, 20, static=True)
+        got = [model(prompt, cache=cache, padding_mask=real)[0]]
+        got += [model(steps[:, i : i + 1], cache=cache)[0] for i in range(5)]
+        got = torch.cat(got, dim=1)  # (2, 14, V)
+        for i, row in enumerate(rows):
+            alone, _ = model(torch.cat([row, steps[i]])[None])
+            torch.testing.assert_close(got[i, 9 - len(row):], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_an_expanded_static_cache_keeps_the_padding_of_each_row():
+    """A left-padded static cache expanded ×2: rows 2i and 2i + 1 continue row i, padding still hidden."""
+    model = LanguageModel(ModelConfig.from_preset("debug", attention="diff")).eval()
+    short, long = torch.randint(0, 512, (3,)), torch.randint(0, 512, (6,))
+    prompt = torch.stack([torch.cat([torch.zeros(3, dtype=torch.long), short]), long])
+    real = torch.tensor([[False] * 3 + [True] * 3, [True] * 6])
+    nxt = torch.randint(0, 512, (4, 1))
+    with torch.no_grad():
+        cache = model.new_cache(2, 8, static=True)
+        model(prompt, cache=cache, padding_mask=real)
+        got, _ = model(nxt, cache=cache.expand(2))
+        for row, prefix in enumerate([short, short, long, long]):
+            alone, _ = model(torch.cat([prefix, nxt[row]])[None])
+            torch.testing.assert_close(got[row, -1], alone[0, -1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compiled_decoding_with_a_static_cache_compiles_once(kind):
+    """Without dynamic=True: the first one-token step compiles, every later step reuses that graph
+    (a recompilation is an error here), and the logits follow a full forward."""
+    torch._dynamo.reset()
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind)).eval()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    tokens = torch.randint(0, 512, (2, 14))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        cache = model.new_cache(2, 16, static=True)
+        pieces = [model(tokens[:, :8], cache=cache)[0], compiled(tokens[:, 8:9], cache=cache)[0]]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            pieces += [compiled(tokens[:, i : i + 1], cache=cache)[0] for i in range(9, 14)]
+    assert cache.length == 14
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
+
+
+def test_static_cache_errors():
+    model = LanguageModel(ModelConfig.from_preset("debug"))
+    with pytest.raises(ValueError, match="static KV cache of 200 tokens exceeds max_seq_len=128"):
+        model.new_cache(1, 200, static=True)
+    cache = model.new_cache(2, 8, static=True)
+    with pytest.raises(ValueError, match=r"padding_mask flags the new tokens only: bool \(batch, 3\)"):
+        model(torch.zeros(2, 3, dtype=torch.long), cache=cache, padding_mask=torch.ones(2, 8, dtype=torch.bool))
+    model(torch.zeros(2, 6, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="KV cache holds 8 tokens; writing 3 more at 6"):
+        model(torch.zeros(2, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="exceeds max_seq_len=128"):
+        cache.expand(2, max_len=129)
+    cache.reset()
+    assert cache.length == 0 and not cache.padded
 
 
 @pytest.mark.parametrize("kind", ["diff", "diff_v2"])
@@ -117,14 +190,15 @@ def test_generate_errors():
 
 
 @pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2"])
-def test_an_expanded_cache_continues_every_row_as_the_whole_sequence_would(kind):
+@pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
+def test_an_expanded_cache_continues_every_row_as_the_whole_sequence_would(kind, static):
     """expand(r): row i of the source becomes rows i·r … i·r + r − 1; continuing each with its own
     tokens gives the logits of one full forward over prefix + continuation."""
     model = LanguageModel(ModelConfig.from_preset("debug", attention=kind)).eval()
     prefix = torch.randint(0, 512, (2, 7))
     continuations = torch.randint(0, 512, (6, 4))  # 3 per prefix row
     with torch.no_grad():
-        cache = model.new_cache(2, 16)
+        cache = model.new_cache(2, 16, static=static)
         model(prefix, cache=cache)
         branched = cache.expand(3, max_len=11)
         assert (branched.batch_size, branched.length, branched.max_len) == (6, 7, 11)

@@ -100,7 +100,7 @@ def randomise(model):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n_kv_heads", [None, 1])
-@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split"])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
 def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
     overrides = dict(head_norm=True) if kind == "standard" else {}
     config = ModelConfig.from_preset("debug", attention=kind, n_kv_heads=n_kv_heads, **overrides)

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from diff_transformer.ops import attention, diff_attention, reference_diff_attention
+from diff_transformer.ops import attention, diff_attention, diff_attention_packed, reference_diff_attention
 
-FAST_BACKENDS = ["sdpa", "sdpa_split"]
+FAST_BACKENDS = ["sdpa", "sdpa_split", "math"]
 TOL = 1e-5  # fp32, absolute, outputs and gradients
 
 # (B, H, Hkv, T, S, d): MHA, GQA, T < S (KV cache), odd lengths, a single query
@@ -43,7 +43,7 @@ def naive_diff_attention(q1, q2, k1, k2, v, lam, causal=True, mask=None):
             if causal:
                 visible &= torch.arange(s)[None, :] <= torch.arange(s - t, s)[:, None]
             if mask is not None:
-                visible &= mask[bi, 0]
+                visible &= mask[bi, hi if mask.shape[1] > 1 else 0]
             a1 = a1.masked_fill(~visible, float("-inf")).softmax(-1)
             a2 = a2.masked_fill(~visible, float("-inf")).softmax(-1)
             lam_h = lam[hi] if lam.dim() else lam
@@ -79,16 +79,48 @@ def test_backend_matches_reference_forward_and_gradients(backend, case, per_head
         assert err < TOL * max(1.0, a.grad.abs().max().item()), f"grad {name}: {err}"
 
 
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("case", [(2, 4, 2, 9, 9, 8), (1, 6, 2, 4, 11, 16)])
+def test_the_packed_layout_matches_the_reference_forward_and_gradients(backend, case):
+    """diff_attention_packed (the model's interleaved sub-heads, GQA, a padding mask) against the
+    reference on the separate groups, outputs and gradients of q, k, v and λ."""
+    b, h, hkv, t, s, d = case
+    q1, q2, k1, k2, v, lam = make_inputs(*case)
+    q = torch.stack([q1, q2], dim=2).flatten(1, 2).detach().requires_grad_()  # sub-heads 2h, 2h + 1
+    k = torch.stack([k1, k2], dim=2).flatten(1, 2).detach().requires_grad_()
+    v_packed, lam_packed = v.detach().requires_grad_(), lam.detach().requires_grad_()
+    mask = torch.ones(b, 1, t, s, dtype=torch.bool)
+    mask[0, :, :, 1:3] = False  # key 0 stays: every query keeps a visible key
+    ref = diff_attention(q1, q2, k1, k2, v, lam, attn_mask=mask, backend="reference")
+    out = diff_attention_packed(q, k, v_packed, lam_packed, attn_mask=mask, backend=backend)
+    assert (out - ref).abs().max().item() < TOL
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    out.backward(grad_out)
+    expected = {
+        "q": torch.stack([q1.grad, q2.grad], dim=2).flatten(1, 2), "k": torch.stack([k1.grad, k2.grad], dim=2).flatten(1, 2),
+        "v": v.grad, "lam": lam.grad,
+    }
+    for name, got in {"q": q.grad, "k": k.grad, "v": v_packed.grad, "lam": lam_packed.grad}.items():
+        err = (got - expected[name]).abs().max().item()
+        assert err < TOL * max(1.0, expected[name].abs().max().item()), f"grad {name}: {err}"
+
+
 @pytest.mark.parametrize("backend", ["reference", *FAST_BACKENDS])
 @pytest.mark.parametrize("causal", [True, False])
 def test_attn_mask_combines_with_causal(backend, causal):
-    b, h, hkv, t, s, d = 2, 4, 2, 7, 12, 8
+    b, h, hkv, t, s, d = 2, 6, 2, 7, 12, 8  # three heads per KV group
     inputs = make_inputs(b, h, hkv, t, s, d)
     mask = torch.ones(b, 1, t, s, dtype=torch.bool)
     mask[0, :, :, :3] = False  # batch row 0: three padded keys
     out = diff_attention(*inputs, causal=causal, attn_mask=mask, backend=backend)
     expected = naive_diff_attention(*inputs, causal=causal, mask=mask)
     assert (out.double() - expected).abs().max() < 1e-5
+    per_head_mask = mask.repeat(1, h, 1, 1)
+    for head in range(h):
+        per_head_mask[1, head, :, head] = False  # batch row 1: head j also hides key j
+    per_head = diff_attention(*inputs, causal=causal, attn_mask=per_head_mask, backend=backend)
+    assert (per_head.double() - naive_diff_attention(*inputs, causal=causal, mask=per_head_mask)).abs().max() < 1e-5
 
 
 def test_reference_maps_are_consistent():

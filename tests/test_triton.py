@@ -371,7 +371,7 @@ def test_gpu_every_autotune_config_on_partial_blocks(d):
 
 # --- issue 14: coverage, determinism, grid, switches, dispatch ------------------------------
 
-from diff_transformer.ops import choose_backend, key_padding_to_attn_mask  # noqa: E402
+from diff_transformer.ops import MATH_MAX_KEYS, choose_backend, key_padding_to_attn_mask  # noqa: E402
 
 NAMES = ("out", "q1", "q2", "k1", "k2", "v", "lam")
 
@@ -665,6 +665,11 @@ def test_choose_backend_routing():
     assert choose_backend("cuda", dtype=bf16, **{**fast, "queries": 1}) == "decode"
     # resolve_backend passes the dtype through; diff_attention passes q1's.
     assert resolve_backend("auto", torch.device("cpu"), queries=8, dtype=fp32) == "sdpa_split"
+    # CPU, fp32: "math" up to MATH_MAX_KEYS keys, the flash-style split beyond; other dtypes split
+    assert choose_backend("cpu", dtype=fp32, queries=256, keys=MATH_MAX_KEYS) == "math"
+    assert choose_backend("cpu", dtype=fp32, queries=256, keys=MATH_MAX_KEYS + 1) == "sdpa_split"
+    assert choose_backend("cpu", dtype=bf16, queries=256, keys=256) == "sdpa_split"
+    assert choose_backend("cuda", dtype=fp32, queries=256, keys=256) == "sdpa"
 
 
 @needs_kernels

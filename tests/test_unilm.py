@@ -81,7 +81,7 @@ def official_forward(sd, x, rel, depth, num_heads, num_kv_heads):
         (384, 3, 3, 1, 500000.0, 17),  # MQA, another θ
     ],
 )
-@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split"])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
 def test_matches_official_forward(embed_dim, depth, num_heads, num_kv_heads, theta, t, backend):
     g = torch.Generator().manual_seed(depth)
     sd = official_state_dict(embed_dim, num_heads, num_kv_heads, g)

@@ -7,7 +7,7 @@
 """
 
 from .attention import AttentionTap, DiffAttention, DiffV2Attention, StandardAttention
-from .cache import KVCache
+from .cache import KVCache, StaticKVCache
 from .config import PRESETS, ConfigError, ModelConfig
 from .model import LanguageModel
 from .ops import diff_attention
@@ -22,6 +22,7 @@ __all__ = [
     "LanguageModel",
     "ModelConfig",
     "StandardAttention",
+    "StaticKVCache",
     "diff_attention",
 ]
 __version__ = "0.1.0"

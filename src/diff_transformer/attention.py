@@ -136,19 +136,24 @@ class Attention(nn.Module):
         *,
         cache: "KVCache | None" = None,
         attn_mask: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
+        """x (B, T, E) -> (B, T, E). ``rope`` (T, d/2, 2) and, with a cache, ``positions`` (T,) of
+        the new tokens come from the model; standalone, both follow from the cache (or 0 … T − 1)."""
         b, t, _ = x.shape
         d = self.head_dim
         q = self.q_proj(x).view(b, t, -1, d)
         k = self.k_proj(x).view(b, t, -1, d)
         v = self.v_proj(x).view(b, t, -1, self.value_width)
-        if rope is None:  # standalone use: positions start .. start + T - 1
-            start = 0 if cache is None else cache.length
-            rope = rope_frequencies(torch.arange(start, start + t, device=x.device), d, self.config.rope_theta)
+        if cache is not None and positions is None:
+            positions = cache.positions(t)
+        if rope is None:
+            at = torch.arange(t, device=x.device) if positions is None else positions
+            rope = rope_frequencies(at, d, self.config.rope_theta)
         q, k = apply_rope(q, rope).transpose(1, 2), apply_rope(k, rope).transpose(1, 2)
         v = v.transpose(1, 2)
         if cache is not None:
-            k, v = cache.update(self.layer_index, k, v)  # all keys/values so far (B, heads, S, w)
+            k, v = cache.update(self.layer_index, k, v, positions)  # every stored key/value (B, heads, S, w)
         if self.tap is None:
             out = self.attend(q, k, v, x, cache=cache, attn_mask=attn_mask)
         else:

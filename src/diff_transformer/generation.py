@@ -3,10 +3,12 @@
 Prompts of different lengths are left-padded; the padding is masked out of attention, and since
 RoPE only sees relative positions, a padded row generates exactly what it would alone.
 
-``compile=True`` runs every one-token step through ``torch.compile(model, dynamic=True)`` (the
-prompt's forward stays eager): one graph serves every cache length, and on small models, whose
-decoding is bound by the number of operator calls, the fused step is what makes DIFF decode as
-fast as the Transformer (BENCHMARKS.md). The first call compiles (seconds).
+``compile=True`` decodes into a :class:`~diff_transformer.cache.StaticKVCache` and runs every
+one-token step through ``torch.compile(model)`` (``mode="reduce-overhead"``, i.e. CUDA graphs, on
+CUDA; the prompt's forward stays eager). Every step has the same shapes, so one graph serves them
+all without ``dynamic=True``; on small models, whose decoding is bound by the number of operator
+calls, the fused step is what makes DIFF decode as fast as the Transformer (BENCHMARKS.md). The
+first call compiles (seconds).
 """
 
 from __future__ import annotations
@@ -85,12 +87,17 @@ def stream(
         raise ValueError(
             f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len={model.config.max_seq_len}"
         )
-    cache = model.new_cache(len(prompts), total)
+    cache = model.new_cache(len(prompts), total, static=compile)
     stops = torch.tensor(list(stop_tokens), dtype=torch.long, device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     padding = None if bool(real.all()) else real
     logits, _ = model(tokens, cache=cache, padding_mask=padding)
-    one_token_step = torch.compile(model, dynamic=True) if compile else model  # dynamo caches per model
+    if compile:  # the static cache keeps the padding flags: later steps pass none
+        padding = None
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        one_token_step = torch.compile(model, mode=mode)  # dynamo caches per model
+    else:
+        one_token_step = model
     for step in range(max_new_tokens):
         nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         nxt = torch.where(done, tokens[:, -1], nxt)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from . import checkpoint
 from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencies
-from .cache import KVCache
+from .cache import KVCache, StaticKVCache
 from .config import ModelConfig
 from .ops import BACKEND_NAMES
 
@@ -65,9 +65,14 @@ class Block(nn.Module):
         self.ffn.init_weights(std, out_std, generator)
 
     def forward(
-        self, x: Tensor, rope: Tensor, cache: KVCache | None, attn_mask: Tensor | None
+        self,
+        x: Tensor,
+        rope: Tensor,
+        cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, cache=cache, attn_mask=attn_mask)
+        x = x + self.attn(self.attn_norm(x), rope, cache=cache, attn_mask=attn_mask, positions=positions)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -132,19 +137,27 @@ class LanguageModel(nn.Module):
 
         Targets equal to -100 are ignored. With ``cache``, the tokens continue what the cache
         holds. ``padding_mask`` (B, S) bool marks real tokens among all S = cached + T positions
-        (False = padding, never attended to; a padded query attends to itself only).
+        (False = padding, never attended to; a padded query attends to itself only); with a
+        :class:`~diff_transformer.cache.StaticKVCache` it covers the new T tokens only.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
         b, t = tokens.shape
-        start = 0 if cache is None else cache.length
-        if start + t > self.config.max_seq_len:
-            raise ValueError(f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}")
-        rope = self._rope_table(tokens.device)[start : start + t]  # (T, d/2, 2) cos, sin
-        attn_mask = None if padding_mask is None else self._padding_to_attn_mask(padding_mask, t, start + t)
+        table = self._rope_table(tokens.device)
+        if cache is not None and cache.static:  # positions stay on the device: one graph for every step
+            positions = cache.positions(t)
+            rope = table.index_select(0, positions)
+            attn_mask = cache.attn_mask(positions, padding_mask)
+        else:
+            start = 0 if cache is None else cache.length
+            if start + t > self.config.max_seq_len:
+                raise ValueError(f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}")
+            positions = None if cache is None else cache.positions(t)
+            rope = table[start : start + t]  # (T, d/2, 2) cos, sin
+            attn_mask = None if padding_mask is None else self._padding_to_attn_mask(padding_mask, t, start + t)
         x = self.embed(tokens)
         for layer in self.layers:
-            x = layer(x, rope, cache, attn_mask)
+            x = layer(x, rope, cache, attn_mask, positions)
         if cache is not None:
             cache.advance(t)
         x = self.norm(x)
@@ -213,10 +226,12 @@ class LanguageModel(nn.Module):
 
     # --- inference and checkpoints ----------------------------------------------------------
 
-    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
-        """An empty KV cache on this model's device, in its dtype."""
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, static: bool = False) -> KVCache:
+        """An empty KV cache on this model's device, in its dtype; ``static=True`` gives a
+        :class:`~diff_transformer.cache.StaticKVCache` (for compiled decoding)."""
         p = self.embed.weight
-        return KVCache(self.config, batch_size, max_len or self.config.max_seq_len, device=p.device, dtype=p.dtype)
+        kind = StaticKVCache if static else KVCache
+        return kind(self.config, batch_size, max_len or self.config.max_seq_len, device=p.device, dtype=p.dtype)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, **sampling) -> list[list[int]]:
         """See :func:`diff_transformer.generation.generate`."""

@@ -14,6 +14,8 @@ Backends of ``diff_attention``:
     "sdpa"        two SDPA calls with v of width 2d            (the paper's FlashDiffAttn_1)
     "sdpa_split"  SDPA calls of equal widths (v halved)      (the paper's FlashDiffAttn_2; two
                   calls over Q1/Q2 stacked as heads rather than its four)
+    "math"        both maps materialised once, V read once, a hand-written backward
+                  (materialized.py): half the split's products with V, memory O(T·S)
     "triton"      one fused Triton kernel, forward and backward (triton_diff.py); CUDA, or CPU
                   under TRITON_INTERPRET=1 (tests); no attn_mask (a key_padding_mask is fused);
                   d in {16, 32, 64, 96, 128, 256}
@@ -21,7 +23,9 @@ Backends of ``diff_attention``:
     "auto"        the best available (:func:`choose_backend`): "decode" for a single query; on
                   CUDA "triton" for fp16/bf16 when its kernels import (Triton installed, not in
                   interpreter mode), no attn_mask is given and d is supported, else "sdpa"
-                  (fp32 too: the exact-fp32 kernel is for tests, it spills); on CPU "sdpa_split"
+                  (fp32 too: the exact-fp32 kernel is for tests, it spills); on CPU "math" for
+                  fp32 up to MATH_MAX_KEYS keys (measured faster than "sdpa_split" there,
+                  BENCHMARKS.md), else "sdpa_split"
 
 ``triton_diff`` imports Triton, so it is imported on first use of the "triton" backend only.
 """
@@ -37,6 +41,7 @@ import torch
 from torch import Tensor
 
 from .decode import decode_diff_attention, decode_diff_attention_packed
+from .materialized import materialized_diff_attention, materialized_diff_attention_grouped
 from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
 from .sdpa import sdpa, sdpa_diff_attention, sdpa_split_diff_attention, split_diff_attention_stacked
 
@@ -45,6 +50,7 @@ __all__ = [
     "BACKEND_NAMES",
     "DIFF_BACKENDS",
     "LogitsTransform",
+    "MATH_MAX_KEYS",
     "attention",
     "choose_backend",
     "diff_attention",
@@ -62,6 +68,10 @@ TRITON_HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # d the fused kernel takes (96: p
 
 
 _AUTO_TRITON_DTYPES = (torch.float16, torch.bfloat16)  # "auto" sends fp32 elsewhere
+# Longest keys for which "auto" picks "math" on CPU: at the tiny model's shapes (batch 8) it is
+# 1.3–2.4x faster than "sdpa_split" up to 256 keys and no faster from 512 on, where its T·S maps
+# outgrow the caches (BENCHMARKS.md); longer sequences keep the flash-style split (linear memory).
+MATH_MAX_KEYS = 256
 _triton_import: list[str | None] = []  # [error message or None] once the import was tried
 
 
@@ -100,6 +110,7 @@ DIFF_BACKENDS: dict[str, Callable[..., Tensor]] = {
     "reference": lambda *a, **kw: reference_diff_attention(*a, **kw)[0],
     "sdpa": sdpa_diff_attention,
     "sdpa_split": sdpa_split_diff_attention,
+    "math": materialized_diff_attention,
     "triton": _triton_diff_attention,
     "decode": decode_diff_attention,
 }
@@ -125,7 +136,8 @@ def choose_backend(
     if queries == 1:
         return "decode"
     if device_type != "cuda":
-        return "sdpa_split"
+        short = keys is not None and keys <= MATH_MAX_KEYS
+        return "math" if short and dtype == torch.float32 else "sdpa_split"
     half = dtype is None or dtype in _AUTO_TRITON_DTYPES
     return "triton" if triton_ok and half and not masked and head_dim in TRITON_HEAD_DIMS else "sdpa"
 
@@ -238,7 +250,7 @@ def diff_attention(
             query i sits at position S − T + i.
         attn_mask: optional bool mask broadcastable to (B, H, T, S), True = may attend;
             combined with the causal mask. Every query must keep at least one visible key.
-        backend: "auto", "reference", "sdpa", "sdpa_split", "triton" or "decode" (see the
+        backend: "auto", "reference", "sdpa", "sdpa_split", "math", "triton" or "decode" (see the
             module docstring).
         scale: softmax scale, default 1/√d with d the width of ONE group.
         check: validate shapes, dtypes and the mask. Modules whose tensors are right by
@@ -291,6 +303,10 @@ def diff_attention_packed(
     )
     if name == "decode":
         return decode_diff_attention_packed(q, k, v, lam, attn_mask=attn_mask, scale=scale)
+    if name == "math":  # views: sub-head 2h + c of head h = g·R + r is (g, r, c); K/V broadcast over r
+        g = k.shape[1] // 2
+        q, k, v = q.unflatten(1, (g, -1, 2)), k.unflatten(1, (g, 1, 2)), v.unflatten(1, (g, 1))
+        return materialized_diff_attention_grouped(q, k, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
     if name == "sdpa_split":  # sub-heads 2h, 2h+1 -> group-major [Q1 heads; Q2 heads] (one copy each)
         q, k = (x.unflatten(1, (-1, 2)).transpose(1, 2).flatten(1, 2) for x in (q, k))
         return split_diff_attention_stacked(q, k, v, lam, causal=causal, attn_mask=attn_mask, scale=scale)
