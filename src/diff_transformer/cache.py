@@ -28,6 +28,9 @@ from .config import ModelConfig
 
 
 class KVCache:
+    """Per-layer key/value buffers filled left to right; ``length`` (a Python int) tokens so far.
+    Made by ``LanguageModel.new_cache``; the model calls ``positions``, ``update`` and ``advance``."""
+
     static = False  # see StaticKVCache
 
     def __init__(
@@ -151,8 +154,8 @@ class StaticKVCache(KVCache):
     def positions(self, t: int) -> Tensor:
         """(T,) long on the device: position + 0 … t − 1. Checked against max_len when eager only
         (the check reads the position back; a compiled step must not)."""
-        if not torch.compiler.is_compiling() and self.length + t > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} tokens; writing {t} more at {self.length} overflows it")
+        if not torch.compiler.is_compiling() and (length := self.length) + t > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} tokens; writing {t} more at {length} overflows it")
         return self.position + self.slots[:t]
 
     def update(self, layer_index: int, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
