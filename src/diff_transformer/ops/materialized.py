@@ -93,7 +93,18 @@ def materialized_diff_attention_grouped(
     return out.flatten(1, 2)
 
 
-def materialized_diff_attention(q1, q2, k1, k2, v, lam, *, causal=True, attn_mask=None, scale=None) -> Tensor:
+def materialized_diff_attention(
+    q1: Tensor,
+    q2: Tensor,
+    k1: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
     """The "math" backend on the op's separate groups: q1, q2 (B, H, T, d); k1, k2 (B, Hkv, S, d);
     v (B, Hkv, S, 2d) -> (B, H, T, 2d)."""
     g = k1.shape[1]
