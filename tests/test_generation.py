@@ -137,6 +137,16 @@ def test_generate_with_compile_matches_eager():
     assert model.generate(prompts[:1], 6, temperature=0, compile=True)[0] == eager[0][:6]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CUDA graphs)")
+def test_generate_with_compile_on_cuda_replays_cuda_graphs_and_matches_eager():
+    """On CUDA compile=True uses mode="reduce-overhead" over a static cache: the same greedy tokens."""
+    torch._dynamo.reset()
+    model = LanguageModel(ModelConfig.from_preset("debug", attention="diff"), device="cuda").eval()
+    prompts = [[1, 2, 3, 4, 5], [7, 8]]
+    eager = model.generate(prompts, 12, temperature=0)
+    assert model.generate(prompts, 12, temperature=0, compile=True) == eager
+
+
 def test_sample_next_filters():
     logits = torch.tensor([[0.0, 3.0, 2.0, 1.0, -1.0]]).repeat(2000, 1)
     assert (sample_next(logits, temperature=0) == 1).all()
