@@ -21,6 +21,29 @@ from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.ops import BACKEND_NAMES
 
 
+def best_step_seconds(contenders: dict, tokens: torch.Tensor, rounds: int, clock=time.perf_counter) -> dict[str, float]:
+    """Each round runs one training step of every (model, optimizer) in turn; each keeps its best."""
+    best = {name: float("inf") for name in contenders}
+    for _ in range(rounds):
+        for name, (model, optimizer) in contenders.items():
+            start = clock()
+            _, loss = model(tokens, tokens)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            best[name] = min(best[name], clock() - start)
+    return best
+
+
+def report(best: dict[str, float], tokens_per_step: int) -> list[str]:
+    """One line per model: best step, tokens/s, and the Transformer's best step over its own."""
+    return [
+        f"{name:20s} {seconds * 1e3:8.1f} ms  {tokens_per_step / seconds:9.0f} tokens/s  "
+        f"vs Transformer {best['Transformer'] / seconds:.3f}"
+        for name, seconds in best.items()
+    ]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tiny")
@@ -42,21 +65,9 @@ def main() -> None:
     vocab = next(iter(contenders.values()))[0].config.vocab_size
     tokens = torch.randint(0, vocab, (args.batch, args.length))
 
-    best = {name: float("inf") for name in contenders}
-    for _ in range(args.rounds):
-        for name, (model, optimizer) in contenders.items():
-            start = time.perf_counter()
-            _, loss = model(tokens, tokens)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            best[name] = min(best[name], time.perf_counter() - start)
-
-    n = args.batch * args.length
+    best = best_step_seconds(contenders, tokens, args.rounds)
     print(f"{args.preset}, batch {args.batch}, {args.length} tokens, {torch.get_num_threads()} threads, best of {args.rounds} steps")
-    for name, seconds in best.items():
-        ratio = best["Transformer"] / seconds
-        print(f"{name:20s} {seconds * 1e3:8.1f} ms  {n / seconds:9.0f} tokens/s  vs Transformer {ratio:.3f}")
+    print("\n".join(report(best, args.batch * args.length)))
 
 
 if __name__ == "__main__":
