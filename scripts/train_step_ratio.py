@@ -5,14 +5,17 @@
 
 `diff-transformer bench model` times each model's repeats as a block, so a change in the
 machine's load between blocks moves its ratio by several points. Here every round runs one
-training step (forward, backward, AdamW) of each model in turn, and each model keeps its best
-step: the ratio of two bests measured under the same conditions. DIFF runs once per backend
-given; the Transformer runs on "auto" (PyTorch SDPA).
+training step (forward, backward, AdamW) of each model in turn, after untimed warm-up rounds.
+Two ratios against the Transformer: of the best steps, and the median over rounds of the
+ratio within each round (steps run back to back, so a slow spell of the machine touches both
+sides of a round's ratio). DIFF runs once per backend given; the Transformer runs on "auto"
+(PyTorch SDPA).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -21,27 +24,42 @@ from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.ops import BACKEND_NAMES
 
 
-def best_step_seconds(contenders: dict, tokens: torch.Tensor, rounds: int, clock=time.perf_counter) -> dict[str, float]:
-    """Each round runs one training step of every (model, optimizer) in turn; each keeps its best."""
-    best = {name: float("inf") for name in contenders}
+def train_step(model, optimizer, tokens: torch.Tensor) -> None:
+    _, loss = model(tokens, tokens)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def step_seconds(
+    contenders: dict, tokens: torch.Tensor, rounds: int, warmup: int = 0, clock=time.perf_counter
+) -> dict[str, list[float]]:
+    """Each round runs one training step of every (model, optimizer) in turn: every timed step's seconds."""
+    for _ in range(warmup):
+        for model, optimizer in contenders.values():
+            train_step(model, optimizer, tokens)
+    seconds: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, (model, optimizer) in contenders.items():
             start = clock()
-            _, loss = model(tokens, tokens)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            best[name] = min(best[name], clock() - start)
-    return best
+            train_step(model, optimizer, tokens)
+            seconds[name].append(clock() - start)
+    return seconds
 
 
-def report(best: dict[str, float], tokens_per_step: int) -> list[str]:
-    """One line per model: best step, tokens/s, and the Transformer's best step over its own."""
-    return [
-        f"{name:20s} {seconds * 1e3:8.1f} ms  {tokens_per_step / seconds:9.0f} tokens/s  "
-        f"vs Transformer {best['Transformer'] / seconds:.3f}"
-        for name, seconds in best.items()
-    ]
+def report(seconds: dict[str, list[float]], tokens_per_step: int) -> list[str]:
+    """One line per model: best step, its tokens/s, the Transformer's best over the model's best,
+    and the median over rounds of the Transformer's step over the model's step."""
+    baseline = seconds["Transformer"]
+    lines = []
+    for name, steps in seconds.items():
+        best = min(steps)
+        per_round = statistics.median(t / s for t, s in zip(baseline, steps))
+        lines.append(
+            f"{name:20s} {best * 1e3:8.1f} ms  {tokens_per_step / best:9.0f} tokens/s  "
+            f"vs Transformer: best {min(baseline) / best:.3f}, per-round median {per_round:.3f}"
+        )
+    return lines
 
 
 def main() -> None:
@@ -49,7 +67,8 @@ def main() -> None:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--length", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=12, help="steps per model; the best is kept")
+    p.add_argument("--rounds", type=int, default=12, help="timed steps per model")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--backends", nargs="+", default=["auto"], choices=BACKEND_NAMES, help="DIFF's backends")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
@@ -65,9 +84,12 @@ def main() -> None:
     vocab = next(iter(contenders.values()))[0].config.vocab_size
     tokens = torch.randint(0, vocab, (args.batch, args.length))
 
-    best = best_step_seconds(contenders, tokens, args.rounds)
-    print(f"{args.preset}, batch {args.batch}, {args.length} tokens, {torch.get_num_threads()} threads, best of {args.rounds} steps")
-    print("\n".join(report(best, args.batch * args.length)))
+    seconds = step_seconds(contenders, tokens, args.rounds, args.warmup)
+    print(
+        f"{args.preset}, batch {args.batch}, {args.length} tokens, {torch.get_num_threads()} threads, "
+        f"{args.rounds} timed rounds after {args.warmup} warm-up"
+    )
+    print("\n".join(report(seconds, args.batch * args.length)))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from diff_transformer.ops import attention, diff_attention, diff_attention_packed, reference_diff_attention
+from diff_transformer.ops import attention, diff_attention, diff_attention_packed, materialized, reference_diff_attention
 
 FAST_BACKENDS = ["sdpa", "sdpa_split", "math"]
 TOL = 1e-5  # fp32, absolute, outputs and gradients
@@ -104,6 +104,54 @@ def test_the_packed_layout_matches_the_reference_forward_and_gradients(backend, 
     for name, got in {"q": q.grad, "k": k.grad, "v": v_packed.grad, "lam": lam_packed.grad}.items():
         err = (got - expected[name]).abs().max().item()
         assert err < TOL * max(1.0, expected[name].abs().max().item()), f"grad {name}: {err}"
+
+
+@pytest.fixture
+def four_row_tiles(monkeypatch):
+    """The "math" backend in query tiles of at most 4 rows, so that short sequences cross several."""
+    monkeypatch.setattr(materialized, "TILE_BYTES", 1)
+    monkeypatch.setattr(materialized, "MIN_TILE_ROWS", 4)
+
+
+def test_query_tiles_by_hand():
+    # tiny's training step: 8 rows x 3 groups x 2 maps, 256 keys: 4 MiB holds 85 rows -> 4 tiles of 64
+    assert materialized.TILE_BYTES == 4 << 20
+    assert materialized.tile_rows(maps=48, keys=256, queries=256) == 64
+    assert materialized.tile_rows(maps=48, keys=256, queries=40) == 40  # one tile
+    # at most 16 rows (the floor) -> 7 tiles, evened out to 15 rows (the last of 10)
+    assert materialized.tile_rows(maps=1000, keys=4096, queries=100) == 15
+    # end-aligned causal: query i of 50 sits at 10 + i of 60 keys, so tile rows [13, 26) need keys [0, 36)
+    assert materialized._tiles(50, 60, 13, causal=True) == [(0, 13, 23), (13, 26, 36), (26, 39, 49), (39, 50, 60)]
+    assert materialized._tiles(5, 9, 2, causal=False) == [(0, 2, 9), (2, 4, 9), (4, 5, 9)]
+
+
+@pytest.mark.parametrize("case", [*CASES, (1, 2, 2, 26, 41, 8)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("mask_kind", [None, "keys", "per-head"])
+def test_math_backend_in_query_tiles_matches_the_reference(four_row_tiles, case, causal, mask_kind):
+    """Forward and gradients of every input across tiles: the causal key ends, masks that broadcast
+    over the queries (B, 1, 1, S) or differ per head, GQA, per-head λ."""
+    b, h, hkv, t, s, d = case
+    ref_inputs = make_inputs(*case, per_head_lambda=True)
+    fast_inputs = make_inputs(*case, per_head_lambda=True)
+    mask = None
+    if mask_kind == "keys":
+        mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
+        mask[0, ..., s // 3 : s // 2] = False  # keeps the first and last keys: no row goes empty
+    elif mask_kind == "per-head":
+        mask = torch.ones(b, h, t, s, dtype=torch.bool)
+        for head in range(h):
+            mask[-1, head, :, (head + 1) % s] = False
+        mask[..., 0] = True
+    ref = diff_attention(*ref_inputs, causal=causal, attn_mask=mask, backend="reference")
+    out = diff_attention(*fast_inputs, causal=causal, attn_mask=mask, backend="math")
+    assert (out - ref).abs().max().item() < TOL
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    out.backward(grad_out)
+    for name, a, b_ in zip(["q1", "q2", "k1", "k2", "v", "lam"], ref_inputs, fast_inputs):
+        err = (a.grad - b_.grad).abs().max().item()
+        assert err < TOL * max(1.0, a.grad.abs().max().item()), f"grad {name}: {err}"
 
 
 @pytest.mark.parametrize("backend", ["reference", *FAST_BACKENDS])
