@@ -14,8 +14,9 @@ Backends of ``diff_attention``:
     "sdpa"        two SDPA calls with v of width 2d            (the paper's FlashDiffAttn_1)
     "sdpa_split"  SDPA calls of equal widths (v halved)      (the paper's FlashDiffAttn_2; two
                   calls over Q1/Q2 stacked as heads rather than its four)
-    "math"        both maps materialised once, V read once, a hand-written backward
-                  (materialized.py): half the split's products with V, memory O(T·S)
+    "math"        both maps materialised once, V read once, a hand-written backward, in
+                  tiles of query rows that stay in cache (materialized.py): half the split's
+                  products with V, memory O(T·S) (the causal half)
     "triton"      one fused Triton kernel, forward and backward (triton_diff.py); CUDA, or CPU
                   under TRITON_INTERPRET=1 (tests); no attn_mask (a key_padding_mask is fused);
                   d in {16, 32, 64, 96, 128, 256}

@@ -7,8 +7,8 @@
 G key/value groups, R query heads per group (GQA without copying K or V: the R dimension
 broadcasts). Against the flash-style split it does half the products with V and half the
 exponentials (each map is computed once, not once per half of V), at the price of keeping the
-maps for the backward: memory O(T·S), which is why "auto" uses it for short keys on CPU only
-(up to ``MATH_MAX_KEYS``).
+maps for the backward: memory O(T·S), which is why "auto" uses it on CPU only, up to
+``MATH_MAX_KEYS`` keys.
 
 The queries go through in tiles of rows, sized so that one tile's maps stay in the CPU's
 caches while softmax, combine and product pass over them (``tile_rows``). A causal tile needs
@@ -29,9 +29,10 @@ from torch import Tensor
 from .reference import visible_mask
 
 # One tile's fp32 maps (every batch row and head, its query rows, its keys) are kept about this
-# size: in this machine's caches (1 MiB L2 per core, 32 MiB shared L3), small enough that the
-# passes over a tile do not go to memory, large enough that the per-tile calls stay few.
-# 4 MiB was the fastest of 1, 2, 4, 6, 8 and 16 for the tiny model's training step (BENCHMARKS.md).
+# size: small enough that the passes over a tile stay in the caches (this machine: 1 MiB L2 per
+# core, 32 MiB shared L3), large enough that the per-tile calls stay few. Measured on the tiny
+# model's training step, 2–8 MiB were within noise of each other, 4 MiB ahead; 1 MiB was slower
+# than no tiles (BENCHMARKS.md).
 TILE_BYTES = 4 << 20
 MIN_TILE_ROWS = 16  # fewer rows make the per-tile calls cost more than the cache saves
 
