@@ -154,6 +154,16 @@ def test_math_backend_in_query_tiles_matches_the_reference(four_row_tiles, case,
         assert err < TOL * max(1.0, a.grad.abs().max().item()), f"grad {name}: {err}"
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_math_backend_in_query_tiles_without_gradients(four_row_tiles, causal):
+    """Under no_grad the tiles' maps are not kept (inference): the output is the same."""
+    inputs = [x.detach() for x in make_inputs(2, 4, 2, 23, 30 if causal else 23, 8)]
+    with torch.no_grad():
+        out = diff_attention(*inputs, causal=causal, backend="math")
+        ref = diff_attention(*inputs, causal=causal, backend="reference")
+    assert (out - ref).abs().max().item() < TOL
+
+
 @pytest.mark.parametrize("backend", ["reference", *FAST_BACKENDS])
 @pytest.mark.parametrize("causal", [True, False])
 def test_attn_mask_combines_with_causal(backend, causal):

@@ -67,6 +67,7 @@ class _MaterializedDiffAttention(torch.autograd.Function):
         s = k.shape[-2]
         tiles = _tiles(t, s, tile_rows(b * g * r * 2, s, t), causal)
         one_call = bias is not None and bias.dim() == 2 and q.dtype == torch.float32 and r == 1
+        keep = any(ctx.needs_input_grad)  # the maps are kept for a backward only: without one, a tile at a time
         outs, probs = [], []
         for t0, t1, e in tiles:
             qt, kt, bt = q[..., t0:t1, :], k[..., :e, :], _bias_tile(bias, t0, t1, e)
@@ -79,7 +80,8 @@ class _MaterializedDiffAttention(torch.autograd.Function):
             p = torch.softmax(logits, dim=-1)
             combined = torch.addcmul(p[:, :, :, 0], p[:, :, :, 1], lam, value=-1.0).to(v.dtype)
             outs.append(torch.matmul(combined, v[..., :e, :]))
-            probs.append(p)
+            if keep:
+                probs.append(p)
         ctx.save_for_backward(q, k, v, lam, *probs)
         ctx.scale, ctx.tiles = scale, tiles
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
