@@ -29,6 +29,13 @@ def make_inputs(b, h, hkv, t, s, d, *, per_head_lambda=False, dtype=torch.float3
     return [x.requires_grad_() for x in (q1, q2, k1, k2, v, lam)]
 
 
+def assert_grads_close(ref_inputs, fast_inputs):
+    """The gradients of q1, q2, k1, k2, v and λ agree to TOL, relative to the largest reference entry."""
+    for name, a, b in zip(["q1", "q2", "k1", "k2", "v", "lam"], ref_inputs, fast_inputs):
+        err = (a.grad - b.grad).abs().max().item()
+        assert err < TOL * max(1.0, a.grad.abs().max().item()), f"grad {name}: {err}"
+
+
 def naive_diff_attention(q1, q2, k1, k2, v, lam, causal=True, mask=None):
     """The paper's formula head by head with Python loops: an oracle for the reference itself."""
     b, h, t, d = q1.shape
@@ -74,9 +81,7 @@ def test_backend_matches_reference_forward_and_gradients(backend, case, per_head
     grad_out = torch.randn_like(ref)
     ref.backward(grad_out)
     out.backward(grad_out)
-    for name, a, b in zip(["q1", "q2", "k1", "k2", "v", "lam"], ref_inputs, fast_inputs):
-        err = (a.grad - b.grad).abs().max().item()
-        assert err < TOL * max(1.0, a.grad.abs().max().item()), f"grad {name}: {err}"
+    assert_grads_close(ref_inputs, fast_inputs)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -149,9 +154,7 @@ def test_math_backend_in_query_tiles_matches_the_reference(four_row_tiles, case,
     grad_out = torch.randn_like(ref)
     ref.backward(grad_out)
     out.backward(grad_out)
-    for name, a, b_ in zip(["q1", "q2", "k1", "k2", "v", "lam"], ref_inputs, fast_inputs):
-        err = (a.grad - b_.grad).abs().max().item()
-        assert err < TOL * max(1.0, a.grad.abs().max().item()), f"grad {name}: {err}"
+    assert_grads_close(ref_inputs, fast_inputs)
 
 
 @pytest.mark.parametrize("causal", [True, False])
