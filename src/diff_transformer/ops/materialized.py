@@ -125,6 +125,16 @@ def _add_keys(total: Tensor | None, part: Tensor) -> Tensor:
     return total
 
 
+def _additive_bias(mask: Tensor | None, g: int, r: int) -> Tensor | None:
+    """A bool mask (T, S) or (B|1, H|1, T, S) -> fp32 0 / -inf, (T, S) or (B|1, G|1, R|1, 1, T, S)."""
+    if mask is None:
+        return None
+    if mask.dim() > 2:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        mask = mask.unflatten(1, (g, r) if mask.shape[1] > 1 else (1, 1)).unsqueeze(3)
+    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def materialized_diff_attention_grouped(
     q: Tensor,
     k: Tensor,
@@ -140,13 +150,10 @@ def materialized_diff_attention_grouped(
     :func:`diff_transformer.ops.diff_attention`."""
     b, g, r, _, t, d = q.shape
     s = k.shape[-2]
-    mask = visible_mask(t, s, causal=causal, attn_mask=attn_mask, device=q.device)
-    bias = None
-    if mask is not None:
-        if mask.dim() > 2:  # (B|1, H|1, T, S) -> (B|1, G|1, R|1, 1, T, S)
-            mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-            mask = mask.unflatten(1, (g, r) if mask.shape[1] > 1 else (1, 1)).unsqueeze(3)
-        bias = torch.zeros(mask.shape, dtype=torch.float32, device=q.device).masked_fill_(~mask, float("-inf"))
+    if causal and attn_mask is None and t > 1:  # the usual case: -inf above the end-aligned diagonal
+        bias = torch.full((t, s), float("-inf"), device=q.device).triu_(s - t + 1)
+    else:
+        bias = _additive_bias(visible_mask(t, s, causal=causal, attn_mask=attn_mask, device=q.device), g, r)
     lam = lam.float()
     lam = lam.reshape(g, r, 1, 1) if lam.dim() else lam
     out = _MaterializedDiffAttention.apply(q, k, v, lam, bias, d**-0.5 if scale is None else scale, causal)
