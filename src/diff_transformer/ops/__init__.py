@@ -70,7 +70,7 @@ TRITON_HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # d the fused kernel takes (96: p
 
 _AUTO_TRITON_DTYPES = (torch.float16, torch.bfloat16)  # "auto" sends fp32 elsewhere
 # Longest keys for which "auto" picks "math" on CPU: at the tiny model's shapes (batch 8), in
-# forward + backward, it is 1.7–2.5x faster than "sdpa_split" up to 512 keys, 1.2–1.7x at 1,024
+# forward + backward, it is 2.3–2.5x faster than "sdpa_split" up to 512 keys, 1.2–1.7x at 1,024
 # and slower at 2,048, where its query tiles get short (BENCHMARKS.md). It keeps the causal half
 # of the maps for the backward (about twice the split's peak memory at 1,024 keys); longer
 # sequences keep the flash-style split (linear memory).

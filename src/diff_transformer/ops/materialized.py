@@ -34,7 +34,7 @@ from .reference import visible_mask
 # model's training step, 2–8 MiB were within noise of each other, 4 MiB ahead; 1 MiB was slower
 # than no tiles (BENCHMARKS.md).
 TILE_BYTES = 4 << 20
-MIN_TILE_ROWS = 16  # fewer rows make the per-tile calls cost more than the cache saves
+MIN_TILE_ROWS = 16  # a floor: 16-row tiles at tiny (1 MiB) were already slower than no tiles
 
 
 def tile_rows(maps: int, keys: int, queries: int) -> int:
