@@ -112,3 +112,46 @@ def test_auto_generation_runs_decode_steps_and_matches_reference(monkeypatch):
     assert got == want
     assert calls["decode"] >= 5 * config.n_layers  # every layer, at every step after the prompt
     assert calls["decode"] % config.n_layers == 0
+
+
+def test_decoding_computes_each_layers_constants_once_per_cache(monkeypatch):
+    """Without gradients, λ and the scaled head-norm weight of a layer are computed at its first
+    call on a cache and reused at every later step; a new cache computes them from the current
+    weights; with gradients they are computed at every call, so that they reach the λ vectors."""
+    from diff_transformer.attention import DiffAttention
+
+    counts = {"lam": 0, "norm": 0}
+    lam, norm = DiffAttention.lam, DiffAttention._scaled_norm_weight
+
+    def counting(name, original):
+        def wrapped(self):
+            counts[name] += 1
+            return original(self)
+
+        return wrapped
+
+    monkeypatch.setattr(DiffAttention, "lam", counting("lam", lam))
+    monkeypatch.setattr(DiffAttention, "_scaled_norm_weight", counting("norm", norm))
+    config = ModelConfig.from_preset("debug", attention="diff")
+    model = LanguageModel(config).eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 6))
+
+    def token_by_token():
+        cache = model.new_cache(2, 6)
+        return torch.cat([model(tokens[:, i : i + 1], cache=cache)[0] for i in range(6)], dim=1)
+
+    with torch.no_grad():
+        token_by_token()
+        assert counts == {"lam": config.n_layers, "norm": config.n_layers}
+        model.layers[0].attn.lambda_q1.add_(0.5)  # new weights between two generations
+        model.layers[0].attn.head_norm.weight.mul_(1.5)
+        got = token_by_token()
+        assert counts == {"lam": 2 * config.n_layers, "norm": 2 * config.n_layers}
+        full, _ = model(tokens)
+    torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
+
+    before = counts["lam"]
+    cache = model.new_cache(2, 6)
+    model(tokens[:, :3], cache=cache)[0].sum().backward()
+    assert counts["lam"] == before + config.n_layers and not cache.constants
+    assert model.layers[0].attn.lambda_q1.grad is not None and model.layers[0].attn.head_norm.weight.grad is not None

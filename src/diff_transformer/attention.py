@@ -12,7 +12,7 @@ o_proj (2H·d = E -> E). RoPE is the interleaved (GPT-J) kind, applied per d-wid
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -161,11 +161,25 @@ class Attention(nn.Module):
             out, maps = self.attend_with_maps(q, k, v, x, attn_mask=attn_mask, logits_transform=transform)
             self.tap.record(self.layer_index, maps)
         if self.head_norm is not None:  # the constant scale rides on the 2d-wide weight, not the activations
-            weight = self.head_norm.weight if self.out_scale == 1.0 else self.head_norm.weight * self.out_scale
+            weight = self.head_norm.weight if self.out_scale == 1.0 else self._fixed(cache, "head_norm", self._scaled_norm_weight)
             out = rms_norm(out, weight, self.head_norm.eps)
         elif self.out_scale != 1.0:
             out = out * self.out_scale
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, H, T, w) -> (B, T, E)
+
+    def _scaled_norm_weight(self) -> Tensor:
+        return self.head_norm.weight * self.out_scale
+
+    def _fixed(self, cache: "KVCache | None", name: str, compute: Callable[[], Tensor]) -> Tensor:
+        """``compute()``; while decoding without gradients (the weights are fixed then) computed once
+        per KV cache and kept there: each saved operator call matters when a step is bound by them."""
+        if cache is None or torch.is_grad_enabled():
+            return compute()
+        key = (self.layer_index, name)
+        value = cache.constants.get(key)
+        if value is None:
+            value = cache.constants[key] = compute()
+        return value
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, *, cache: "KVCache | None", attn_mask: Tensor | None
@@ -223,16 +237,9 @@ class DiffAttention(Attention):
         dot2 = torch.sum(self.lambda_q2.float() * self.lambda_k2.float())
         return torch.exp(dot1) - torch.exp(dot2) + self.lambda_init
 
-    def _lam_for(self, cache: "KVCache | None") -> Tensor:
-        """λ, computed once per KV cache when decoding without gradients (weights are fixed then)."""
-        if cache is None or torch.is_grad_enabled():
-            return self.lam()
-        if self.layer_index not in cache.lambdas:
-            cache.lambdas[self.layer_index] = self.lam()
-        return cache.lambdas[self.layer_index]
-
     def attend(self, q, k, v, x, *, cache, attn_mask):
-        return diff_attention_packed(q, k, v, self._lam_for(cache), causal=True, attn_mask=attn_mask, backend=self.backend)
+        lam = self._fixed(cache, "lambda", self.lam)
+        return diff_attention_packed(q, k, v, lam, causal=True, attn_mask=attn_mask, backend=self.backend)
 
     def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
         return reference_diff_attention(

@@ -58,7 +58,9 @@ class KVCache:
         self.batch_size = batch_size
         self.max_len = max_len
         self.max_seq_len = config.max_seq_len  # the model's limit (its RoPE table)
-        self.lambdas: dict[int, Tensor] = {}  # DIFF λ per layer, computed once while decoding
+        # Per (layer, name): what a layer computes from its weights alone (DIFF's λ, its scaled head-norm
+        # weight), computed once while decoding without gradients (Attention._fixed).
+        self.constants: dict[tuple[int, str], Tensor] = {}
 
     def positions(self, t: int) -> Tensor:
         """(T,) long: the positions the next t tokens take; raises if they do not fit."""
@@ -92,7 +94,7 @@ class KVCache:
         n = self.length
         if repeats < 1 or max_len < n:
             raise ValueError(f"expand needs repeats >= 1 and max_len >= {n} cached tokens, got {repeats}, {max_len}")
-        new = copy.copy(self)  # every setting as here; buffers, rows, room and λ replaced below
+        new = copy.copy(self)  # every setting as here; buffers, rows, room and constants replaced below
         new.keys, new.values = [], []
         for stored, out in ((self.keys, new.keys), (self.values, new.values)):
             for buffer in stored:
@@ -101,12 +103,12 @@ class KVCache:
                 branched[:, :, :n] = buffer[:, :, :n].repeat_interleave(repeats, dim=0)
                 out.append(branched)
         new.batch_size, new.max_len = self.batch_size * repeats, max_len
-        new.lambdas = dict(self.lambdas)
+        new.constants = dict(self.constants)
         return new
 
     def reset(self) -> None:
         self.length = 0
-        self.lambdas.clear()
+        self.constants.clear()
 
 
 class StaticKVCache(KVCache):
@@ -204,4 +206,4 @@ class StaticKVCache(KVCache):
         self.position.zero_()
         self.real.fill_(True)
         self.padded = False
-        self.lambdas.clear()
+        self.constants.clear()

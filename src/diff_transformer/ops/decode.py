@@ -24,17 +24,23 @@ from torch import Tensor
 def _combine_maps_and_read_v(
     logits: Tensor, v: Tensor, lam: Tensor, attn_mask: Tensor | None, scale: float, out_dtype: torch.dtype
 ) -> Tensor:
-    """logits (B, Hkv, 2, n_rep, S) unscaled, map c of query head g·n_rep + r -> (B, H, 1, 2d)."""
-    b, hkv, _, n_rep, s = logits.shape
-    logits = logits.float() * scale
+    """logits (B·Hkv·2, n_rep, S) unscaled and fresh (scaled in place): row r of batch (b, g, c) is
+    map c of query head g·n_rep + r. -> (B, H, 1, 2d). Products on 3-D views, and no call that
+    changes nothing: a decoding step on a small model is bound by the number of operator calls."""
+    b, hkv, s, width = v.shape
+    n_rep = logits.shape[1]
+    logits = logits.mul_(scale) if logits.dtype == torch.float32 else logits.float().mul_(scale)
     if attn_mask is not None:  # broadcastable to (B, H, 1, S), True = may attend
         hidden = ~attn_mask.expand(b, hkv * n_rep, 1, s).reshape(b, hkv, 1, n_rep, s)
-        logits = logits.masked_fill(hidden, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+        logits = logits.view(b, hkv, 2, n_rep, s).masked_fill(hidden, float("-inf"))
+    probs1, probs2 = torch.softmax(logits, dim=-1).view(b, hkv, 2, n_rep, s).unbind(2)
     lam = lam.float().reshape(hkv, n_rep, 1) if lam.dim() else lam.float()
-    combined = torch.addcmul(probs[:, :, 0], probs[:, :, 1], lam, value=-1.0)  # (B, Hkv, n_rep, S)
-    out = torch.matmul(combined.to(v.dtype), v)  # (B, Hkv, n_rep, 2d)
-    return out.reshape(b, hkv * n_rep, 1, v.shape[-1]).to(out_dtype)
+    combined = torch.addcmul(probs1, probs2, lam, value=-1.0)  # (B, Hkv, n_rep, S)
+    if combined.dtype != v.dtype:
+        combined = combined.to(v.dtype)
+    out = torch.bmm(combined.view(b * hkv, n_rep, s), v.reshape(b * hkv, s, width))  # (B·Hkv, n_rep, 2d)
+    out = out.view(b, hkv * n_rep, 1, width)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def _check_single_query(t: int) -> None:
@@ -70,7 +76,7 @@ def decode_diff_attention(
     logits1 = torch.matmul(q1.reshape(b, hkv, h // hkv, d), k1.transpose(-1, -2))  # (B, Hkv, n_rep, S)
     logits2 = torch.matmul(q2.reshape(b, hkv, h // hkv, d), k2.transpose(-1, -2))
     logits = torch.stack([logits1, logits2], dim=2)  # (B, Hkv, 2, n_rep, S)
-    return _combine_maps_and_read_v(logits, v, lam, attn_mask, d**-0.5 if scale is None else scale, q1.dtype)
+    return _combine_maps_and_read_v(logits.flatten(0, 2), v, lam, attn_mask, d**-0.5 if scale is None else scale, q1.dtype)
 
 
 def decode_diff_attention_packed(
@@ -82,6 +88,11 @@ def decode_diff_attention_packed(
     _check_single_query(t)
     hkv, s = k.shape[1] // 2, k.shape[2]
     n_rep = two_h // (2 * hkv)
-    q = q.reshape(b, hkv, n_rep, 2, d).transpose(2, 3)  # (B, Hkv, 2, n_rep, d)
-    logits = torch.matmul(q, k.view(b, hkv, 2, s, d).transpose(-1, -2))  # (B, Hkv, 2, n_rep, S), both maps
+    # (B, 2H, 1, d) -> (B·Hkv·2, n_rep, d): batch (b, g, c) holds sub-head c of heads g·n_rep + r;
+    # k (B, 2Hkv, S, d) -> (B·Hkv·2, S, d), a view of the cache.
+    if n_rep == 1:
+        q = q.reshape(b * two_h, 1, d)  # a view
+    else:
+        q = q.reshape(b, hkv, n_rep, 2, d).transpose(2, 3).reshape(b * hkv * 2, n_rep, d)
+    logits = torch.bmm(q, k.reshape(b * hkv * 2, s, d).transpose(1, 2))  # both maps in one product
     return _combine_maps_and_read_v(logits, v, lam, attn_mask, d**-0.5 if scale is None else scale, q.dtype)
