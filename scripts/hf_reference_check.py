@@ -31,9 +31,11 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from diff_transformer.interop.hf import hf_config_dict
+from diff_transformer.loss import IGNORE_INDEX
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import load_config
 from diff_transformer.train.claims import difference
@@ -46,14 +48,21 @@ CPU = Environment(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")
 
 
 class HFAdapter(nn.Module):
-    """An HF causal LM called as our LanguageModel is: ``model(inputs) -> (logits, None)``."""
+    """An HF causal LM called as our LanguageModel is: ``model(inputs, targets, return_logits=...,
+    reduction=...) -> (logits or None, loss or None)``, the loss F.cross_entropy over the logits."""
 
     def __init__(self, hf_model: nn.Module) -> None:
         super().__init__()
         self.hf = hf_model
 
-    def forward(self, inputs: torch.Tensor):
-        return self.hf(input_ids=inputs, use_cache=False).logits, None
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None, *, return_logits: bool = True,
+                reduction: str = "mean"):
+        logits = self.hf(input_ids=inputs, use_cache=False).logits
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+                                   reduction=reduction)
+        return (logits if return_logits else None), loss
 
 
 def build_hf(model_config, seed: int) -> HFAdapter:

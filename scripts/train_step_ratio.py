@@ -25,7 +25,7 @@ from diff_transformer.ops import BACKEND_NAMES
 
 
 def train_step(model, optimizer, tokens: torch.Tensor) -> None:
-    _, loss = model(tokens, tokens)
+    _, loss = model(tokens, tokens, return_logits=False)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

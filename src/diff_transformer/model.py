@@ -25,6 +25,7 @@ from . import checkpoint
 from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencies
 from .cache import KVCache, StaticKVCache
 from .config import ModelConfig
+from .loss import IGNORE_INDEX, linear_cross_entropy
 from .ops import BACKEND_NAMES
 
 if TYPE_CHECKING:
@@ -132,11 +133,16 @@ class LanguageModel(nn.Module):
         *,
         cache: KVCache | None = None,
         padding_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """tokens (B, T) int -> logits (B, T, V) and the mean cross-entropy against targets (B, T).
+        return_logits: bool = True,
+        reduction: str = "mean",
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """tokens (B, T) int -> logits (B, T, V) and the cross-entropy against targets (B, T).
 
-        Targets equal to -100 are ignored. With ``cache``, the tokens continue what the cache
-        holds. ``padding_mask`` (B, S) bool marks real tokens among all S = cached + T positions
+        Targets equal to -100 are ignored; ``reduction`` "mean" (over counted targets) or "sum".
+        ``return_logits=False`` (with targets) returns (None, loss) and computes the loss without
+        ever holding the (B, T, V) logits (:func:`~diff_transformer.loss.linear_cross_entropy`;
+        its gradients are taken in the forward): what training wants. With ``cache``, the tokens
+        continue what the cache holds. ``padding_mask`` (B, S) bool marks real tokens among all S = cached + T positions
         (False = padding, never attended to; a padded query attends to itself only); with a
         :class:`~diff_transformer.cache.StaticKVCache` it covers the new T tokens only.
         """
@@ -161,11 +167,14 @@ class LanguageModel(nn.Module):
         if cache is not None:
             cache.advance(t)
         x = self.norm(x)
+        if targets is not None and not return_logits and not torch.compiler.is_compiling():
+            head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+            return None, linear_cross_entropy(x.flatten(0, 1), head, targets.flatten(), reduction=reduction)
         logits = F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
-        return logits, loss
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction)
+        return (logits if return_logits else None), loss
 
     def _rope_table(self, device: torch.device) -> Tensor:
         """cos, sin of every position < max_seq_len, fp32 (L, d/2, 2): computed once per device and

@@ -121,7 +121,7 @@ def _ours(
 
     def train_step(tokens):
         model.train()
-        _, loss = model(tokens, tokens)
+        _, loss = model(tokens, tokens, return_logits=False)  # as the trainer: the fused head and loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

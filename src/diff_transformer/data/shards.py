@@ -21,10 +21,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..loss import IGNORE_INDEX  # noqa: F401  (the target value excluded from the loss; re-exported)
 from ..tokenizer import load_tokenizer
 from .prepare import SPLITS, read_meta
-
-IGNORE_INDEX = -100  # target value excluded from the loss (torch cross_entropy's ignore_index)
 
 # Streams of the keyed hash, so that the order, the offsets and the mixture draw independent numbers.
 STREAM_ORDER, STREAM_OFFSET, STREAM_MIX_CHOICE, STREAM_MIX_EXAMPLE = 1, 2, 3, 4

@@ -228,7 +228,7 @@ def train_model(model: LanguageModel, config: RetrievalConfig, lr: float) -> lis
     model.train()
     for step in range(config.steps):
         inputs, targets = training_batch(config, step)
-        _, loss = model(inputs, targets)
+        _, loss = model(inputs, targets, return_logits=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

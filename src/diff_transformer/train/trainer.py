@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
@@ -241,9 +240,9 @@ def _no_gradient_sync(model: nn.Module, parallel: str, last_micro_batch: bool):
 
 
 def _token_loss_sum(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum of the cross-entropy over the counted targets (those not -100), in fp32."""
-    logits, _ = model(inputs)
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    """Sum of the cross-entropy over the counted targets (those not -100), in fp32, without the
+    logits (the model's fused head and loss; called through DDP / FSDP / compile wrappers)."""
+    return model(inputs, targets, return_logits=False, reduction="sum")[1]
 
 
 def _forward_backward(model, forward_model, batches, env: Environment, parallel: str, autocast) -> tuple[float, int]:
