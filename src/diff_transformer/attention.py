@@ -161,7 +161,9 @@ class Attention(nn.Module):
             out, maps = self.attend_with_maps(q, k, v, x, attn_mask=attn_mask, logits_transform=transform)
             self.tap.record(self.layer_index, maps)
         if self.head_norm is not None:  # the constant scale rides on the 2d-wide weight, not the activations
-            weight = self.head_norm.weight if self.out_scale == 1.0 else self._fixed(cache, "head_norm", self._scaled_norm_weight)
+            weight = self.head_norm.weight
+            if self.out_scale != 1.0:
+                weight = self._fixed(cache, "head_norm", self._scaled_norm_weight)
             out = rms_norm(out, weight, self.head_norm.eps)
         elif self.out_scale != 1.0:
             out = out * self.out_scale

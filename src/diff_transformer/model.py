@@ -141,10 +141,12 @@ class LanguageModel(nn.Module):
         Targets equal to -100 are ignored; ``reduction`` "mean" (over counted targets) or "sum".
         ``return_logits=False`` (with targets) returns (None, loss) and computes the loss without
         ever holding the (B, T, V) logits (:func:`~diff_transformer.loss.linear_cross_entropy`;
-        its gradients are taken in the forward): what training wants. With ``cache``, the tokens
-        continue what the cache holds. ``padding_mask`` (B, S) bool marks real tokens among all S = cached + T positions
-        (False = padding, never attended to; a padded query attends to itself only); with a
-        :class:`~diff_transformer.cache.StaticKVCache` it covers the new T tokens only.
+        its gradients are taken in the forward): what training wants.
+
+        With ``cache``, the tokens continue what the cache holds. ``padding_mask`` (B, S) bool marks
+        real tokens among all S = cached + T positions (False = padding, never attended to; a padded
+        query attends to itself only); with a :class:`~diff_transformer.cache.StaticKVCache` it
+        covers the new T tokens only.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
@@ -173,7 +175,8 @@ class LanguageModel(nn.Module):
         logits = F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction)
+            flat = logits.float().flatten(0, 1)
+            loss = F.cross_entropy(flat, targets.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction)
         return (logits if return_logits else None), loss
 
     def _rope_table(self, device: torch.device) -> Tensor:

@@ -10,12 +10,13 @@ Modules: corpus (embedded texts and the cache), bpe (tokenizers), inputs (readin
 prepare (text -> shards), shards (TokenShards), mixture (MixedBatches), synthetic (generators).
 """
 
+from ..loss import IGNORE_INDEX
 from .bpe import default_tokenizer, train_bpe
 from .corpus import cache_root, corpus_documents, default_dataset
 from .inputs import InputError
 from .mixture import MixedBatches
 from .prepare import prepare, read_meta
-from .shards import IGNORE_INDEX, TokenShards
+from .shards import TokenShards
 
 __all__ = [
     "IGNORE_INDEX",

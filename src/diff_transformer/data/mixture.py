@@ -14,10 +14,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from ..loss import IGNORE_INDEX
 from . import synthetic
-from .shards import (
-    IGNORE_INDEX, STREAM_MIX_CHOICE, STREAM_MIX_EXAMPLE, TokenShards, as_sample_indices, keyed_hash, seed_word,
-)
+from .shards import STREAM_MIX_CHOICE, STREAM_MIX_EXAMPLE, TokenShards, as_sample_indices, keyed_hash, seed_word
 
 
 class MixedBatches:

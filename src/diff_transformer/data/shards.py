@@ -21,7 +21,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..loss import IGNORE_INDEX  # noqa: F401  (the target value excluded from the loss; re-exported)
 from ..tokenizer import load_tokenizer
 from .prepare import SPLITS, read_meta
 

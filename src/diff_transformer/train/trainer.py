@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from ..data.shards import IGNORE_INDEX
+from ..loss import IGNORE_INDEX
 from ..files import write_text_atomically
 from ..model import LanguageModel
 from .config import ModelEntry, OptimConfig, TrainConfig
