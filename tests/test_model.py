@@ -114,6 +114,33 @@ def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
     assert (out.double() - expected).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 5, 16), (2, 3, 4, 8)])
+def test_rms_norm_and_its_gradients_match_the_formula(shape, dtype):
+    """The training path (a hand-written backward on CPU) against x / sqrt(mean x² + eps) · w in
+    float64 with autograd, forward and both gradients."""
+    from diff_transformer.attention import _RMSNormFunction, rms_norm
+
+    eps = 1e-5
+    x = (torch.randn(shape) * 3).to(dtype).requires_grad_()
+    w = torch.empty(shape[-1]).uniform_(0.5, 1.5).requires_grad_()
+    grad = torch.randn(shape).to(dtype)
+    out = rms_norm(x, w, eps)
+    out.backward(grad)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    expected = x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w64
+    expected.backward(grad.double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: the output and x's gradient are rounded to 8 bits
+    assert out.dtype == dtype
+    assert torch.allclose(out.double(), expected, rtol=tol, atol=tol)
+    assert torch.allclose(x.grad.double(), x64.grad, rtol=tol, atol=tol)
+    assert torch.allclose(w.grad.double(), w64.grad, rtol=1e-5, atol=1e-4)  # the weight's gradient is fp32
+    with torch.no_grad():  # the inference path computes the same
+        assert torch.allclose(rms_norm(x, w, eps), out, rtol=tol, atol=tol)
+    args = (torch.randn(shape, dtype=torch.float64, requires_grad=True), w64.detach().requires_grad_(), eps)
+    assert torch.autograd.gradcheck(_RMSNormFunction.apply, args)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_shapes_loss_and_gradients(kind):
     config = ModelConfig.from_preset("debug", attention=kind)

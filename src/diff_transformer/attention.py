@@ -56,8 +56,48 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     return torch.view_as_real(rotated).flatten(-2).type_as(x)
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """x / rms(x) · weight over the last dim with a hand-written backward, for training on CPU.
+
+    Autograd through the composite (pow, mean, add, rsqrt, mul, mul) keeps its intermediates and
+    runs about a dozen kernels backward; this keeps x̂ = x / rms(x) and 1 / rms(x) and runs six.
+    Forward and backward together take about half the time at the model's shapes on CPU
+    (CUDA has a fused kernel for F.rms_norm, which is used there).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))  # (..., 1)
+        normed = x * inv_rms
+        ctx.save_for_backward(normed, weight, inv_rms)
+        return normed * weight
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        normed, weight, inv_rms = ctx.saved_tensors
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            # d(x·r)/dx with r = (mean x² + eps)^(-1/2), applied to u = grad·weight: r · (u − x̂ · mean(u·x̂))
+            u = grad * weight
+            grad_x = torch.addcmul(u, normed, (u * normed).mean(-1, keepdim=True), value=-1.0).mul_(inv_rms)
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad * normed).flatten(0, -2).sum(0)
+        return grad_x, grad_weight, None
+
+
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMSNorm over the last dim, computed in fp32 and cast back to x's dtype."""
+    if (
+        weight is not None
+        and x.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and (x.requires_grad or weight.requires_grad)
+        and not torch.compiler.is_compiling()  # inductor fuses the composite itself
+    ):
+        if x.dtype == weight.dtype == torch.float32:
+            return _RMSNormFunction.apply(x, weight, eps)
+        return _RMSNormFunction.apply(x.float(), weight.float(), eps).type_as(x)
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
         return F.rms_norm(x, (x.shape[-1],), weight, eps)  # no casts: saves two calls per norm when decoding
     w = None if weight is None else weight.float()

@@ -51,11 +51,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
             logits = (h @ weight.t()).to(acc)  # (c, V)
             counted = y != IGNORE_INDEX
             picked = y.masked_fill(~counted, 0)[:, None]
-            lse = torch.logsumexp(logits, dim=-1)
-            total += torch.where(counted, lse - logits.gather(1, picked).squeeze(1), 0.0).sum()
+            target_logits = logits.gather(1, picked).squeeze(1)
+            peak = logits.amax(dim=-1, keepdim=True)  # (c, 1)
+            exps = logits.sub_(peak).exp_()  # exp(logit − max), in place of the logits: one pass of exp
+            sums = exps.sum(dim=-1, keepdim=True)
+            lse = (peak + sums.log()).squeeze(1)  # log-sum-exp of each row
+            total += torch.where(counted, lse - target_logits, 0.0).sum()
             if grad_hidden is None and grad_weight is None:
                 continue
-            grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            grad = exps.div_(sums)  # softmax
             grad.scatter_add_(1, picked, torch.full_like(lse, -1.0)[:, None])
             grad.mul_(counted[:, None])  # ignored targets: no gradient
             grad = grad.to(hidden.dtype)
