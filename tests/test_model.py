@@ -141,6 +141,19 @@ def test_rms_norm_and_its_gradients_match_the_formula(shape, dtype):
     assert torch.autograd.gradcheck(_RMSNormFunction.apply, args)
 
 
+@pytest.mark.parametrize("b, t", [(1, 1), (8, 1), (2, 32), (5, 13)])  # rows 8 and 64: (W·xᵀ)ᵀ; 1 and 65: x·Wᵀ
+def test_head_logits_match_the_product_for_few_and_many_rows(b, t):
+    """Up to FEW_HEAD_ROWS rows the head is computed as (W·xᵀ)ᵀ on CPU: the same logits as x·Wᵀ
+    (in float64), contiguous, shaped (B, T, V)."""
+    from diff_transformer.model import _head_logits
+
+    x, weight = torch.randn(b, t, 24), torch.randn(300, 24)
+    logits = _head_logits(x, weight)
+    expected = x.double() @ weight.double().T
+    assert logits.shape == (b, t, 300) and logits.is_contiguous()
+    assert torch.allclose(logits.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_shapes_loss_and_gradients(kind):
     config = ModelConfig.from_preset("debug", attention=kind)

@@ -48,25 +48,27 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=acc, device=hidden.device)
         for start in range(0, hidden.shape[0], rows):
             h, y = hidden[start : start + rows], targets[start : start + rows]
-            logits = (h @ weight.t()).to(acc)  # (c, V)
+            # The chunk's logits transposed, (V, c): W·hᵀ runs faster than h·Wᵀ on CPU for a few rows
+            # against a large vocabulary (see model.FEW_HEAD_ROWS); reductions run over dim 0.
+            logits = (weight @ h.t()).to(acc)
             counted = y != IGNORE_INDEX
-            picked = y.masked_fill(~counted, 0)[:, None]
-            target_logits = logits.gather(1, picked).squeeze(1)
-            peak = logits.amax(dim=-1, keepdim=True)  # (c, 1)
+            picked = y.masked_fill(~counted, 0)[None, :]  # (1, c)
+            target_logits = logits.gather(0, picked).squeeze(0)
+            peak = logits.amax(dim=0, keepdim=True)  # (1, c)
             exps = logits.sub_(peak).exp_()  # exp(logit − max), in place of the logits: one pass of exp
-            sums = exps.sum(dim=-1, keepdim=True)
-            lse = (peak + sums.log()).squeeze(1)  # log-sum-exp of each row
+            sums = exps.sum(dim=0, keepdim=True)
+            lse = (peak + sums.log()).squeeze(0)  # log-sum-exp of each token's logits
             total += torch.where(counted, lse - target_logits, 0.0).sum()
             if grad_hidden is None and grad_weight is None:
                 continue
             grad = exps.div_(sums)  # softmax
-            grad.scatter_add_(1, picked, torch.full_like(lse, -1.0)[:, None])
-            grad.mul_(counted[:, None])  # ignored targets: no gradient
+            grad.scatter_add_(0, picked, torch.full_like(lse, -1.0)[None, :])
+            grad.mul_(counted[None, :])  # ignored targets: no gradient
             grad = grad.to(hidden.dtype)
             if grad_hidden is not None:
-                torch.mm(grad, weight.to(hidden.dtype), out=grad_hidden[start : start + rows])
+                torch.mm(grad.t(), weight.to(hidden.dtype), out=grad_hidden[start : start + rows])
             if grad_weight is not None:
-                grad_weight.addmm_(grad.t().to(acc), h.to(acc))
+                grad_weight.addmm_(grad.to(acc), h.to(acc))
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         return total
