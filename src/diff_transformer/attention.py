@@ -82,7 +82,7 @@ class _RMSNormFunction(torch.autograd.Function):
             u = grad * weight
             grad_x = torch.addcmul(u, normed, (u * normed).mean(-1, keepdim=True), value=-1.0).mul_(inv_rms)
         if ctx.needs_input_grad[1]:
-            grad_weight = (grad * normed).flatten(0, -2).sum(0)
+            grad_weight = (grad * normed).sum(dim=tuple(range(grad.dim() - 1)))  # no flatten: grad may be strided
         return grad_x, grad_weight, None
 
 

@@ -96,7 +96,8 @@ class _MaterializedDiffAttention(torch.autograd.Function):
         rows2 = []
         # The last tile reaches every key: going backwards, it sets dK and dV and the others add to them.
         for (t0, t1, e), p in zip(reversed(ctx.tiles), reversed(probs)):
-            go, qt, kt, vt = grad_out[..., t0:t1, :], q[..., t0:t1, :], k[..., :e, :], v[..., :e, :]
+            go = grad_out[..., t0:t1, :].contiguous()  # a tile's rows: copied once here, not in each product
+            qt, kt, vt = q[..., t0:t1, :], k[..., :e, :], v[..., :e, :]
             combined = torch.addcmul(p[:, :, :, 0], p[:, :, :, 1], lam, value=-1.0).to(v.dtype)
             grad_v = _add_keys(grad_v, _sum_heads(torch.matmul(combined.transpose(-1, -2), go)))
             grad_a = torch.matmul(go, vt.transpose(-1, -2)).float().unsqueeze(3)  # (B, G, R, 1, rows, e)
@@ -121,7 +122,7 @@ def _add_keys(total: Tensor | None, part: Tensor) -> Tensor:
     """Add a tile's gradient for the first e keys into the total (the first tile seen sets it)."""
     if total is None:
         return part
-    total[..., : part.shape[-2], :] += part
+    total[..., : part.shape[-2], :].add_(part)  # not `+=`, whose item assignment copies the slice onto itself
     return total
 
 
