@@ -90,9 +90,9 @@ def test_bad_shapes_and_reduction_are_named():
 
 def test_chunk_rows_by_hand():
     cpu = torch.device("cpu")
-    assert chunk_rows(8192, cpu) == 128  # 4 MiB / (4 B · 8,192 words)
-    assert chunk_rows(100_288, cpu) == 32  # 10 rows fit; the floor is 32
-    assert chunk_rows(512, cpu) == 2048
+    assert chunk_rows(8192, cpu) == 256  # 8 MiB / (4 B · 8,192 words)
+    assert chunk_rows(100_288, cpu) == 32  # 20 rows fit; the floor is 32
+    assert chunk_rows(512, cpu) == 4096
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["own-head", "tied"])

@@ -23,12 +23,12 @@ import torch
 from torch import Tensor
 
 IGNORE_INDEX = -100  # a target excluded from the loss (torch cross_entropy's ignore_index)
-# Logits per chunk: 4 MiB of fp32 keeps a chunk in a CPU core's share of cache (measured on
-# 2 cores: 128 rows of 8,192 words took 249 ms for the head's forward + backward at 2,048 tokens,
-# 1,024 rows 291-336 ms, the plain path 324-394 ms; transposed chunks, one exp, 64-512 rows:
-# 177-214 ms, 128 rows 181; BENCHMARKS.md). On a GPU a chunk only bounds
-# memory, so it is larger there (fewer launches; not timed on a GPU).
-CHUNK_BYTES = {"cpu": 4 << 20}
+# Logits per chunk on CPU: 8 MiB of fp32, 256 rows of 8,192 words (measured on 2 cores, head +
+# loss forward + backward, 15 alternating rounds: 1.06-1.09x faster than 128 rows at E = 192,
+# 2,048 tokens and 1.09-1.10x at E = 512, 1,024 tokens; 512 rows 0.99-1.10x, 1,024 rows 0.91-1.13x;
+# BENCHMARKS.md). On a GPU a chunk only bounds memory, so it is larger there (fewer launches;
+# not timed on a GPU).
+CHUNK_BYTES = {"cpu": 8 << 20}
 DEFAULT_CHUNK_BYTES = 256 << 20
 MIN_CHUNK_ROWS = 32
 
