@@ -60,7 +60,7 @@ class _RMSNormFunction(torch.autograd.Function):
     """x / rms(x) · weight over the last dim with a hand-written backward, for training on CPU.
 
     Autograd through the composite (pow, mean, add, rsqrt, mul, mul) keeps its intermediates and
-    runs about a dozen kernels backward; this keeps x̂ = x / rms(x) and 1 / rms(x) and runs six.
+    runs about a dozen kernels backward; this keeps x̂ = x / rms(x) and 1 / rms(x) and runs seven.
     Forward and backward together take about half the time at the model's shapes on CPU
     (CUDA has a fused kernel for F.rms_norm, which is used there).
     """
