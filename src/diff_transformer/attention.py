@@ -43,8 +43,8 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     """Interleaved rotary embedding: rotate each pair (x[2i], x[2i+1]) by the angle of pair i.
 
     x (B, T, n, d); rope (T, d/2, 2) from :func:`rope_frequencies`. Eagerly a pair is one
-    complex number and the rotation one complex product (few operator calls, which is what
-    decoding small models is bound by); under torch.compile the same rotation in real
+    complex number and the rotation one complex product (few operator calls, which cost about
+    half of a small model's decoding step); under torch.compile the same rotation in real
     arithmetic, which inductor fuses (it generates no code for complex tensors).
     """
     pairs = x.float().unflatten(-1, (-1, 2))  # (B, T, n, d/2, 2)
@@ -214,7 +214,7 @@ class Attention(nn.Module):
 
     def _fixed(self, cache: "KVCache | None", name: str, compute: Callable[[], Tensor]) -> Tensor:
         """``compute()``; while decoding without gradients (the weights are fixed then) computed once
-        per KV cache and kept there: each saved operator call matters when a step is bound by them."""
+        per KV cache and kept there: operator calls cost about half of a small model's decoding step."""
         if cache is None or torch.is_grad_enabled():
             return compute()
         key = (self.layer_index, name)

@@ -11,8 +11,8 @@ torch.compile.
 Two entry points share the softmax-combine-V tail: :func:`decode_diff_attention` takes the op's
 separate q1, q2, k1, k2; :func:`decode_diff_attention_packed` takes the model's own layout
 (sub-heads 2h, 2h+1 interleaved, as DiffAttention projects and caches them), where both maps
-come out of a single product — fewer operator calls per layer, which is what a decoding step
-on small models is bound by.
+come out of a single product — fewer operator calls per layer, which cost about half of a
+decoding step on small models (the other half is matrix products).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _combine_maps_and_read_v(
 ) -> Tensor:
     """logits (B·Hkv·2, n_rep, S) unscaled and fresh (scaled in place): row r of batch (b, g, c) is
     map c of query head g·n_rep + r. -> (B, H, 1, 2d). Products on 3-D views, and no call that
-    changes nothing: a decoding step on a small model is bound by the number of operator calls."""
+    changes nothing: operator calls cost about half of a decoding step on a small model."""
     b, hkv, s, width = v.shape
     n_rep = logits.shape[1]
     logits = logits.mul_(scale) if logits.dtype == torch.float32 else logits.float().mul_(scale)
