@@ -6,9 +6,9 @@ RoPE only sees relative positions, a padded row generates exactly what it would 
 ``compile=True`` decodes into a :class:`~diff_transformer.cache.StaticKVCache` and runs every
 one-token step through ``torch.compile(model)`` (``mode="reduce-overhead"``, i.e. CUDA graphs, on
 CUDA; the prompt's forward stays eager). Every step has the same shapes, so one graph serves them
-all without ``dynamic=True``; on small models, where operator calls cost about half
-of an eager decoding step, the fused step is what makes DIFF decode as fast as the Transformer (BENCHMARKS.md). The
-first call compiles (seconds).
+all without ``dynamic=True``; on small models, where operator calls cost about half of an eager
+decoding step, the fused step is what makes DIFF decode as fast as the Transformer
+(BENCHMARKS.md). The first call compiles (seconds).
 """
 
 from __future__ import annotations
