@@ -170,6 +170,22 @@ def test_forward_shapes_loss_and_gradients(kind):
     assert model(tokens)[1] is None
 
 
+@pytest.mark.parametrize("keep", [1, 3, 20])
+def test_logits_to_keep_gives_the_last_rows(keep):
+    """logits_to_keep=N: the last N rows of the full logits (all of them when N >= T); with a cache
+    the cache fills as without it."""
+    model = LanguageModel(ModelConfig.from_preset("debug", attention="diff")).eval()
+    tokens = torch.randint(0, 512, (2, 12))
+    full, _ = model(tokens)
+    kept, _ = model(tokens, logits_to_keep=keep)
+    assert kept.shape == (2, min(keep, 12), 512)
+    torch.testing.assert_close(kept, full[:, -keep:], atol=1e-5, rtol=1e-5)
+    cache = model.new_cache(2, 13)
+    model(tokens, cache=cache, logits_to_keep=keep)
+    step, _ = model(tokens[:, :1], cache=cache)
+    torch.testing.assert_close(step, model(torch.cat([tokens, tokens[:, :1]], 1))[0][:, -1:], atol=1e-5, rtol=1e-5)
+
+
 def test_ignored_targets_do_not_count():
     model = LanguageModel(ModelConfig.from_preset("debug"))
     tokens = torch.randint(0, 512, (2, 10))
@@ -263,6 +279,10 @@ def test_bad_inputs():
         model(torch.zeros(1, 129, dtype=torch.long))
     with pytest.raises(ValueError, match="padding_mask must be bool"):
         model(torch.zeros(1, 4, dtype=torch.long), padding_mask=torch.ones(1, 3, dtype=torch.bool))
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    for keep, targets in [(-1, None), (1, tokens)]:
+        with pytest.raises(ValueError, match="logits_to_keep must be >= 0, and 0 with targets"):
+            model(tokens, targets, logits_to_keep=keep)
     with pytest.raises(ValueError, match="unknown attention backend"):
         model.set_attention_backend("nope")
     with pytest.raises(ValueError, match="unknown attention backend 'nope'"):

@@ -91,7 +91,7 @@ def stream(
     stops = torch.tensor(list(stop_tokens), dtype=torch.long, device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     padding = None if bool(real.all()) else real
-    logits, _ = model(tokens, cache=cache, padding_mask=padding)
+    logits, _ = model(tokens, cache=cache, padding_mask=padding, logits_to_keep=1)  # the prompt's last row only
     if compile:  # the static cache keeps the padding flags: later steps pass none
         padding = None
         mode = "reduce-overhead" if device.type == "cuda" else None

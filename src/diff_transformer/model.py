@@ -149,6 +149,7 @@ class LanguageModel(nn.Module):
         padding_mask: Tensor | None = None,
         return_logits: bool = True,
         reduction: str = "mean",
+        logits_to_keep: int = 0,
     ) -> tuple[Tensor | None, Tensor | None]:
         """tokens (B, T) int -> logits (B, T, V) and the cross-entropy against targets (B, T).
 
@@ -161,9 +162,15 @@ class LanguageModel(nn.Module):
         real tokens among all S = cached + T positions (False = padding, never attended to; a padded
         query attends to itself only); with a :class:`~diff_transformer.cache.StaticKVCache` it
         covers the new T tokens only.
+
+        ``logits_to_keep`` N > 0 computes the logits of the last N positions only, (B, N, V), as
+        transformers' argument of that name: a prompt's prefill wants one row, not T rows against
+        the whole vocabulary. 0 keeps all; it must be 0 with targets.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
+        if logits_to_keep < 0 or (logits_to_keep and targets is not None):
+            raise ValueError(f"logits_to_keep must be >= 0, and 0 with targets; got {logits_to_keep}")
         b, t = tokens.shape
         table = self._rope_table(tokens.device)
         if cache is not None and cache.static:  # positions stay on the device: one graph for every step
@@ -186,7 +193,7 @@ class LanguageModel(nn.Module):
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight  # (V, E)
         if targets is not None and not return_logits and not torch.compiler.is_compiling():
             return None, linear_cross_entropy(x.flatten(0, 1), head, targets.flatten(), reduction=reduction)
-        logits = _head_logits(x, head)
+        logits = _head_logits(x[:, -logits_to_keep:] if logits_to_keep else x, head)
         loss = None
         if targets is not None:
             flat = logits.float().flatten(0, 1)

@@ -48,7 +48,7 @@ def score_choices(
     if capacity > model.config.max_seq_len:
         raise ValueError(f"prefix + query + choice ({capacity} tokens) exceeds max_seq_len={model.config.max_seq_len}")
     prefix_cache = model.new_cache(1, capacity)
-    model(torch.tensor([list(prefix)], device=device), cache=prefix_cache)
+    model(torch.tensor([list(prefix)], device=device), cache=prefix_cache, logits_to_keep=1)  # only the cache is wanted
     choice_rows = torch.zeros(n_choices, width, dtype=torch.long, device=device)  # right padding is inert (causal)
     for c, tokens in enumerate(choices):
         choice_rows[c, : len(tokens)] = torch.tensor(list(tokens), device=device)
@@ -62,9 +62,10 @@ def score_choices(
             chunk = indices[start : start + per_chunk]
             b = len(chunk)
             query_cache = prefix_cache.expand(b)
-            query_logits, _ = model(torch.tensor([list(queries[i]) for i in chunk], device=device), cache=query_cache)
+            queries_in = torch.tensor([list(queries[i]) for i in chunk], device=device)
+            query_logits, _ = model(queries_in, cache=query_cache, logits_to_keep=1)  # (b, 1, V)
             rows = choice_rows.repeat(b, 1)  # (b·C, W): query i's choices are rows i·C … i·C + C − 1
-            last = query_logits[:, -1:].float().repeat_interleave(n_choices, dim=0)  # predicts each choice's first token
+            last = query_logits.float().repeat_interleave(n_choices, dim=0)  # predicts each choice's first token
             if width > 1:
                 choice_cache = query_cache.expand(n_choices)
                 choice_logits, _ = model(rows[:, :-1], cache=choice_cache)
