@@ -190,7 +190,8 @@ class LanguageModel(nn.Module):
         if cache is not None:
             cache.advance(t)
         x = self.norm(x)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight  # (V, E)
+        # (V, E), read as a weight by the fused loss and the few-row product: lm_head's hooks do not run
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         if targets is not None and not return_logits and not torch.compiler.is_compiling():
             return None, linear_cross_entropy(x.flatten(0, 1), head, targets.flatten(), reduction=reduction)
         logits = _head_logits(x[:, -logits_to_keep:] if logits_to_keep else x, head)
