@@ -92,7 +92,7 @@ def linear_cross_entropy(
     hidden (N, E), weight (V, E), targets (N,) long with IGNORE_INDEX (-100) for positions that do
     not count. ``reduction`` "mean" (over counted targets; NaN when none counts, as F.cross_entropy)
     or "sum". ``rows``: tokens per chunk (default :func:`chunk_rows`). Returns a 0-d tensor in fp32
-(fp64 for fp64 inputs).
+    (fp64 for fp64 inputs).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden (N, E) and weight (V, E) must share E, got {tuple(hidden.shape)} and {tuple(weight.shape)}")
