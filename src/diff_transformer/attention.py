@@ -27,6 +27,7 @@ from .ops import (
     reference_attention,
     reference_diff_attention,
 )
+from .ops.cpu_kernels import cpu_rms_norm, rms_norm_applies
 
 if TYPE_CHECKING:
     from .cache import KVCache
@@ -87,7 +88,8 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """RMSNorm over the last dim, computed in fp32 and cast back to x's dtype."""
+    """RMSNorm over the last dim, computed in fp32 and cast back to x's dtype. On CPU in fp32
+    without gradients, one fused C kernel (ops/cpu_kernels.py) instead of F.rms_norm's six calls."""
     if (
         weight is not None
         and x.device.type == "cpu"
@@ -98,6 +100,8 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         if x.dtype == weight.dtype == torch.float32:
             return _RMSNormFunction.apply(x, weight, eps)
         return _RMSNormFunction.apply(x.float(), weight.float(), eps).type_as(x)
+    if rms_norm_applies(x, weight):
+        return cpu_rms_norm(x, weight, eps)
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
         return F.rms_norm(x, (x.shape[-1],), weight, eps)  # no casts: saves two calls per norm when decoding
     w = None if weight is None else weight.float()

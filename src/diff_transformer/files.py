@@ -6,6 +6,9 @@ Every result, log, report, plot and tokenizer file of the project is written thr
 to disk, gets the usual permissions (0666 minus the umask), and is renamed over the target. On
 an error the temporary file is removed and the target is untouched. Checkpoint directories are
 swapped in as a whole by ``checkpoint.py``, which builds on the same rename.
+
+``cache_root`` is where the project keeps what it builds once and reuses (the default
+corpus's shards, the compiled CPU kernels).
 """
 
 from __future__ import annotations
@@ -14,6 +17,17 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+CACHE_ENV = "DIFF_TRANSFORMER_CACHE"
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir``, else $DIFF_TRANSFORMER_CACHE, else ~/.cache/diff-transformer."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path.home() / ".cache" / "diff-transformer"
 
 
 def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:

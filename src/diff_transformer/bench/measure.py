@@ -10,6 +10,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..ops.cpu_kernels import kernels_status
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -93,6 +95,8 @@ def describe_machine(device: torch.device) -> dict[str, object]:
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        info["cpu_kernels"] = kernels_status()  # the fused decode / RMSNorm kernels (ops/cpu_kernels.py)
     try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]

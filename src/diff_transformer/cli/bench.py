@@ -112,7 +112,8 @@ def _print_machine(report: dict) -> None:
     machine = report["machine"]
     threads = report["settings"]["threads"] or machine["torch_threads"]
     where = machine.get("gpu") or f"{machine['cpu']} ({machine['cpu_cores']} cores, {threads} torch threads)"
-    print(f"machine: {where}, torch {machine['torch']}")
+    kernels = f", fused CPU kernels {machine['cpu_kernels']}" if "cpu_kernels" in machine else ""
+    print(f"machine: {where}, torch {machine['torch']}{kernels}")
 
 
 def run_attention(args: argparse.Namespace) -> int:

@@ -17,13 +17,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..files import cache_root
 from .bpe import ASSETS, DEFAULT_TOKENIZER_FILE, default_tokenizer
 from .inputs import in_memory_documents
 from .prepare import DEFAULT_VAL_FRACTION, FORMAT_VERSION, META_FILE, write_shards
 
 CORPUS_DIR = ASSETS / "corpus"
 CORPUS_FILES = ("shakespeare.jsonl.xz", "kjv.jsonl.xz", "austen.jsonl.xz")
-CACHE_ENV = "DIFF_TRANSFORMER_CACHE"
 DEFAULT_SPLIT_SEED = 0
 
 
@@ -47,15 +47,6 @@ def corpus_documents() -> list[tuple[str, str]]:
 def corpus_titles() -> dict[str, str]:
     """Document name -> title, e.g. "kjv/19_psalms" -> "The Book of Psalms"."""
     return {r["name"]: r["title"] for r in _corpus_records()}
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """``cache_dir``, else $DIFF_TRANSFORMER_CACHE, else ~/.cache/diff-transformer."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path.home() / ".cache" / "diff-transformer"
 
 
 def _fingerprint() -> str:

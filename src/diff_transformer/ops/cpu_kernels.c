@@ -1,0 +1,109 @@
+/* Two fused CPU kernels, fp32, for inference (no backward): built and called by cpu_kernels.py.
+
+   diff_decode_f32: differential attention for one query per sequence against a KV cache.
+   For each (batch b, DIFF head h) with KV group g = h / n_rep, in one pass over the cache:
+       l1[s] = scale · q1·k1[s],  l2[s] = scale · q2·k2[s]            (hidden keys: weight 0)
+       p[s]  = softmax(l1)[s] − λ_h · softmax(l2)[s]
+       out   = Σ_s p[s] · v[s]                                        (2d wide)
+   K1, K2 and V are read once each; the maps (S floats each) stay in the thread's own buffer.
+   The PyTorch path in decode.py computes the same thing and is what this is tested against.
+
+   rms_norm_f32: x / sqrt(mean(x²) + eps) · w over rows, what F.rms_norm computes in six
+   operator calls (attention.py's rms_norm is its reference).
+
+   Work is split across OpenMP threads (the runtime PyTorch itself uses, when both are loaded
+   in one process). Strides are in elements; the last dim of every tensor must be contiguous. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+int diff_decode_f32(
+    const float *q1, const float *q2, int64_t q_sb, int64_t q_sh,                 /* (B, H, d) */
+    const float *k1, const float *k2, int64_t k_sb, int64_t k_sg, int64_t k_ss,   /* (B, Hkv, S, d) */
+    const float *v, int64_t v_sb, int64_t v_sg, int64_t v_ss,                     /* (B, Hkv, S, 2d) */
+    const float *lam, int64_t lam_sh,                                             /* λ_h = lam[h·lam_sh] */
+    const uint8_t *mask, int64_t m_sb, int64_t m_sh, int64_t m_ss,                /* NULL, or 1 = may attend */
+    float *out,                                                                   /* (B, H, 2d) contiguous */
+    int64_t batch, int64_t heads, int64_t kv_heads, int64_t keys, int64_t d, float scale, int threads)
+{
+    const int64_t n_rep = heads / kv_heads, width = 2 * d, items = batch * heads;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *buf = malloc(sizeof(float) * (size_t)(2 * keys + width));
+        if (!buf) {
+            failed = 1;
+        } else {
+            float *e1 = buf, *e2 = buf + keys, *acc = buf + 2 * keys;
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < items; ++item) {
+                const int64_t b = item / heads, h = item % heads, g = h / n_rep;
+                const float *a1 = q1 + b * q_sb + h * q_sh, *a2 = q2 + b * q_sb + h * q_sh;
+                const float *key1 = k1 + b * k_sb + g * k_sg, *key2 = k2 + b * k_sb + g * k_sg;
+                const uint8_t *visible = mask ? mask + b * m_sb + h * m_sh : NULL;
+                /* logits and their maxima over the visible keys */
+                float max1 = -INFINITY, max2 = -INFINITY;
+                for (int64_t s = 0; s < keys; ++s) {
+                    const float *r1 = key1 + s * k_ss, *r2 = key2 + s * k_ss;
+                    float dot1 = 0.f, dot2 = 0.f;
+                    for (int64_t j = 0; j < d; ++j) {
+                        dot1 += a1[j] * r1[j];
+                        dot2 += a2[j] * r2[j];
+                    }
+                    e1[s] = dot1 * scale;
+                    e2[s] = dot2 * scale;
+                    if (!visible || visible[s * m_ss]) {
+                        max1 = e1[s] > max1 ? e1[s] : max1;
+                        max2 = e2[s] > max2 ? e2[s] : max2;
+                    }
+                }
+                /* exponentials and sums; a hidden key weighs 0 (all hidden: 0/0, NaN, as softmax) */
+                float sum1 = 0.f, sum2 = 0.f;
+                for (int64_t s = 0; s < keys; ++s) {
+                    const int shown = !visible || visible[s * m_ss];
+                    e1[s] = shown ? expf(e1[s] - max1) : 0.f;
+                    e2[s] = shown ? expf(e2[s] - max2) : 0.f;
+                    sum1 += e1[s];
+                    sum2 += e2[s];
+                }
+                const float c1 = 1.f / sum1, c2 = lam[h * lam_sh] / sum2;
+                for (int64_t j = 0; j < width; ++j)
+                    acc[j] = 0.f;
+                const float *vals = v + b * v_sb + g * v_sg;
+                for (int64_t s = 0; s < keys; ++s) {
+                    const float p = e1[s] * c1 - e2[s] * c2, *row = vals + s * v_ss;
+                    for (int64_t j = 0; j < width; ++j)
+                        acc[j] += p * row[j];
+                }
+                float *o = out + item * width;
+                for (int64_t j = 0; j < width; ++j)
+                    o[j] = acc[j];
+            }
+            free(buf);
+        }
+    }
+    return failed;
+}
+
+int rms_norm_f32(const float *x, int64_t rows, int64_t row_stride, int64_t width, const float *w, float eps, float *out,
+                 int threads)
+{
+    /* small inputs (a decoding step) on one thread: waking the others costs more than the work */
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * width >= 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * row_stride;
+        float *o = out + r * width;
+        float squares = 0.f;
+        for (int64_t j = 0; j < width; ++j)
+            squares += row[j] * row[j];
+        const float inv_rms = 1.f / sqrtf(squares / (float)width + eps);
+        if (w)
+            for (int64_t j = 0; j < width; ++j)
+                o[j] = row[j] * inv_rms * w[j];
+        else
+            for (int64_t j = 0; j < width; ++j)
+                o[j] = row[j] * inv_rms;
+    }
+    return 0;
+}

@@ -1,0 +1,209 @@
+"""The fused CPU kernels (ops/cpu_kernels.c): against few-line float64 oracles, and when they run.
+
+Skipped only where no C compiler is on PATH; with one, a kernel that does not build fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from diff_transformer.attention import rms_norm
+from diff_transformer.ops import cpu_kernels, diff_attention
+from diff_transformer.ops.cpu_kernels import (
+    ENV_SWITCH,
+    cpu_decode_diff_attention,
+    cpu_decode_diff_attention_packed,
+    cpu_rms_norm,
+    decode_applies,
+    kernel_error,
+    rms_norm_applies,
+)
+from diff_transformer.ops.decode import decode_diff_attention_packed
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler on PATH: the kernels cannot be built"
+)
+
+
+def test_kernels_build():
+    assert kernel_error() is None
+
+
+def oracle_diff_decode(q1, q2, k1, k2, v, lam, mask, scale):
+    """float64, one head at a time: (softmax(q1·k1ᵀ) − λ softmax(q2·k2ᵀ)) v over the visible keys."""
+    b, h, _, d = q1.shape
+    hkv = k1.shape[1]
+    lam = lam.double().expand(h)
+    out = torch.empty(b, h, 1, 2 * d, dtype=torch.float64)
+    for i in range(b):
+        for j in range(h):
+            g = j // (h // hkv)
+            seen = torch.ones(k1.shape[2], dtype=torch.bool) if mask is None else mask.expand(b, h, 1, -1)[i, j, 0]
+            l1 = (k1[i, g].double() @ q1[i, j, 0].double()) * scale
+            l2 = (k2[i, g].double() @ q2[i, j, 0].double()) * scale
+            p1 = torch.softmax(l1.masked_fill(~seen, float("-inf")), 0)
+            p2 = torch.softmax(l2.masked_fill(~seen, float("-inf")), 0)
+            out[i, j, 0] = (p1 - lam[j] * p2) @ v[i, g].double()
+    return out
+
+
+def decode_inputs(b, h, hkv, s, d, *, lam_per_head, spare=0):
+    """Queries as the model makes them (a transposed view), keys/values as the filled prefix of a
+    longer cache buffer (strided views), as decoding passes them."""
+    q1, q2 = (torch.randn(b, 1, h, d).transpose(1, 2) for _ in range(2))
+    k1, k2 = (torch.randn(b, hkv, s + spare, d)[:, :, :s] for _ in range(2))
+    v = torch.randn(b, hkv, s + spare, 2 * d)[:, :, :s]
+    lam = torch.rand(h) + 0.2 if lam_per_head else torch.tensor(0.6)
+    return q1, q2, k1, k2, v, lam
+
+
+def masks(b, h, s):
+    padding = torch.ones(b, 1, 1, s, dtype=torch.bool)
+    padding[0, ..., : s // 2] = False  # sequence 0 left-padded
+    per_head = torch.rand(b, h, 1, s) < 0.6
+    per_head[..., -1] = True  # every row keeps a key
+    static = torch.zeros(1, 1, 1, s, dtype=torch.bool)
+    static[..., : max(1, s - 3)] = True  # a static cache: the end of the buffer not yet written
+    return {"none": None, "padding": padding, "per-head": per_head, "static": static}
+
+
+@pytest.mark.parametrize("h, hkv", [(3, 3), (4, 2), (6, 1)], ids=["mha", "gqa2", "mqa"])
+@pytest.mark.parametrize("lam_per_head", [False, True], ids=["lam0d", "lam-per-head"])
+@pytest.mark.parametrize("mask", ["none", "padding", "per-head", "static"])
+@pytest.mark.parametrize("s, d", [(1, 16), (37, 32), (300, 64)])
+def test_decode_kernel_matches_oracle(h, hkv, lam_per_head, mask, s, d):
+    torch.manual_seed(s + d + h)
+    inputs = decode_inputs(3, h, hkv, s, d, lam_per_head=lam_per_head, spare=5)
+    attn_mask = masks(3, h, s)[mask]
+    if s == 1 and attn_mask is not None:
+        attn_mask = attn_mask | True  # a single key must stay visible
+    want = oracle_diff_decode(*inputs, attn_mask, d**-0.5)
+    assert decode_applies(inputs[-1], *inputs[:-1])
+    got = cpu_decode_diff_attention(*inputs, attn_mask=attn_mask)
+    assert got.shape == (3, h, 1, 2 * d) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("h, hkv", [(3, 3), (4, 2)], ids=["mha", "gqa2"])
+@pytest.mark.parametrize("mask", ["none", "padding"])
+def test_packed_decode_kernel_reads_the_model_layout(h, hkv, mask):
+    """Interleaved sub-heads (Q1, Q2 of head h at 2h, 2h+1) read in place, with a custom scale."""
+    torch.manual_seed(h)
+    q1, q2, k1, k2, v, lam = decode_inputs(2, h, hkv, 50, 32, lam_per_head=True)
+    q = torch.stack([q1, q2], dim=2).flatten(1, 2).transpose(1, 2).contiguous().transpose(1, 2)  # (B, 2H, 1, d) view
+    buffer = torch.zeros(2, 2 * hkv, 64, 32)
+    buffer[:, :, :50] = torch.stack([k1, k2], dim=2).flatten(1, 2)
+    k = buffer[:, :, :50]  # the cache's filled prefix
+    attn_mask = masks(2, h, 50)[mask]
+    want = oracle_diff_decode(q1, q2, k1, k2, v, lam, attn_mask, 0.3)
+    got = cpu_decode_diff_attention_packed(q, k, v, lam, attn_mask=attn_mask, scale=0.3)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+def test_decode_backend_uses_the_kernel_only_where_it_applies(monkeypatch):
+    """No gradient wanted: the kernel; gradients wanted, or the switch off: the PyTorch path,
+    which gives the same output (and the gradients)."""
+    calls = []
+    kernel = cpu_kernels._decode
+    monkeypatch.setattr(cpu_kernels, "_decode", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    inputs = decode_inputs(2, 4, 2, 20, 16, lam_per_head=True)
+    with torch.no_grad():
+        fused = diff_attention(*inputs, backend="decode")
+    assert len(calls) == 1
+    monkeypatch.setenv(ENV_SWITCH, "0")
+    assert not decode_applies(inputs[-1], *inputs[:-1])
+    plain = diff_attention(*inputs, backend="decode")
+    monkeypatch.delenv(ENV_SWITCH)
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    out = diff_attention(*leaves, backend="decode")
+    assert len(calls) == 1 and out.requires_grad
+    out.sum().backward()
+    assert all(x.grad is not None for x in leaves)
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.detach(), plain, atol=1e-5, rtol=1e-5)
+    assert not decode_applies(inputs[-1], *(x.double() for x in inputs[:-1]))  # fp32 only
+
+
+def test_packed_pytorch_path_matches_oracle(monkeypatch):
+    """The reference the kernel replaces (decode.py) still computes the same thing."""
+    monkeypatch.setenv(ENV_SWITCH, "0")
+    q1, q2, k1, k2, v, lam = decode_inputs(2, 4, 2, 29, 16, lam_per_head=True)
+    q, k = torch.stack([q1, q2], dim=2).flatten(1, 2), torch.stack([k1, k2], dim=2).flatten(1, 2)
+    attn_mask = masks(2, 4, 29)["padding"]
+    got = decode_diff_attention_packed(q, k, v, lam, attn_mask=attn_mask)
+    torch.testing.assert_close(got.double(), oracle_diff_decode(q1, q2, k1, k2, v, lam, attn_mask, 0.25), atol=2e-5, rtol=1e-4)
+
+
+def oracle_rms_norm(x, weight, eps):
+    x = x.double()
+    out = x / torch.sqrt(x.square().mean(-1, keepdim=True) + eps)
+    return out if weight is None else out * weight.double()
+
+
+@pytest.mark.parametrize(
+    "shape", [(8, 1, 192), (8, 3, 1, 64), (2, 300, 256), (5,)], ids=["decode-step", "head-norm", "threaded", "one-row"]
+)
+@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no-weight"])
+def test_rms_norm_kernel_matches_oracle(shape, weighted):
+    x = torch.randn(shape) * 3 + 1
+    weight = torch.randn(shape[-1]) if weighted else None
+    assert rms_norm_applies(x, weight)
+    got = cpu_rms_norm(x, weight, 1e-5)
+    assert got.shape == x.shape
+    torch.testing.assert_close(got.double(), oracle_rms_norm(x, weight, 1e-5), atol=1e-5, rtol=1e-5)
+
+
+def test_rms_norm_kernel_reads_strided_rows():
+    """Rows of a wider buffer (one stride apart): read in place; rows that are not: PyTorch."""
+    buffer = torch.randn(4, 6, 100)
+    x, weight = buffer[..., :64], torch.randn(64)
+    assert rms_norm_applies(x, weight)
+    torch.testing.assert_close(cpu_rms_norm(x, weight, 1e-6).double(), oracle_rms_norm(x, weight, 1e-6), atol=1e-5, rtol=1e-5)
+    scattered = buffer.transpose(0, 1)[..., :64]  # (6, 4, 64): no single row stride
+    assert not rms_norm_applies(scattered, weight)
+    with torch.no_grad():
+        torch.testing.assert_close(rms_norm(scattered, weight, 1e-6).double(), oracle_rms_norm(scattered, weight, 1e-6), atol=1e-5, rtol=1e-5)
+
+
+def test_rms_norm_uses_the_kernel_without_gradients_only(monkeypatch):
+    calls = []
+    kernel = cpu_kernels.cpu_rms_norm
+    monkeypatch.setattr("diff_transformer.attention.cpu_rms_norm", lambda *a: calls.append(1) or kernel(*a))
+    x, weight = torch.randn(4, 32), torch.randn(32, requires_grad=True)
+    with torch.no_grad():
+        rms_norm(x, weight, 1e-5)
+    assert len(calls) == 1
+    out = rms_norm(x, weight, 1e-5)  # training: the autograd path
+    out.sum().backward()
+    assert len(calls) == 1 and weight.grad is not None
+    assert not rms_norm_applies(x.half(), None) and not rms_norm_applies(x, weight.double())
+
+
+@pytest.mark.parametrize("compiler", ["no-such-compiler-xyz", "false"], ids=["missing", "failing"])
+def test_without_a_working_compiler_the_pytorch_path_runs(compiler, monkeypatch, tmp_path):
+    """No compiler: an error string, no warning; a compiler that fails: one warning naming it.
+    Either way decoding and RMSNorm fall back to PyTorch with the same results."""
+    monkeypatch.setattr(cpu_kernels, "_state", {})  # as if never built in this process
+    monkeypatch.setenv("CC", compiler)
+    monkeypatch.setenv("DIFF_TRANSFORMER_CACHE", str(tmp_path))  # no earlier build to reuse
+    if compiler == "false":
+        with pytest.warns(UserWarning, match="did not build.*false"):
+            error = kernel_error()
+    else:
+        error = kernel_error()
+        assert "no C compiler" in error and compiler in error
+    assert error and "not built" in cpu_kernels.kernels_status()
+    inputs = decode_inputs(2, 4, 2, 9, 16, lam_per_head=True)
+    assert not decode_applies(inputs[-1], *inputs[:-1])
+    got = diff_attention(*inputs, backend="decode")
+    torch.testing.assert_close(got.double(), oracle_diff_decode(*inputs, None, 0.25), atol=2e-5, rtol=1e-4)
+    x = torch.randn(3, 8)
+    assert not rms_norm_applies(x, None)
+    with torch.no_grad():
+        torch.testing.assert_close(rms_norm(x, None, 1e-5).double(), oracle_rms_norm(x, None, 1e-5), atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="not available"):
+        cpu_rms_norm(x, None, 1e-5)
