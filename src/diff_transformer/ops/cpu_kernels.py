@@ -94,10 +94,10 @@ def _load() -> None:
     if shutil.which(compiler) is None:
         _state["error"] = f"no C compiler: {compiler!r} is not on PATH (set CC)"
         return
-    source = SOURCE.read_bytes()
+    source, cpu = SOURCE.read_bytes(), _cpu_fingerprint().encode()
     errors = []
     for flags in _FLAG_SETS:
-        key = hashlib.sha256(source + " ".join([compiler, *flags, *_COMMON_FLAGS]).encode() + _cpu_fingerprint().encode())
+        key = hashlib.sha256(source + " ".join([compiler, *flags, *_COMMON_FLAGS]).encode() + cpu)
         target = cache_root() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
         try:
             error = None if target.exists() else _build(compiler, flags, target)
@@ -121,9 +121,13 @@ def kernel_error() -> str | None:
     return _state.get("error")  # type: ignore[return-value]
 
 
+def _switched_off() -> bool:
+    return os.environ.get(ENV_SWITCH, "1") == "0"
+
+
 def kernels_status() -> str:
     """One line for benchmark reports: "on", "off (DIFF_TRANSFORMER_CPU_KERNEL=0)" or why not built."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    if _switched_off():
         return f"off ({ENV_SWITCH}=0)"
     error = kernel_error()
     return "on" if error is None else f"not built ({error})"
@@ -137,7 +141,7 @@ def _usable(*tensors: Tensor) -> bool:
             return False
     if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return False
-    if torch.compiler.is_compiling() or os.environ.get(ENV_SWITCH, "1") == "0":
+    if torch.compiler.is_compiling() or _switched_off():
         return False
     return kernel_error() is None
 
