@@ -11,16 +11,20 @@ import shutil
 import pytest
 import torch
 
-from diff_transformer.attention import rms_norm
+from diff_transformer.attention import Linear, apply_rope, rms_norm
 from diff_transformer.ops import cpu_kernels, diff_attention
 from diff_transformer.ops.cpu_kernels import (
     ENV_SWITCH,
     cpu_decode_diff_attention,
     cpu_decode_diff_attention_packed,
+    cpu_linear,
     cpu_rms_norm,
+    cpu_rope,
     decode_applies,
     kernel_error,
+    linear_applies,
     rms_norm_applies,
+    rope_applies,
 )
 from diff_transformer.ops.decode import decode_diff_attention_packed
 
@@ -183,10 +187,99 @@ def test_rms_norm_uses_the_kernel_without_gradients_only(monkeypatch):
     assert not rms_norm_applies(x.half(), None) and not rms_norm_applies(x, weight.double())
 
 
+def oracle_rope(x, positions, theta):
+    """float64 from the definition: pair i of the row at position p turned by p·θ^(−2i/d)."""
+    d = x.shape[-1]
+    angle = positions.double()[:, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (T, d/2)
+    cos, sin = angle.cos()[:, None], angle.sin()[:, None]  # (T, 1, d/2) against x's (B, T, n, d/2)
+    re, im = x.double()[..., 0::2], x.double()[..., 1::2]
+    return torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2)
+
+
+def rope_table(positions, d, theta):
+    """The model's (T, d/2, 2) table of cos, sin, computed here from the definition."""
+    angle = positions.double()[:, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return torch.stack([angle.cos(), angle.sin()], dim=-1).float()
+
+
+@pytest.mark.parametrize(
+    "b, t, n, d, start", [(8, 1, 6, 32, 200), (2, 37, 3, 64, 0), (8, 256, 6, 32, 5)], ids=["decode-step", "prefill", "threaded"]
+)
+def test_rope_kernel_matches_oracle(b, t, n, d, start):
+    """x as the model passes it: the heads of a projection's output, a view with a row stride
+    wider than n·d (q, k and v come out of one buffer here)."""
+    qkv = torch.randn(b, t, 3 * n * d)
+    x = qkv.unflatten(-1, (3, n, d))[:, :, 1]  # (B, T, n, d), rows 3·n·d apart
+    positions = torch.arange(start, start + t)
+    table = rope_table(positions, d, 10000.0)
+    assert rope_applies(x, table)
+    got = cpu_rope(x, table)
+    assert got.shape == x.shape and got.is_contiguous()
+    torch.testing.assert_close(got.double(), oracle_rope(x, positions, 10000.0), atol=2e-5, rtol=1e-5)
+
+
+def test_rope_uses_the_kernel_without_gradients_only(monkeypatch):
+    """apply_rope hands no-grad fp32 CPU calls to the kernel; with gradients (training) its PyTorch
+    path runs, and both agree with the oracle. A table of the wrong shape is named in the error."""
+    calls = []
+    kernel = cpu_kernels.cpu_rope
+    monkeypatch.setattr("diff_transformer.attention.cpu_rope", lambda *a: calls.append(1) or kernel(*a))
+    x, positions = torch.randn(2, 5, 3, 16, requires_grad=True), torch.arange(7, 12)
+    table = rope_table(positions, 16, 500.0)
+    with torch.no_grad():
+        fused = apply_rope(x, table)
+    assert len(calls) == 1
+    trained = apply_rope(x, table)
+    trained.sum().backward()
+    assert len(calls) == 1 and x.grad is not None
+    for out in (fused, trained):
+        torch.testing.assert_close(out.detach().double(), oracle_rope(x.detach(), positions, 500.0), atol=2e-5, rtol=1e-5)
+    assert not rope_applies(x.detach().half(), table) and not rope_applies(x.detach(), table.double())
+    with pytest.raises(ValueError, match=r"rope must be \(T, d/2, 2\) = \(5, 8, 2\)"):
+        cpu_rope(x.detach(), table[:4])
+
+
+@pytest.mark.parametrize(
+    "rows, width, outs",
+    [(1, 192, 192), (8, 192, 512), (7, 37, 9), (2, 512, 8192), (3, 8, 1)],
+    ids=["one-row", "decode-step", "odd-tails", "lm-head", "single-output"],
+)
+def test_linear_kernel_matches_oracle(rows, width, outs):
+    """Rows of a wider buffer (one stride apart, as a slice of a projection's output), sizes that
+    leave tails: width not a multiple of 8, outputs not of 4, an odd number of rows."""
+    x = torch.randn(rows, 1, width + 5)[..., 2 : 2 + width]
+    weight = torch.randn(outs, width)
+    assert linear_applies(x, weight)
+    got = cpu_linear(x, weight)
+    assert got.shape == (rows, 1, outs) and got.is_contiguous()
+    oracle = torch.einsum("rti,oi->rto", x.double(), weight.double())
+    torch.testing.assert_close(got.double(), oracle, atol=1e-5 * width**0.5, rtol=1e-5)
+
+
+def test_linear_uses_the_kernel_for_few_rows_without_gradients_only(monkeypatch):
+    """Linear hands at most LINEAR_MAX_ROWS rows without gradients to the kernel; more rows,
+    training, a bias or half precision take F.linear. Same results either way."""
+    calls = []
+    kernel = cpu_kernels.cpu_linear
+    monkeypatch.setattr("diff_transformer.attention.cpu_linear", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    layer = Linear(24, 40, bias=False)
+    few, many = torch.randn(cpu_kernels.LINEAR_MAX_ROWS, 1, 24), torch.randn(cpu_kernels.LINEAR_MAX_ROWS + 1, 24)
+    with torch.no_grad():
+        for x in (few, many):
+            torch.testing.assert_close(layer(x).double(), x.double() @ layer.weight.double().t(), atol=1e-5, rtol=1e-5)
+        assert calls == [few.shape]
+        biased = Linear(24, 40)
+        torch.testing.assert_close(biased(few), few @ biased.weight.t() + biased.bias, atol=1e-5, rtol=1e-5)
+        assert not linear_applies(few.half(), layer.weight.half())
+    layer(few).sum().backward()  # training: F.linear and autograd
+    assert len(calls) == 1 and layer.weight.grad is not None
+    assert set(layer.state_dict()) == {"weight"}  # an nn.Linear's state dict, as checkpoints hold it
+
+
 @pytest.mark.parametrize("compiler", ["no-such-compiler-xyz", "false"], ids=["missing", "failing"])
 def test_without_a_working_compiler_the_pytorch_path_runs(compiler, monkeypatch, tmp_path):
     """No compiler: an error string, no warning; a compiler that fails: one warning naming it.
-    Either way decoding and RMSNorm fall back to PyTorch with the same results."""
+    Either way decoding, RMSNorm, RoPE and Linear fall back to PyTorch with the same results."""
     monkeypatch.setattr(cpu_kernels, "_state", {})  # as if never built in this process
     monkeypatch.setenv("CC", compiler)
     monkeypatch.setenv("DIFF_TRANSFORMER_CACHE", str(tmp_path))  # no earlier build to reuse
@@ -205,5 +298,14 @@ def test_without_a_working_compiler_the_pytorch_path_runs(compiler, monkeypatch,
     assert not rms_norm_applies(x, None)
     with torch.no_grad():
         torch.testing.assert_close(rms_norm(x, None, 1e-5).double(), oracle_rms_norm(x, None, 1e-5), atol=1e-5, rtol=1e-5)
+    rows, positions = torch.randn(2, 4, 3, 16), torch.arange(4)
+    table = rope_table(positions, 16, 10000.0)
+    assert not rope_applies(rows, table)
+    with torch.no_grad():
+        torch.testing.assert_close(apply_rope(rows, table).double(), oracle_rope(rows, positions, 10000.0), atol=2e-5, rtol=1e-5)
+    layer = Linear(8, 5, bias=False)
+    assert not linear_applies(x, layer.weight)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x).double(), x.double() @ layer.weight.double().t(), atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError, match="not available"):
         cpu_rms_norm(x, None, 1e-5)

@@ -27,7 +27,7 @@ from .ops import (
     reference_attention,
     reference_diff_attention,
 )
-from .ops.cpu_kernels import cpu_rms_norm, rms_norm_applies
+from .ops.cpu_kernels import cpu_linear, cpu_rms_norm, cpu_rope, linear_applies, rms_norm_applies, rope_applies
 
 if TYPE_CHECKING:
     from .cache import KVCache
@@ -46,8 +46,11 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     x (B, T, n, d); rope (T, d/2, 2) from :func:`rope_frequencies`. Eagerly a pair is one
     complex number and the rotation one complex product (few operator calls, which cost about
     half of a small model's decoding step); under torch.compile the same rotation in real
-    arithmetic, which inductor fuses (it generates no code for complex tensors).
+    arithmetic, which inductor fuses (it generates no code for complex tensors). On CPU in fp32
+    without gradients the fused kernel (ops/cpu_kernels.py) does it in one call; this is its reference.
     """
+    if rope_applies(x, rope):
+        return cpu_rope(x, rope)
     pairs = x.float().unflatten(-1, (-1, 2))  # (B, T, n, d/2, 2)
     if torch.compiler.is_compiling():
         re, im = pairs.unbind(-1)
@@ -118,6 +121,17 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) whose products of a few rows without
+    gradients on CPU, a decoding step's, go to the fused kernel (ops/cpu_kernels.py); F.linear,
+    its reference, does everything else."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.bias is None and linear_applies(x, self.weight):
+            return cpu_linear(x, self.weight)
+        return super().forward(x)
+
+
 class AttentionTap:
     """Watch or alter what attention does, for the evaluation suite.
 
@@ -151,10 +165,10 @@ class Attention(nn.Module):
         self.layer_index = layer_index
         self.head_dim = d
         self.value_width = value_width  # width of one value head: d, or 2d for DIFF
-        self.q_proj = nn.Linear(e, q_heads * d, bias=False)
-        self.k_proj = nn.Linear(e, k_heads * d, bias=False)
-        self.v_proj = nn.Linear(e, config.n_kv_heads * value_width, bias=False)
-        self.o_proj = nn.Linear(out_heads * value_width, e, bias=False)
+        self.q_proj = Linear(e, q_heads * d, bias=False)
+        self.k_proj = Linear(e, k_heads * d, bias=False)
+        self.v_proj = Linear(e, config.n_kv_heads * value_width, bias=False)
+        self.o_proj = Linear(out_heads * value_width, e, bias=False)
         self.head_norm = RMSNorm(value_width, eps=1e-5) if config.head_norm else None
         self.out_scale = 1.0  # a constant on the normed heads (DIFF: 1 − λ_init)
         self.backend = "auto"  # runtime choice (see diff_transformer.ops); not part of the checkpoint
@@ -304,7 +318,7 @@ class DiffV2Attention(Attention):
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
         super().__init__(config, layer_index, q_heads=2 * h, k_heads=hkv, value_width=d, out_heads=h)
-        self.lambda_proj = nn.Linear(config.d_model, h, bias=False)
+        self.lambda_proj = Linear(config.d_model, h, bias=False)
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:

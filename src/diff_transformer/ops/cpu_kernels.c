@@ -1,4 +1,4 @@
-/* Two fused CPU kernels, fp32, for inference (no backward): built and called by cpu_kernels.py.
+/* Fused CPU kernels, fp32, for inference (no backward): built and called by cpu_kernels.py.
 
    diff_decode_f32: differential attention for one query per sequence against a KV cache.
    For each (batch b, DIFF head h) with KV group g = h / n_rep, in one pass over the cache:
@@ -11,12 +11,24 @@
    rms_norm_f32: x / sqrt(mean(x²) + eps) · w over rows, what F.rms_norm computes in six
    operator calls (attention.py's rms_norm is its reference).
 
+   rope_f32: the interleaved rotary embedding of attention.py's apply_rope (its reference): each
+   pair (x[2i], x[2i+1]) of row t turned by the angle whose cos, sin are rope[t, i]. Eagerly
+   apply_rope is nine operator calls.
+
+   linear_f32: y = x·wᵀ for the few rows of a decoding step (nn.Linear without bias, the LM
+   head), streaming each weight row once from memory while every input row is in registers.
+   The BLAS's small-row kernels leave most of that bandwidth unused when the weights are not
+   in cache, as between the layers of a decoding step.
+
    Work is split across OpenMP threads (the runtime PyTorch itself uses, when both are loaded
    in one process). Strides are in elements; the last dim of every tensor must be contiguous. */
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+/* 8 floats, unaligned: GCC/clang vector extensions, AVX with -march=native, SSE pairs without */
+typedef float vec8 __attribute__((vector_size(32), aligned(4)));
 
 int diff_decode_f32(
     const float *q1, const float *q2, int64_t q_sb, int64_t q_sh,                 /* (B, H, d) */
@@ -104,6 +116,71 @@ int rms_norm_f32(const float *x, int64_t rows, int64_t row_stride, int64_t width
         else
             for (int64_t j = 0; j < width; ++j)
                 o[j] = row[j] * inv_rms;
+    }
+    return 0;
+}
+
+int rope_f32(
+    const float *x, int64_t x_sb, int64_t x_st, int64_t x_sn,      /* (B, T, n, d) */
+    const float *rope, int64_t rope_st,                           /* (T, d/2, 2): cos, sin */
+    float *out,                                                   /* (B, T, n, d) contiguous */
+    int64_t batch, int64_t rows, int64_t heads, int64_t d, int threads)
+{
+#pragma omp parallel for num_threads(threads) schedule(static) if (batch * rows * heads * d >= 65536)
+    for (int64_t bt = 0; bt < batch * rows; ++bt) {
+        const int64_t b = bt / rows, t = bt % rows;
+        const float *angle = rope + t * rope_st;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float *src = x + b * x_sb + t * x_st + h * x_sn;
+            float *dst = out + (bt * heads + h) * d;
+            for (int64_t i = 0; i < d / 2; ++i) {
+                const float re = src[2 * i], im = src[2 * i + 1], c = angle[2 * i], s = angle[2 * i + 1];
+                dst[2 * i] = re * c - im * s;
+                dst[2 * i + 1] = re * s + im * c;
+            }
+        }
+    }
+    return 0;
+}
+
+static inline float sum8(vec8 v)
+{
+    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+int linear_f32(const float *x, int64_t x_sr, const float *w, float *out,  /* x (M, I) rows x_sr apart; w (O, I); out (M, O) */
+               int64_t rows, int64_t in, int64_t outs, int threads)
+{
+    const int64_t blocks = (outs + 3) / 4, in8 = in - in % 8;
+#pragma omp parallel for num_threads(threads) schedule(static) if (outs * in >= 16384)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        /* 4 weight rows (the last block repeats its final row instead of running past w) */
+        const int64_t o = 4 * blk, n = outs - o < 4 ? outs - o : 4;
+        const float *w0 = w + o * in, *w1 = w + (o + (n > 1)) * in;
+        const float *w2 = w + (o + (n > 2 ? 2 : n - 1)) * in, *w3 = w + (o + (n > 3 ? 3 : n - 1)) * in;
+        for (int64_t m = 0; m < rows; m += 2) {  /* 2 input rows at a time (the last may repeat) */
+            const int64_t m1 = m + 1 < rows ? m + 1 : m;
+            const float *xa = x + m * x_sr, *xb = x + m1 * x_sr;
+            vec8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+            for (int64_t i = 0; i < in8; i += 8) {
+                const vec8 u = *(const vec8 *)(xa + i), v = *(const vec8 *)(xb + i);
+                const vec8 r0 = *(const vec8 *)(w0 + i), r1 = *(const vec8 *)(w1 + i);
+                const vec8 r2 = *(const vec8 *)(w2 + i), r3 = *(const vec8 *)(w3 + i);
+                a0 += u * r0; a1 += u * r1; a2 += u * r2; a3 += u * r3;
+                b0 += v * r0; b1 += v * r1; b2 += v * r2; b3 += v * r3;
+            }
+            float ya[4] = {sum8(a0), sum8(a1), sum8(a2), sum8(a3)}, yb[4] = {sum8(b0), sum8(b1), sum8(b2), sum8(b3)};
+            const float *wr[4] = {w0, w1, w2, w3};
+            for (int64_t i = in8; i < in; ++i)
+                for (int j = 0; j < 4; ++j) {
+                    ya[j] += xa[i] * wr[j][i];
+                    yb[j] += xb[i] * wr[j][i];
+                }
+            for (int64_t j = 0; j < n; ++j) {
+                out[m * outs + o + j] = ya[j];
+                out[m1 * outs + o + j] = yb[j];
+            }
+        }
     }
     return 0;
 }

@@ -2,12 +2,18 @@
 
     out = cpu_decode_diff_attention(q1, q2, k1, k2, v, lam, attn_mask=None, scale=None)
     out = cpu_rms_norm(x, weight, eps)
+    out = cpu_rope(x, rope)
+    out = cpu_linear(x, weight)
 
-The "decode" backend (decode.py) and ``attention.rms_norm`` hand their calls here where the
-kernels apply (:func:`decode_applies`, :func:`rms_norm_applies`: CPU, fp32, no gradient wanted,
-not under torch.compile). At small decoding shapes operator calls, not arithmetic, are the
-cost: the PyTorch decode path takes eight of them where the kernel takes one pass over the
-cache, and F.rms_norm six (on CPU it is a composite). Measured figures are in BENCHMARKS.md.
+The "decode" backend (decode.py), ``attention.rms_norm``, ``attention.apply_rope`` and the
+model's linear layers and LM head (``attention.Linear``, ``model._head_logits``) hand their
+calls here where the kernels apply (:func:`decode_applies`, :func:`rms_norm_applies`,
+:func:`rope_applies`, :func:`linear_applies`: CPU, fp32, no gradient wanted, not under
+torch.compile). At small decoding shapes operator calls and memory traffic, not arithmetic, are
+the cost: the PyTorch decode path takes eight calls where the kernel takes one pass over the
+cache, F.rms_norm six (on CPU it is a composite), the complex-number RoPE nine; and the BLAS's
+products of a few rows read weights that are not in cache slowly. Measured figures are in
+BENCHMARKS.md.
 
 The source is compiled with the system C compiler (``$CC``, else ``cc``) into
 ``kernels/`` of the project's cache (``$DIFF_TRANSFORMER_CACHE``, else ``~/.cache/diff-transformer``),
@@ -57,7 +63,10 @@ _ARGTYPES = {
         _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int,  # B, H, Hkv, S, d, scale, threads
     ],
     "rms_norm": [_P, _I, _I, _I, _P, ctypes.c_float, _P, ctypes.c_int],  # x, rows, row stride, width, w, eps, out, threads
+    "linear": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],  # x, its row stride, w, out, rows, in, out features, threads
+    "rope": [_P, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, ctypes.c_int],  # x, its B/T/head strides, rope, its T stride, out, B, T, n, d, threads
 }
+_SYMBOLS = {"decode": "diff_decode_f32"}  # the C names that are not f"{name}_f32"
 _state: dict[str, object] = {}  # the functions by name, or "error", once the build was tried
 
 
@@ -103,7 +112,8 @@ def _load() -> None:
             error = None if target.exists() else _build(compiler, flags, target)
             if error is None:
                 library = ctypes.CDLL(str(target))
-                for name, function in (("decode", library.diff_decode_f32), ("rms_norm", library.rms_norm_f32)):
+                for name in _ARGTYPES:
+                    function = getattr(library, _SYMBOLS.get(name, f"{name}_f32"))
                     function.argtypes, function.restype = _ARGTYPES[name], ctypes.c_int
                     _state[name] = function
                 return
@@ -156,6 +166,26 @@ def rms_norm_applies(x: Tensor, weight: Tensor | None) -> bool:
     if weight is not None and not (_usable(weight) and weight.dim() == 1):
         return False
     return _usable(x) and x.dim() >= 1 and x.numel() > 0 and _row_stride(x) is not None
+
+
+def rope_applies(x: Tensor, rope: Tensor) -> bool:
+    """Whether ``apply_rope`` hands x (B, T, n, d) and rope (T, d/2, 2) to the kernel."""
+    return x.dim() == 4 and rope.dim() == 3 and rope.stride(1) == 2 and _usable(x, rope)
+
+
+# At most this many rows (a decoding step's batch) go to the linear kernel: beyond it the BLAS's
+# blocked products win (measured on this project's 2-core machine; BENCHMARKS.md, eighth part).
+LINEAR_MAX_ROWS = 8
+
+
+def linear_applies(x: Tensor, weight: Tensor) -> bool:
+    """Whether x (..., I) · weight (O, I)ᵀ goes to the kernel: at most LINEAR_MAX_ROWS rows, one
+    stride apart, and a contiguous weight."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    return (
+        0 < rows <= LINEAR_MAX_ROWS and weight.dim() == 2 and weight.is_contiguous()
+        and x.shape[-1] == weight.shape[1] and _usable(x, weight) and _row_stride(x) is not None
+    )  # fmt: skip
 
 
 def _row_stride(x: Tensor) -> int | None:
@@ -236,4 +266,33 @@ def cpu_rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         x.data_ptr(), x.numel() // width, _row_stride(x), width,
         None if weight is None else weight.data_ptr(), eps, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
+    return out
+
+
+
+def cpu_rope(x: Tensor, rope: Tensor) -> Tensor:
+    """x (B, T, n, d) with each pair (x[2i], x[2i+1]) of row t rotated by the angle of rope[t, i]
+    (cos, sin), a new contiguous fp32 tensor: ``attention.apply_rope``. The caller checks
+    :func:`rope_applies`."""
+    _require_kernels()
+    b, t, n, d = x.shape
+    if rope.shape != (t, d // 2, 2) or d % 2:
+        raise ValueError(f"rope must be (T, d/2, 2) = {(t, d // 2, 2)} for x {tuple(x.shape)}, got {tuple(rope.shape)}")
+    out = torch.empty(b, t, n, d)
+    _state["rope"](  # type: ignore[operator]
+        x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), rope.data_ptr(), rope.stride(0),
+        out.data_ptr(), b, t, n, d, torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def cpu_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """x (..., I) · weight (O, I)ᵀ -> (..., O), a new contiguous fp32 tensor: ``F.linear`` without
+    bias, for a few rows. The caller checks :func:`linear_applies`."""
+    _require_kernels()
+    outs, width = weight.shape
+    out = torch.empty(*x.shape[:-1], outs)
+    _state["linear"](  # type: ignore[operator]
+        x.data_ptr(), _row_stride(x), weight.data_ptr(), out.data_ptr(), x.numel() // width, width, outs, torch.get_num_threads()
+    )
     return out
