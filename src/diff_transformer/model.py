@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 # At most this many rows (tokens) of the LM head are computed as (W·xᵀ)ᵀ on CPU: for a few rows
 # against a large vocabulary that runs 1.4-4x faster than x·Wᵀ at 4 to 64 rows (measured on this
-# project's 2-core machine, 8,192 words, E = 192 and 512; BENCHMARKS.md), and decoding is such a call.
+# project's 2-core machine, 8,192 words, E = 192 and 512; BENCHMARKS.md). Up to
+# cpu_kernels.LINEAR_MAX_ROWS rows without gradients (a decoding step) the linear kernel goes first.
 FEW_HEAD_ROWS = 64
 
 
