@@ -151,34 +151,28 @@ static inline float sum8(vec8 v)
 int linear_f32(const float *x, int64_t x_sr, const float *w, float *out,  /* x (M, I) rows x_sr apart; w (O, I); out (M, O) */
                int64_t rows, int64_t in, int64_t outs, int threads)
 {
-    const int64_t blocks = (outs + 3) / 4, in8 = in - in % 8;
+    const int64_t blocks = (outs + 7) / 8, in8 = in - in % 8;
 #pragma omp parallel for num_threads(threads) schedule(static) if (outs * in >= 16384)
     for (int64_t blk = 0; blk < blocks; ++blk) {
-        /* 4 weight rows (the last block repeats its final row instead of running past w) */
-        const int64_t o = 4 * blk, n = outs - o < 4 ? outs - o : 4;
-        const float *w0 = w + o * in, *w1 = w + (o + (n > 1)) * in;
-        const float *w2 = w + (o + (n > 2 ? 2 : n - 1)) * in, *w3 = w + (o + (n > 3 ? 3 : n - 1)) * in;
-        for (int64_t m = 0; m < rows; m += 2) {  /* 2 input rows at a time (the last may repeat) */
-            const int64_t m1 = m + 1 < rows ? m + 1 : m;
-            const float *xa = x + m * x_sr, *xb = x + m1 * x_sr;
-            vec8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        /* 8 weight rows, 8 dot products at once; the last block repeats its final row instead of
+           running past w. The block (8·I floats) stays in L1 while the input rows pass. */
+        const int64_t o = 8 * blk, n = outs - o < 8 ? outs - o : 8;
+        const float *wr[8];
+        for (int j = 0; j < 8; ++j)
+            wr[j] = w + (o + (j < n ? j : n - 1)) * in;
+        for (int64_t m = 0; m < rows; ++m) {
+            const float *xr = x + m * x_sr;
+            vec8 acc[8] = {{0}};
             for (int64_t i = 0; i < in8; i += 8) {
-                const vec8 u = *(const vec8 *)(xa + i), v = *(const vec8 *)(xb + i);
-                const vec8 r0 = *(const vec8 *)(w0 + i), r1 = *(const vec8 *)(w1 + i);
-                const vec8 r2 = *(const vec8 *)(w2 + i), r3 = *(const vec8 *)(w3 + i);
-                a0 += u * r0; a1 += u * r1; a2 += u * r2; a3 += u * r3;
-                b0 += v * r0; b1 += v * r1; b2 += v * r2; b3 += v * r3;
+                const vec8 u = *(const vec8 *)(xr + i);
+                for (int j = 0; j < 8; ++j)
+                    acc[j] += u * *(const vec8 *)(wr[j] + i);
             }
-            float ya[4] = {sum8(a0), sum8(a1), sum8(a2), sum8(a3)}, yb[4] = {sum8(b0), sum8(b1), sum8(b2), sum8(b3)};
-            const float *wr[4] = {w0, w1, w2, w3};
-            for (int64_t i = in8; i < in; ++i)
-                for (int j = 0; j < 4; ++j) {
-                    ya[j] += xa[i] * wr[j][i];
-                    yb[j] += xb[i] * wr[j][i];
-                }
             for (int64_t j = 0; j < n; ++j) {
-                out[m * outs + o + j] = ya[j];
-                out[m1 * outs + o + j] = yb[j];
+                float y = sum8(acc[j]);
+                for (int64_t i = in8; i < in; ++i)
+                    y += xr[i] * wr[j][i];
+                out[m * outs + o + j] = y;
             }
         }
     }
