@@ -16,9 +16,9 @@
    apply_rope is nine operator calls.
 
    linear_f32: y = x·wᵀ for the few rows of a decoding step (nn.Linear without bias, the LM
-   head), streaming each weight row once from memory while every input row is in registers.
-   The BLAS's small-row kernels leave most of that bandwidth unused when the weights are not
-   in cache, as between the layers of a decoding step.
+   head), reading each weight row once from memory and keeping it in L1 while the input rows
+   pass. The BLAS's small-row kernels leave much of the memory bandwidth unused when the
+   weights are not in cache, as between the layers of a decoding step.
 
    Work is split across OpenMP threads (the runtime PyTorch itself uses, when both are loaded
    in one process). Strides are in elements; the last dim of every tensor must be contiguous. */

@@ -174,7 +174,8 @@ def rope_applies(x: Tensor, rope: Tensor) -> bool:
 
 
 # At most this many rows (a decoding step's batch) go to the linear kernel: beyond it the BLAS's
-# blocked products win (measured on this project's 2-core machine; BENCHMARKS.md, eighth part).
+# blocked products win on small weights (measured on this project's 2-core machine; BENCHMARKS.md,
+# eighth part).
 LINEAR_MAX_ROWS = 8
 
 
