@@ -19,11 +19,13 @@ from diff_transformer.ops.cpu_kernels import (
     cpu_decode_diff_attention_packed,
     cpu_linear,
     cpu_rms_norm,
+    cpu_rms_norm_backward,
     cpu_rope,
     decode_applies,
     kernel_error,
     linear_applies,
     rms_norm_applies,
+    rms_norm_training_applies,
     rope_applies,
 )
 from diff_transformer.ops.decode import decode_diff_attention_packed
@@ -173,7 +175,7 @@ def test_rms_norm_kernel_reads_strided_rows():
         torch.testing.assert_close(rms_norm(scattered, weight, 1e-6).double(), oracle_rms_norm(scattered, weight, 1e-6), atol=1e-5, rtol=1e-5)
 
 
-def test_rms_norm_uses_the_kernel_without_gradients_only(monkeypatch):
+def test_rms_norm_uses_the_kernel_without_gradients_and_inside_the_training_function(monkeypatch):
     calls = []
     kernel = cpu_kernels.cpu_rms_norm
     monkeypatch.setattr("diff_transformer.attention.cpu_rms_norm", lambda *a: calls.append(1) or kernel(*a))
@@ -181,10 +183,85 @@ def test_rms_norm_uses_the_kernel_without_gradients_only(monkeypatch):
     with torch.no_grad():
         rms_norm(x, weight, 1e-5)
     assert len(calls) == 1
-    out = rms_norm(x, weight, 1e-5)  # training: the autograd path
+    assert not rms_norm_applies(x, weight)  # a gradient wanted: not the bare kernel ...
+    out = rms_norm(x, weight, 1e-5)  # ... but the training function, whose forward is the kernel
     out.sum().backward()
-    assert len(calls) == 1 and weight.grad is not None
+    assert len(calls) == 2 and weight.grad is not None
     assert not rms_norm_applies(x.half(), None) and not rms_norm_applies(x, weight.double())
+
+
+def oracle_rms_norm_grads(x, weight, grad, eps):
+    """float64 autograd through the formula: the gradients of x and weight."""
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    oracle_rms_norm(x64, w64, eps).backward(grad.double())
+    return x64.grad, w64.grad
+
+
+@pytest.mark.parametrize(
+    "shape, grad_layout",
+    [
+        ((8, 256, 192), "contiguous"),  # a block's norm at tiny, batch 8: threaded
+        ((8, 3, 256, 64), "transposed"),  # the DIFF head norm: its gradient comes back through o_proj's reshape
+        ((3, 5, 7), "contiguous"),  # 15 rows: fewer than the grad_w slices
+        ((130, 24), "every-other-row"),  # rows of the gradient two strides apart
+    ],
+)
+def test_rms_norm_training_kernels_match_oracle(shape, grad_layout):
+    """Forward and both gradients of ``rms_norm`` trained through the kernels, against float64."""
+    x = (torch.randn(shape) * 3 + 1).requires_grad_()
+    weight = torch.empty(shape[-1]).uniform_(0.5, 1.5).requires_grad_()
+    grad = torch.randn(shape)
+    if grad_layout == "transposed":
+        grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
+    elif grad_layout == "every-other-row":
+        grad = torch.randn(shape[0] * 2, shape[1])[::2]
+    assert rms_norm_training_applies(x, weight)
+    out = rms_norm(x, weight, 1e-5)
+    out.backward(grad)
+    torch.testing.assert_close(out.double(), oracle_rms_norm(x.detach(), weight.detach(), 1e-5), atol=1e-5, rtol=1e-5)
+    grad_x, grad_w = oracle_rms_norm_grads(x, weight, grad, 1e-5)
+    torch.testing.assert_close(x.grad.double(), grad_x, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weight.grad.double(), grad_w, atol=1e-4, rtol=1e-5)
+
+
+def test_rms_norm_backward_kernel_reads_strided_rows_and_refuses_a_wrong_grad():
+    buffer = torch.randn(40, 100)
+    x, weight, grad = buffer[:, :64], torch.randn(64), torch.randn(40, 64)
+    grad_x, grad_w = cpu_rms_norm_backward(x, weight, grad, 1e-6)
+    want_x, want_w = oracle_rms_norm_grads(x, weight, grad, 1e-6)
+    torch.testing.assert_close(grad_x.double(), want_x, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad_w.double(), want_w, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"grad must have x's shape \(40, 64\), got \(40, 63\)"):
+        cpu_rms_norm_backward(x, weight, grad[:, :63], 1e-6)
+
+
+def test_rms_norm_weight_gradient_does_not_depend_on_the_thread_count():
+    """grad_w is summed over fixed slices of the rows, not per thread: the same bits on 1 and 2 threads."""
+    x, weight, grad = torch.randn(1000, 192), torch.randn(192), torch.randn(1000, 192)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_rms_norm_backward(x, weight, grad, 1e-5)
+        torch.set_num_threads(2)
+        two = cpu_rms_norm_backward(x, weight, grad, 1e-5)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+def test_rms_norm_trains_through_the_kernels_in_fp32_with_a_weight_only(monkeypatch):
+    calls = []
+    backward = cpu_kernels.cpu_rms_norm_backward
+    monkeypatch.setattr("diff_transformer.attention.cpu_rms_norm_backward", lambda *a: calls.append(1) or backward(*a))
+    x, weight = torch.randn(4, 32, requires_grad=True), torch.randn(32, requires_grad=True)
+    rms_norm(x, weight, 1e-5).sum().backward()
+    assert len(calls) == 1 and x.grad is not None and weight.grad is not None
+    assert not rms_norm_training_applies(x, None)  # no weight: F.rms_norm's own autograd
+    assert not rms_norm_training_applies(x.double(), weight.double())  # float64: the PyTorch reference
+    monkeypatch.setenv(ENV_SWITCH, "0")
+    assert not rms_norm_training_applies(x, weight)
+    rms_norm(x, weight, 1e-5).sum().backward()
+    assert len(calls) == 1
 
 
 def oracle_rope(x, positions, theta):
@@ -279,7 +356,8 @@ def test_linear_uses_the_kernel_for_few_rows_without_gradients_only(monkeypatch)
 @pytest.mark.parametrize("compiler", ["no-such-compiler-xyz", "false"], ids=["missing", "failing"])
 def test_without_a_working_compiler_the_pytorch_path_runs(compiler, monkeypatch, tmp_path):
     """No compiler: an error string, no warning; a compiler that fails: one warning naming it.
-    Either way decoding, RMSNorm, RoPE and Linear fall back to PyTorch with the same results."""
+    Either way decoding, RMSNorm (and its training), RoPE and Linear fall back to PyTorch with the
+    same results."""
     monkeypatch.setattr(cpu_kernels, "_state", {})  # as if never built in this process
     monkeypatch.setenv("CC", compiler)
     monkeypatch.setenv("DIFF_TRANSFORMER_CACHE", str(tmp_path))  # no earlier build to reuse
@@ -307,5 +385,12 @@ def test_without_a_working_compiler_the_pytorch_path_runs(compiler, monkeypatch,
     assert not linear_applies(x, layer.weight)
     with torch.no_grad():
         torch.testing.assert_close(layer(x).double(), x.double() @ layer.weight.double().t(), atol=1e-5, rtol=1e-5)
+    trained, weight = x.clone().requires_grad_(), torch.randn(8, requires_grad=True)
+    assert not rms_norm_training_applies(trained, weight)
+    grad = torch.randn(3, 8)
+    rms_norm(trained, weight, 1e-5).backward(grad)
+    want_x, want_w = oracle_rms_norm_grads(x, weight, grad, 1e-5)
+    torch.testing.assert_close(trained.grad.double(), want_x, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weight.grad.double(), want_w, atol=1e-4, rtol=1e-5)
     with pytest.raises(RuntimeError, match="not available"):
         cpu_rms_norm(x, None, 1e-5)

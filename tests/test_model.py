@@ -114,12 +114,17 @@ def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
     assert (out.double() - expected).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("kernels", ["on", "off"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 5, 16), (2, 3, 4, 8)])
-def test_rms_norm_and_its_gradients_match_the_formula(shape, dtype):
-    """The training path (a hand-written backward on CPU) against x / sqrt(mean x² + eps) · w in
-    float64 with autograd, forward and both gradients."""
+def test_rms_norm_and_its_gradients_match_the_formula(shape, dtype, kernels, monkeypatch):
+    """The training path (a hand-written backward on CPU: the C kernels where built, else the
+    PyTorch ops) against x / sqrt(mean x² + eps) · w in float64 with autograd, forward and both
+    gradients."""
     from diff_transformer.attention import _RMSNormFunction, rms_norm
+
+    if kernels == "off":
+        monkeypatch.setenv("DIFF_TRANSFORMER_CPU_KERNEL", "0")
 
     eps = 1e-5
     x = (torch.randn(shape) * 3).to(dtype).requires_grad_()

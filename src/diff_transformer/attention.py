@@ -27,7 +27,16 @@ from .ops import (
     reference_attention,
     reference_diff_attention,
 )
-from .ops.cpu_kernels import cpu_linear, cpu_rms_norm, cpu_rope, linear_applies, rms_norm_applies, rope_applies
+from .ops.cpu_kernels import (
+    cpu_linear,
+    cpu_rms_norm,
+    cpu_rms_norm_backward,
+    cpu_rope,
+    linear_applies,
+    rms_norm_applies,
+    rms_norm_training_applies,
+    rope_applies,
+)
 
 if TYPE_CHECKING:
     from .cache import KVCache
@@ -64,13 +73,18 @@ class _RMSNormFunction(torch.autograd.Function):
     """x / rms(x) · weight over the last dim with a hand-written backward, for training on CPU.
 
     Autograd through the composite (pow, mean, add, rsqrt, mul, mul) keeps its intermediates and
-    runs about a dozen kernels backward; this keeps x̂ = x / rms(x) and 1 / rms(x) and runs seven.
-    Forward and backward together take about half the time at the model's shapes on CPU
-    (CUDA has a fused kernel for F.rms_norm, which is used there).
+    runs about a dozen kernels backward. In fp32 with the kernels built, forward and backward are
+    one C call each (ops/cpu_kernels.py), keeping only x; otherwise the PyTorch ops below, their
+    reference, keep x̂ = x / rms(x) and 1 / rms(x) and run seven kernels backward. (CUDA has a
+    fused kernel for F.rms_norm, which is used there.)
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        ctx.eps, ctx.fused = eps, rms_norm_training_applies(x, weight)
+        if ctx.fused:
+            ctx.save_for_backward(x, weight)
+            return cpu_rms_norm(x, weight, eps)
         inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))  # (..., 1)
         normed = x * inv_rms
         ctx.save_for_backward(normed, weight, inv_rms)
@@ -79,6 +93,10 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        if ctx.fused:
+            x, weight = ctx.saved_tensors
+            grad_x, grad_weight = cpu_rms_norm_backward(x, weight, grad, ctx.eps)
+            return grad_x, grad_weight, None
         normed, weight, inv_rms = ctx.saved_tensors
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:

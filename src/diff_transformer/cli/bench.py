@@ -113,7 +113,8 @@ def _print_machine(report: dict) -> None:
     threads = report["settings"]["threads"] or machine["torch_threads"]
     where = machine.get("gpu") or f"{machine['cpu']} ({machine['cpu_cores']} cores, {threads} torch threads)"
     kernels = f", fused CPU kernels {machine['cpu_kernels']}" if "cpu_kernels" in machine else ""
-    print(f"machine: {where}, torch {machine['torch']}{kernels}")
+    malloc = ", malloc keeps freed memory" if machine.get("keeps_freed_memory") else ""
+    print(f"machine: {where}, torch {machine['torch']}{kernels}{malloc}")
 
 
 def run_attention(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-/* Fused CPU kernels, fp32, for inference (no backward): built and called by cpu_kernels.py.
+/* Fused CPU kernels, fp32, for inference, and RMSNorm's backward: built and called by cpu_kernels.py.
 
    diff_decode_f32: differential attention for one query per sequence against a KV cache.
    For each (batch b, DIFF head h) with KV group g = h / n_rep, in one pass over the cache:
@@ -9,7 +9,8 @@
    The PyTorch path in decode.py computes the same thing and is what this is tested against.
 
    rms_norm_f32: x / sqrt(mean(x²) + eps) · w over rows, what F.rms_norm computes in six
-   operator calls (attention.py's rms_norm is its reference).
+   operator calls (attention.py's rms_norm is its reference). rms_norm_backward_f32: its
+   gradients, for training (attention.py's _RMSNormFunction is their reference).
 
    rope_f32: the interleaved rotary embedding of attention.py's apply_rope (its reference): each
    pair (x[2i], x[2i+1]) of row t turned by the angle whose cos, sin are rope[t, i]. Eagerly
@@ -116,6 +117,39 @@ int rms_norm_f32(const float *x, int64_t rows, int64_t row_stride, int64_t width
         else
             for (int64_t j = 0; j < width; ++j)
                 o[j] = row[j] * inv_rms;
+    }
+    return 0;
+}
+
+/* The backward of rms_norm_f32 with a weight, for training: with r = 1 / sqrt(mean(x²) + eps)
+   and u = g · w per row,
+       grad_x = r · (u − x · r² · mean(u · x))          (written contiguous, rows × width)
+       grad_w = Σ_rows g · x · r
+   Rows go to `parts` fixed slices (not OpenMP's schedule), and slice c adds its rows' share of
+   grad_w into partial_w[c]: the caller sums the parts, so that the result does not depend on
+   which thread ran what. partial_w (parts × width) must be zeros. */
+int rms_norm_backward_f32(const float *x, int64_t x_stride, const float *grad, int64_t g_stride, int64_t rows,
+                          int64_t width, const float *w, float eps, float *grad_x, float *partial_w, int parts,
+                          int threads)
+{
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * width >= 65536)
+    for (int c = 0; c < parts; ++c) {
+        float *part = partial_w + (int64_t)c * width;
+        for (int64_t r = rows * c / parts; r < rows * (c + 1) / parts; ++r) {
+            const float *xr = x + r * x_stride, *gr = grad + r * g_stride;
+            float *o = grad_x + r * width;
+            float squares = 0.f, dot = 0.f;
+            for (int64_t j = 0; j < width; ++j) {
+                squares += xr[j] * xr[j];
+                dot += gr[j] * w[j] * xr[j];
+            }
+            const float inv_rms = 1.f / sqrtf(squares / (float)width + eps);
+            const float k = inv_rms * inv_rms * dot / (float)width;
+            for (int64_t j = 0; j < width; ++j) {
+                o[j] = inv_rms * (gr[j] * w[j] - xr[j] * k);
+                part[j] += gr[j] * xr[j] * inv_rms;
+            }
+        }
     }
     return 0;
 }

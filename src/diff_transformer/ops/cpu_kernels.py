@@ -1,7 +1,9 @@
-"""Fused CPU kernels for inference, in C (cpu_kernels.c), compiled on first use.
+"""Fused CPU kernels, in C (cpu_kernels.c), compiled on first use: for inference, and RMSNorm's
+backward for training.
 
     out = cpu_decode_diff_attention(q1, q2, k1, k2, v, lam, attn_mask=None, scale=None)
     out = cpu_rms_norm(x, weight, eps)
+    grad_x, grad_weight = cpu_rms_norm_backward(x, weight, grad, eps)
     out = cpu_rope(x, rope)
     out = cpu_linear(x, weight)
 
@@ -14,6 +16,11 @@ the cost: the PyTorch decode path takes eight calls where the kernel takes one p
 cache, F.rms_norm six (on CPU it is a composite), the complex-number RoPE nine; and the BLAS's
 products of a few rows read weights that are not in cache slowly. Measured figures are in
 BENCHMARKS.md.
+
+In training, ``attention.rms_norm``'s autograd function runs ``cpu_rms_norm`` forward and
+``cpu_rms_norm_backward`` backward (:func:`rms_norm_training_applies`): one pass each, where the
+PyTorch ops take six and seven, about half the time of a norm's forward and backward at the
+tiny model's shapes.
 
 The source is compiled with the system C compiler (``$CC``, else ``cc``) into
 ``kernels/`` of the project's cache (``$DIFF_TRANSFORMER_CACHE``, else ``~/.cache/diff-transformer``),
@@ -63,6 +70,9 @@ _ARGTYPES = {
         _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int,  # B, H, Hkv, S, d, scale, threads
     ],
     "rms_norm": [_P, _I, _I, _I, _P, ctypes.c_float, _P, ctypes.c_int],  # x, rows, row stride, width, w, eps, out, threads
+    "rms_norm_backward": [  # x, its row stride, grad, its row stride, rows, width, w, eps, grad_x, partial_w, parts, threads
+        _P, _I, _P, _I, _I, _I, _P, ctypes.c_float, _P, _P, ctypes.c_int, ctypes.c_int,
+    ],
     "linear": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],  # x, its row stride, w, out, rows, in, out features, threads
     "rope": [_P, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, ctypes.c_int],  # x, its B/T/head strides, rope, its T stride, out, B, T, n, d, threads
 }
@@ -271,6 +281,40 @@ def cpu_rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     )  # fmt: skip
     return out
 
+
+# grad_w is summed over this many fixed slices of the rows (at most), whatever the thread count:
+# the same inputs give the same gradient bits on any machine with the same kernel build.
+RMS_NORM_GRAD_PARTS = 64
+
+
+def rms_norm_training_applies(x: Tensor, weight: Tensor | None) -> bool:
+    """Whether ``attention.rms_norm`` trains through the kernels (forward and backward): a weight,
+    CPU fp32 and rows one stride apart, as :func:`rms_norm_applies`, but with gradients wanted."""
+    if weight is None or weight.dim() != 1 or torch.compiler.is_compiling():
+        return False
+    with torch.no_grad():
+        return rms_norm_applies(x, weight)
+
+
+def cpu_rms_norm_backward(x: Tensor, weight: Tensor, grad: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The gradients of ``cpu_rms_norm(x, weight, eps)`` for the output's gradient ``grad`` (x's
+    shape): grad_x (contiguous) and grad_weight. The caller checks :func:`rms_norm_training_applies`."""
+    _require_kernels()
+    if grad.shape != x.shape:
+        raise ValueError(f"grad must have x's shape {tuple(x.shape)}, got {tuple(grad.shape)}")
+    width = x.shape[-1]
+    rows = x.numel() // width
+    grad = grad.float()
+    if grad.stride(-1) != 1 or _row_stride(grad) is None:
+        grad = grad.contiguous()
+    parts = max(1, min(RMS_NORM_GRAD_PARTS, rows))
+    grad_x, partial_w = torch.empty(x.shape), torch.zeros(parts, width)
+    weight = weight.detach().contiguous()
+    _state["rms_norm_backward"](  # type: ignore[operator]
+        x.data_ptr(), _row_stride(x), grad.data_ptr(), _row_stride(grad), rows, width, weight.data_ptr(), eps,
+        grad_x.data_ptr(), partial_w.data_ptr(), parts, torch.get_num_threads(),
+    )  # fmt: skip
+    return grad_x, partial_w.sum(0)
 
 
 def cpu_rope(x: Tensor, rope: Tensor) -> Tensor:
