@@ -27,6 +27,7 @@ from diff_transformer.ops.cpu_kernels import (
     rms_norm_applies,
     rms_norm_training_applies,
     rope_applies,
+    rope_training_applies,
 )
 from diff_transformer.ops.decode import decode_diff_attention_packed
 
@@ -291,26 +292,40 @@ def test_rope_kernel_matches_oracle(b, t, n, d, start):
     table = rope_table(positions, d, 10000.0)
     assert rope_applies(x, table)
     got = cpu_rope(x, table)
-    assert got.shape == x.shape and got.is_contiguous()
+    assert got.shape == x.shape and got.transpose(1, 2).is_contiguous()  # laid out (B, n, T, d) for the attention
     torch.testing.assert_close(got.double(), oracle_rope(x, positions, 10000.0), atol=2e-5, rtol=1e-5)
+    back = cpu_rope(x, table, inverse=True)  # turned back: by the opposite angles, contiguous (a projection's gradient)
+    assert back.shape == x.shape and back.is_contiguous()
+    torch.testing.assert_close(back.double(), oracle_rope(x, -positions, 10000.0), atol=2e-5, rtol=1e-5)
 
 
-def test_rope_uses_the_kernel_without_gradients_only(monkeypatch):
-    """apply_rope hands no-grad fp32 CPU calls to the kernel; with gradients (training) its PyTorch
-    path runs, and both agree with the oracle. A table of the wrong shape is named in the error."""
+def test_rope_runs_on_the_kernel_with_and_without_gradients(monkeypatch):
+    """apply_rope hands fp32 CPU calls to the kernel: without gradients one call, in training one
+    forward and one backward (turned back); output and x's gradient agree with the oracle, and
+    with the PyTorch path (kernels off). A table of the wrong shape is named in the error."""
     calls = []
     kernel = cpu_kernels.cpu_rope
-    monkeypatch.setattr("diff_transformer.attention.cpu_rope", lambda *a: calls.append(1) or kernel(*a))
+    monkeypatch.setattr("diff_transformer.attention.cpu_rope", lambda *a, **k: calls.append(k) or kernel(*a, **k))
     x, positions = torch.randn(2, 5, 3, 16, requires_grad=True), torch.arange(7, 12)
     table = rope_table(positions, 16, 500.0)
     with torch.no_grad():
         fused = apply_rope(x, table)
-    assert len(calls) == 1
+    assert calls == [{}]
+    assert rope_training_applies(x, table) and not rope_applies(x, table)
+    grad = torch.randn(2, 3, 5, 16).transpose(1, 2)  # as the attention hands it back: (B, n, T, d) memory
     trained = apply_rope(x, table)
-    trained.sum().backward()
-    assert len(calls) == 1 and x.grad is not None
+    trained.backward(grad)
+    assert calls == [{}, {}, {"inverse": True}]
     for out in (fused, trained):
         torch.testing.assert_close(out.detach().double(), oracle_rope(x.detach(), positions, 500.0), atol=2e-5, rtol=1e-5)
+    # d(rotate x)/dx applied to a gradient: the gradient turned back by the same angles
+    torch.testing.assert_close(x.grad.double(), oracle_rope(grad, -positions, 500.0), atol=2e-5, rtol=1e-5)
+    kernel_grad, x.grad = x.grad, None
+    monkeypatch.setenv(ENV_SWITCH, "0")
+    assert not rope_training_applies(x, table)
+    apply_rope(x, table).backward(grad)  # the PyTorch reference path
+    assert len(calls) == 3
+    torch.testing.assert_close(kernel_grad, x.grad, atol=1e-6, rtol=1e-6)
     assert not rope_applies(x.detach().half(), table) and not rope_applies(x.detach(), table.double())
     with pytest.raises(ValueError, match=r"rope must be \(T, d/2, 2\) = \(5, 8, 2\)"):
         cpu_rope(x.detach(), table[:4])

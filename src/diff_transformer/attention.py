@@ -36,6 +36,7 @@ from .ops.cpu_kernels import (
     rms_norm_applies,
     rms_norm_training_applies,
     rope_applies,
+    rope_training_applies,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +50,24 @@ def rope_frequencies(positions: Tensor, head_dim: int, theta: float) -> Tensor:
     return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
 
+class _RopeFunction(torch.autograd.Function):
+    """``apply_rope`` for training on CPU in fp32 with the kernels built: the C rotation forward,
+    and backward the rotation back by the same angles (a rotation's transpose is its inverse):
+    one pass each, where the complex-number product and its views take several, and the output's
+    memory is already the (B, n, T, d) order the attention reads (see ``cpu_rope``)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, rope: Tensor) -> Tensor:
+        ctx.save_for_backward(rope)
+        return cpu_rope(x, rope)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (rope,) = ctx.saved_tensors
+        return cpu_rope(grad if grad.stride(-1) == 1 else grad.contiguous(), rope, inverse=True), None
+
+
 def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     """Interleaved rotary embedding: rotate each pair (x[2i], x[2i+1]) by the angle of pair i.
 
@@ -56,10 +75,13 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     complex number and the rotation one complex product (few operator calls, which cost about
     half of a small model's decoding step); under torch.compile the same rotation in real
     arithmetic, which inductor fuses (it generates no code for complex tensors). On CPU in fp32
-    without gradients the fused kernel (ops/cpu_kernels.py) does it in one call; this is its reference.
+    the fused kernel (ops/cpu_kernels.py) does it in one call, and in training its backward in
+    another; this is their reference.
     """
     if rope_applies(x, rope):
         return cpu_rope(x, rope)
+    if rope_training_applies(x, rope):
+        return _RopeFunction.apply(x, rope)
     pairs = x.float().unflatten(-1, (-1, 2))  # (B, T, n, d/2, 2)
     if torch.compiler.is_compiling():
         re, im = pairs.unbind(-1)

@@ -13,8 +13,9 @@
    gradients, for training (attention.py's _RMSNormFunction is their reference).
 
    rope_f32: the interleaved rotary embedding of attention.py's apply_rope (its reference): each
-   pair (x[2i], x[2i+1]) of row t turned by the angle whose cos, sin are rope[t, i]. Eagerly
-   apply_rope is nine operator calls.
+   pair (x[2i], x[2i+1]) of row t turned by the angle whose cos, sin are rope[t, i], or back by
+   it (sign -1: the backward, as the rotation's transpose is its inverse). Eagerly apply_rope is
+   nine operator calls.
 
    linear_f32: y = x·wᵀ for the few rows of a decoding step (nn.Linear without bias, the LM
    head), reading each weight row once from memory and keeping it in L1 while the input rows
@@ -157,7 +158,8 @@ int rms_norm_backward_f32(const float *x, int64_t x_stride, const float *grad, i
 int rope_f32(
     const float *x, int64_t x_sb, int64_t x_st, int64_t x_sn,      /* (B, T, n, d) */
     const float *rope, int64_t rope_st,                           /* (T, d/2, 2): cos, sin */
-    float *out,                                                   /* (B, T, n, d) contiguous */
+    float sign,                                                   /* 1: turn by the angle; -1: back (the backward) */
+    float *out, int64_t o_sb, int64_t o_st, int64_t o_sn,         /* (B, T, n, d) */
     int64_t batch, int64_t rows, int64_t heads, int64_t d, int threads)
 {
 #pragma omp parallel for num_threads(threads) schedule(static) if (batch * rows * heads * d >= 65536)
@@ -166,9 +168,9 @@ int rope_f32(
         const float *angle = rope + t * rope_st;
         for (int64_t h = 0; h < heads; ++h) {
             const float *src = x + b * x_sb + t * x_st + h * x_sn;
-            float *dst = out + (bt * heads + h) * d;
+            float *dst = out + b * o_sb + t * o_st + h * o_sn;
             for (int64_t i = 0; i < d / 2; ++i) {
-                const float re = src[2 * i], im = src[2 * i + 1], c = angle[2 * i], s = angle[2 * i + 1];
+                const float re = src[2 * i], im = src[2 * i + 1], c = angle[2 * i], s = sign * angle[2 * i + 1];
                 dst[2 * i] = re * c - im * s;
                 dst[2 * i + 1] = re * s + im * c;
             }

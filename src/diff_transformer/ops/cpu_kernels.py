@@ -1,10 +1,10 @@
-"""Fused CPU kernels, in C (cpu_kernels.c), compiled on first use: for inference, and RMSNorm's
-backward for training.
+"""Fused CPU kernels, in C (cpu_kernels.c), compiled on first use: for inference, and RMSNorm and
+RoPE in training too.
 
     out = cpu_decode_diff_attention(q1, q2, k1, k2, v, lam, attn_mask=None, scale=None)
     out = cpu_rms_norm(x, weight, eps)
     grad_x, grad_weight = cpu_rms_norm_backward(x, weight, grad, eps)
-    out = cpu_rope(x, rope)
+    out = cpu_rope(x, rope)                  # cpu_rope(grad, rope, inverse=True): its backward
     out = cpu_linear(x, weight)
 
 The "decode" backend (decode.py), ``attention.rms_norm``, ``attention.apply_rope`` and the
@@ -20,7 +20,8 @@ BENCHMARKS.md.
 In training, ``attention.rms_norm``'s autograd function runs ``cpu_rms_norm`` forward and
 ``cpu_rms_norm_backward`` backward (:func:`rms_norm_training_applies`): one pass each, where the
 PyTorch ops take six and seven, about half the time of a norm's forward and backward at the
-tiny model's shapes.
+tiny model's shapes; ``attention.apply_rope``'s runs ``cpu_rope`` forward and turned back
+(:func:`rope_training_applies`).
 
 The source is compiled with the system C compiler (``$CC``, else ``cc``) into
 ``kernels/`` of the project's cache (``$DIFF_TRANSFORMER_CACHE``, else ``~/.cache/diff-transformer``),
@@ -74,7 +75,9 @@ _ARGTYPES = {
         _P, _I, _P, _I, _I, _I, _P, ctypes.c_float, _P, _P, ctypes.c_int, ctypes.c_int,
     ],
     "linear": [_P, _I, _P, _P, _I, _I, _I, ctypes.c_int],  # x, its row stride, w, out, rows, in, out features, threads
-    "rope": [_P, _I, _I, _I, _P, _I, _P, _I, _I, _I, _I, ctypes.c_int],  # x, its B/T/head strides, rope, its T stride, out, B, T, n, d, threads
+    "rope": [  # x, its B/T/head strides, rope, its T stride, sign, out, its B/T/head strides, B, T, n, d, threads
+        _P, _I, _I, _I, _P, _I, ctypes.c_float, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_int,
+    ],
 }
 _SYMBOLS = {"decode": "diff_decode_f32"}  # the C names that are not f"{name}_f32"
 _state: dict[str, object] = {}  # the functions by name, or "error", once the build was tried
@@ -181,6 +184,15 @@ def rms_norm_applies(x: Tensor, weight: Tensor | None) -> bool:
 def rope_applies(x: Tensor, rope: Tensor) -> bool:
     """Whether ``apply_rope`` hands x (B, T, n, d) and rope (T, d/2, 2) to the kernel."""
     return x.dim() == 4 and rope.dim() == 3 and rope.stride(1) == 2 and _usable(x, rope)
+
+
+def rope_training_applies(x: Tensor, rope: Tensor) -> bool:
+    """Whether ``apply_rope`` trains through the kernel (its autograd function): as
+    :func:`rope_applies`, but with a gradient wanted for x (never for the table)."""
+    if torch.compiler.is_compiling() or rope.requires_grad:
+        return False
+    with torch.no_grad():
+        return rope_applies(x, rope)
 
 
 # At most this many rows (a decoding step's batch) go to the linear kernel: beyond it the BLAS's
@@ -317,18 +329,22 @@ def cpu_rms_norm_backward(x: Tensor, weight: Tensor, grad: Tensor, eps: float) -
     return grad_x, partial_w.sum(0)
 
 
-def cpu_rope(x: Tensor, rope: Tensor) -> Tensor:
+def cpu_rope(x: Tensor, rope: Tensor, *, inverse: bool = False) -> Tensor:
     """x (B, T, n, d) with each pair (x[2i], x[2i+1]) of row t rotated by the angle of rope[t, i]
-    (cos, sin), a new contiguous fp32 tensor: ``attention.apply_rope``. The caller checks
-    :func:`rope_applies`."""
+    (cos, sin), or back by it with ``inverse`` (the backward): ``attention.apply_rope``. The caller
+    checks :func:`rope_applies` (or :func:`rope_training_applies`).
+
+    A new fp32 tensor shaped (B, T, n, d). Turned forward its memory is laid out (B, n, T, d), so
+    that the attention's ``transpose(1, 2)`` to (B, n, T, d) is contiguous and the ops need not
+    copy it; turned back (a gradient for the projection that made x) it is contiguous."""
     _require_kernels()
     b, t, n, d = x.shape
     if rope.shape != (t, d // 2, 2) or d % 2:
         raise ValueError(f"rope must be (T, d/2, 2) = {(t, d // 2, 2)} for x {tuple(x.shape)}, got {tuple(rope.shape)}")
-    out = torch.empty(b, t, n, d)
+    out = torch.empty(b, t, n, d) if inverse else torch.empty(b, n, t, d).transpose(1, 2)
     _state["rope"](  # type: ignore[operator]
-        x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), rope.data_ptr(), rope.stride(0),
-        out.data_ptr(), b, t, n, d, torch.get_num_threads(),
+        x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), rope.data_ptr(), rope.stride(0), -1.0 if inverse else 1.0,
+        out.data_ptr(), out.stride(0), out.stride(1), out.stride(2), b, t, n, d, torch.get_num_threads(),
     )  # fmt: skip
     return out
 
