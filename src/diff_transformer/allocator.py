@@ -31,13 +31,11 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD = 1 << 30  # an int: mallopt takes one
-
-_applied = False
-
-
 # what a user sets to choose these thresholds (or the like) himself: then they are left as they are
 THRESHOLD_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 THRESHOLD_TUNABLES = ("mmap_threshold", "trim_threshold", "top_pad", "mmap_max")  # in GLIBC_TUNABLES
+
+_applied = False  # set once the thresholds are in place in this process
 
 
 def _user_tuned_malloc() -> bool:

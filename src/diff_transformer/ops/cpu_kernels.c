@@ -1,4 +1,5 @@
-/* Fused CPU kernels, fp32, for inference, and RMSNorm's backward: built and called by cpu_kernels.py.
+/* Fused CPU kernels, fp32, for inference, and RMSNorm and RoPE in training (their backwards too):
+   built and called by cpu_kernels.py.
 
    diff_decode_f32: differential attention for one query per sequence against a KV cache.
    For each (batch b, DIFF head h) with KV group g = h / n_rep, in one pass over the cache:
