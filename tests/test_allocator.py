@@ -86,7 +86,7 @@ def test_opt_out_and_a_user_tuned_malloc_are_left_alone(env):
     assert _child(call=True, **env)["applied"] is False
 
 
-def test_the_command_sets_it_before_any_work(monkeypatch):
+def test_every_command_calls_it(monkeypatch):
     calls = []
     monkeypatch.setattr("diff_transformer.cli.keep_freed_memory", lambda: calls.append("called"))
     assert main(["info"]) == 0

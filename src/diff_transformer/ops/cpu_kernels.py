@@ -317,13 +317,14 @@ def cpu_rms_norm_backward(x: Tensor, weight: Tensor, grad: Tensor, eps: float) -
     width = x.shape[-1]
     rows = x.numel() // width
     grad = grad.float()
-    if grad.stride(-1) != 1 or _row_stride(grad) is None:
-        grad = grad.contiguous()
+    grad_stride = _row_stride(grad) if grad.stride(-1) == 1 else None
+    if grad_stride is None:  # rows not one stride apart (or a strided last dim): copied once
+        grad, grad_stride = grad.contiguous(), width
     parts = max(1, min(RMS_NORM_GRAD_PARTS, rows))
     grad_x, partial_w = torch.empty(x.shape), torch.zeros(parts, width)
     weight = weight.detach().contiguous()
     _state["rms_norm_backward"](  # type: ignore[operator]
-        x.data_ptr(), _row_stride(x), grad.data_ptr(), _row_stride(grad), rows, width, weight.data_ptr(), eps,
+        x.data_ptr(), _row_stride(x), grad.data_ptr(), grad_stride, rows, width, weight.data_ptr(), eps,
         grad_x.data_ptr(), partial_w.data_ptr(), parts, torch.get_num_threads(),
     )  # fmt: skip
     return grad_x, partial_w.sum(0)
