@@ -3,7 +3,7 @@
 Each case runs in a fresh process (the thresholds are process-wide and cannot be unset): it
 allocates 20 tensors of 4 MiB, touching every page, frees them all, and does it again four
 times. With glibc's defaults the freed heap is usually trimmed and every round faults again on
-about 20 × 1,024 pages; with the thresholds kept, the rounds after the first two reuse the memory.
+about 20 × 1,024 pages; with the thresholds kept, the rounds after the first reuse the memory.
 """
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def default_faults() -> list[int]:
 def test_freed_memory_is_reused_instead_of_faulting_again(default_faults):
     kept = _child(call=True)
     assert kept["applied"] is True
-    # the last two rounds reuse the heap: a few pages at most, against every page by default
-    assert max(kept["faults"][2:]) < PAGES_PER_ROUND // 20, (kept["faults"], default_faults)
+    # after the first round the heap is reused: over the next three rounds together fewer faults
+    # than a quarter of one round's pages (a tensor's 1,024 now and then, where the heap grows
+    # past something else), against every page of every round by default
+    assert sum(kept["faults"][1:]) < PAGES_PER_ROUND // 4, (kept["faults"], default_faults)
 
 
 @glibc_only
