@@ -37,7 +37,7 @@ def test_save_replaces_atomically_and_leaves_no_temporaries(tmp_path):
     a = LanguageModel(ModelConfig.from_preset("debug"))
     b = LanguageModel(ModelConfig.from_preset("debug"))
     a.save_pretrained(tmp_path / "ckpt")
-    b.save_pretrained(tmp_path / "ckpt")
+    b.save_pretrained(tmp_path / "ckpt", overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
     assert torch.equal(LanguageModel.from_pretrained(tmp_path / "ckpt").embed.weight, b.embed.weight)
 
@@ -61,7 +61,7 @@ def test_a_crash_mid_write_keeps_the_previous_checkpoint(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        write_directory_atomically(tmp_path / "ckpt", crash)
+        write_directory_atomically(tmp_path / "ckpt", crash, kind="checkpoint", overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
     assert torch.equal(LanguageModel.from_pretrained(tmp_path / "ckpt").embed.weight, model.embed.weight)
 

@@ -180,11 +180,14 @@ def test_prepare_never_overwrites_silently(tmp_path, capsys):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     args = ["prepare", str(tmp_path / "docs"), "--out", str(out), "--tokenizer", "bytes", "--quiet"]
-    assert main(args) == 2
-    assert "already exists" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
-    assert main(args + ["--overwrite"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "meta.json").is_file()
-    assert "train + " in capsys.readouterr().out
+    for extra in ([], ["--overwrite"]):  # the user's directory: never replaced
+        assert main(args + extra) == 2
+        assert "did not write (it holds keep.txt)" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+    args[args.index(str(out))] = str(tmp_path / "shards")
+    assert main(args) == 0 and "train + " in capsys.readouterr().out
+    assert main(args) == 2  # a dataset of the project: replaced only when asked
+    assert "already holds a diff-transformer dataset; pass --overwrite" in capsys.readouterr().err
+    assert main(args + ["--overwrite"]) == 0 and (tmp_path / "shards" / "meta.json").is_file()
 
 
 def test_split_is_deterministic_and_seeded(tmp_path, byte_dataset):

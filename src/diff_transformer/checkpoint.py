@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from safetensors import SafetensorError
@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
+from .files import OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir
 from .tokenizer import BPE_FILE, BYTES_CONFIG, load_tokenizer
 
 FORMAT = "diff-transformer"
@@ -57,17 +58,25 @@ def _fault_point(point: str) -> None:
         time.sleep(120)
 
 
-def write_directory_atomically(directory: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp_dir)`` then move tmp_dir to ``directory``, replacing any old one.
+def write_directory_atomically(directory: str | Path, write: Callable[[Path], None], *, kind: str,
+                               overwrite: bool = False, reading: Iterable[str | Path] = (),
+                               hint: str = "pass --overwrite to replace it") -> Path:
+    """Call ``write(tmp_dir)`` then move tmp_dir to ``directory``, replacing an old version.
 
+    ``directory`` is first checked by :func:`~diff_transformer.files.check_output_dir` (``kind``,
+    ``overwrite``, ``reading``, ``hint`` as there): only an output of the same kind that the project
+    wrote is ever replaced, and only with ``overwrite``. The new directory carries the marker,
+    unless its own files say what it is (a checkpoint's config.json, a dataset's meta.json).
     The old directory is renamed aside before the new one takes its name and deleted after, so
     at every moment one complete version exists under ``directory`` or its ``.old`` sibling.
     """
-    directory = Path(directory)
+    directory = check_output_dir(directory, kind, overwrite=overwrite, reading=reading, hint=hint)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
         write(tmp)
+        if not SELF_IDENTIFYING.get(kind):
+            (tmp / OUTPUT_MARKER).write_text(json.dumps({"kind": kind}) + "\n")
         mask = os.umask(0)
         os.umask(mask)
         for f in tmp.iterdir():
@@ -105,11 +114,17 @@ def save_pretrained(
     extra: dict[str, Any] | None = None,
     state: dict[str, torch.Tensor] | None = None,
     extra_files: Callable[[Path], None] | None = None,
+    overwrite: bool = False,
+    reading: Iterable[str | Path] = (),
+    hint: str = "pass overwrite=True (--overwrite) to replace it",
 ) -> Path:
     """Write ``model`` (a LanguageModel) and optionally its tokenizer to ``directory``.
 
     ``state`` replaces the model's own state dict (e.g. full weights gathered from FSDP shards);
     ``extra_files(tmp_dir)`` writes more files into the same atomically written directory.
+    ``directory`` must be new, empty, or (with ``overwrite``) a checkpoint of this project; any
+    other path is an :class:`~diff_transformer.files.OutputPathError` (``reading``, ``hint``: see
+    :func:`write_directory_atomically`).
     """
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(
@@ -127,7 +142,8 @@ def save_pretrained(
         if extra_files is not None:
             extra_files(tmp)
 
-    return write_directory_atomically(directory, write)
+    return write_directory_atomically(directory, write, kind="checkpoint", overwrite=overwrite, reading=reading,
+                                      hint=hint)
 
 
 def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:

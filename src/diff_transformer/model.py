@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -277,9 +277,13 @@ class LanguageModel(nn.Module):
 
         return generate(self, prompts, max_new_tokens, **sampling)
 
-    def save_pretrained(self, directory: str | Path, tokenizer: "Tokenizer | None" = None) -> Path:
-        """Write DIR/config.json, DIR/model.safetensors and the tokenizer, atomically."""
-        return checkpoint.save_pretrained(self, directory, tokenizer=tokenizer)
+    def save_pretrained(self, directory: str | Path, tokenizer: "Tokenizer | None" = None, *, overwrite: bool = False,
+                        reading: "Iterable[str | Path]" = ()) -> Path:
+        """Write DIR/config.json, DIR/model.safetensors and the tokenizer, atomically. DIR must be
+        new or empty; an earlier checkpoint of this project is replaced only with ``overwrite``;
+        anything else (a file, a directory of other files, the current directory, a path among
+        ``reading``) is an :class:`~diff_transformer.files.OutputPathError`."""
+        return checkpoint.save_pretrained(self, directory, tokenizer=tokenizer, overwrite=overwrite, reading=reading)
 
     @classmethod
     def from_pretrained(

@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="share of the bytes held out for validation: whole documents in a seeded order, "
                          "or the tail of one document if none fits (default 0.05)")
     prepare.add_argument("--seed", type=types.seed, default=0, help="seed of the document split (default 0)")
-    prepare.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    prepare.add_argument("--overwrite", action="store_true", help="replace DIR if it holds a dataset prepared by this project")
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
     prepare.set_defaults(run=run_prepare)
 

@@ -17,6 +17,7 @@ import torch
 
 from ..evaluation.options import add_option_flags, options_from_flags
 from ..evaluation.output import DEFAULT_OUT
+from ..files import claim_output_dir
 from . import args as types
 
 
@@ -99,6 +100,7 @@ def run_model_evaluation(args: argparse.Namespace) -> int:
 
     spec = args.spec
     options = options_from_flags(spec.options_type, args, spec.options_type.quick() if args.quick else None)
+    claim_output_dir(args.out, "eval", reading=args.checkpoint or ())  # refused before any model loads
     models, text = _load(args)
     data, section, files = run_evaluation(spec, models, Path(args.out), options=options, text=text, progress=not args.no_progress)
     print(f"## {spec.title}\n\n{section}\n")
@@ -113,6 +115,7 @@ def run_scaling(args: argparse.Namespace) -> int:
     from ..evaluation import scaling
     from ..evaluation.output import write_json
 
+    claim_output_dir(args.out, "eval", reading=[*(args.checkpoint or ()), *(args.results or ())])
     runs = scaling.load_runs(args.results)
     if args.checkpoint:
         models, text = _load(args)

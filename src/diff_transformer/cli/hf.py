@@ -18,7 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "transformers equivalent and are refused. Needs the 'hf' extra.",
     )
     export.add_argument("checkpoint", metavar="CHECKPOINT", type=types.checkpoint_dir, help="checkpoint directory of this project")
-    export.add_argument("out", metavar="OUT", type=types.output_dir, help="output directory (replaced atomically if it exists)")
+    export.add_argument("out", metavar="OUT", type=types.output_dir,
+                        help="output directory: new or empty (an earlier export is replaced only with --overwrite)")
+    export.add_argument("--overwrite", action="store_true", help="replace OUT if it holds an earlier export of this project")
     export.set_defaults(run=run_export)
 
     imp = subparsers.add_parser(
@@ -29,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(pytorch_model.bin) are refused. The tokenizer must contain <|endoftext|>; otherwise pass --no-tokenizer.",
     )
     imp.add_argument("directory", metavar="DIR", type=types.existing_dir, help="transformers model directory")
-    imp.add_argument("out", metavar="OUT", type=types.output_dir, help="output checkpoint directory (replaced atomically if it exists)")
+    imp.add_argument("out", metavar="OUT", type=types.output_dir,
+                     help="output checkpoint directory: new or empty (a checkpoint of this project is replaced only with --overwrite)")
+    imp.add_argument("--overwrite", action="store_true", help="replace OUT if it holds a checkpoint of this project")
     imp.add_argument("--no-tokenizer", action="store_true", help="import the weights only, not tokenizer.json")
     imp.set_defaults(run=run_import)
 
@@ -37,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_export(args: argparse.Namespace) -> int:
     from ..interop.hf import export_hf
 
-    out = export_hf(args.checkpoint, args.out)
+    out = export_hf(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
     return 0
 
@@ -45,6 +49,6 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     from ..interop.hf import import_hf
 
-    out = import_hf(args.directory, args.out, with_tokenizer=not args.no_tokenizer)
+    out = import_hf(args.directory, args.out, with_tokenizer=not args.no_tokenizer, overwrite=args.overwrite)
     print(f"wrote {out}")
     return 0

@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ..checkpoint import write_directory_atomically
+from ..files import check_output_dir
 from ..tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 from .bpe import default_tokenizer
 from .inputs import Document, is_jsonl, iter_texts, scan_documents
@@ -227,10 +228,9 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default
             val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, overwrite: bool = False,
             progress: bool = True) -> dict:
     """Tokenize text files, folders or JSONL files into token shards in ``out`` (see the module
-    docstring); returns the meta.json dict. ``out`` must not exist unless ``overwrite``."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
+    docstring); returns the meta.json dict. ``out`` must be new or empty, or with ``overwrite`` a
+    dataset of this project (never one of the inputs or a directory containing them)."""
+    out = check_output_dir(out, "dataset", overwrite=overwrite, reading=inputs)  # before the work
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     tok, source = resolve_tokenizer(tokenizer)
@@ -242,7 +242,7 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default
         meta.update(write_shards(documents, tmp, tok, tokenizer_source=source, sources=describe_sources(documents),
                                  text_field=text_field, val_fraction=val_fraction, seed=seed, progress=progress))
 
-    write_directory_atomically(out, write)
+    write_directory_atomically(out, write, kind="dataset", overwrite=overwrite, reading=inputs)
     return meta
 
 

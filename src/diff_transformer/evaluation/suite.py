@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from ..files import claim_output_dir
 from ..progress import progress as progress_bar
 
 from . import ar_hit, attention_noise, icl, mqar, needle, outliers, position_nll, quantization, scaling
@@ -75,6 +76,7 @@ def run_evaluation(
     Returns the JSON data, the Markdown section and the files written. A model the evaluation
     cannot run on (ValueError) is listed under "errors" and left out of the plot and report.
     """
+    out_dir = claim_output_dir(out_dir, "eval", reading=[m.checkpoint for m in models if m.checkpoint])
     options = options if options is not None else spec.options_type()
     text = text or EvalText()
     results, errors, seconds = {}, {}, {}
@@ -88,7 +90,6 @@ def run_evaluation(
         seconds[mut.label] = round(time.perf_counter() - start, 2)
     data = {"evaluation": spec.name, "title": spec.title, "options": options_dict(options), "models": results,
             "errors": errors, "seconds": seconds}
-    out_dir = Path(out_dir)
     files = [write_json(out_dir / f"{spec.name}.json", data)]
     lines = []
     if results:
@@ -135,7 +136,7 @@ def run_suite(
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         raise ValueError(f"unknown evaluation(s) {', '.join(unknown)}; choose from {', '.join(NAMES)}")
-    out_dir = Path(out_dir)
+    out_dir = claim_output_dir(out_dir, "eval", reading=checkpoints.values())  # refused before any work
     text = text or EvalText()
     models = [load_model(path, device=device, label=label) for label, path in checkpoints.items()]
     result = SuiteResult()

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from safetensors.torch import save_file
@@ -54,6 +54,7 @@ from ..checkpoint import (
     write_directory_atomically,
 )
 from ..config import ModelConfig
+from ..files import check_output_dir
 from ..model import LanguageModel
 from ..tokenizer import BPE_FILE, EOS_TOKEN, BPETokenizer, ByteTokenizer
 
@@ -379,8 +380,11 @@ def _save_hf_tokenizer(tokenizer: ByteTokenizer | BPETokenizer, directory: Path,
 # --- whole directories ----------------------------------------------------------------------
 
 
-def save_hf(model: LanguageModel, directory: str | Path, tokenizer: ByteTokenizer | BPETokenizer | None = None) -> Path:
-    """Write ``model`` (and ``tokenizer``) as a transformers directory, atomically."""
+def save_hf(model: LanguageModel, directory: str | Path, tokenizer: ByteTokenizer | BPETokenizer | None = None, *,
+            overwrite: bool = False, reading: Iterable[str | Path] = ()) -> Path:
+    """Write ``model`` (and ``tokenizer``) as a transformers directory, atomically. ``directory``
+    must be new, empty, or (with ``overwrite``) an export of this project; ``reading``: paths it
+    must not be or contain (see :func:`~diff_transformer.files.check_output_dir`)."""
     try:
         from transformers import AutoConfig
     except ImportError as exc:
@@ -398,14 +402,16 @@ def save_hf(model: LanguageModel, directory: str | Path, tokenizer: ByteTokenize
         if tokenizer is not None:
             _save_hf_tokenizer(tokenizer, tmp, config.max_seq_len)
 
-    return write_directory_atomically(directory, write)
+    return write_directory_atomically(directory, write, kind="hf-export", overwrite=overwrite, reading=reading)
 
 
-def export_hf(checkpoint: str | Path, out: str | Path) -> Path:
-    """A checkpoint directory of this project -> a transformers directory at ``out``."""
+def export_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+    """A checkpoint directory of this project -> a transformers directory at ``out`` (new, empty,
+    or with ``overwrite`` an earlier export; never the checkpoint itself)."""
+    check_output_dir(out, "hf-export", overwrite=overwrite, reading=[checkpoint])  # before the work
     model = LanguageModel.from_pretrained(checkpoint)
     tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
-    return save_hf(model, out, tokenizer)
+    return save_hf(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
 
 
 def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
@@ -469,7 +475,9 @@ def load_hf(directory: str | Path, *, with_tokenizer: bool = True) -> tuple[Lang
     return model, tokenizer
 
 
-def import_hf(directory: str | Path, out: str | Path, *, with_tokenizer: bool = True) -> Path:
-    """A DiffLlama or Llama directory -> a checkpoint of this project at ``out``."""
+def import_hf(directory: str | Path, out: str | Path, *, with_tokenizer: bool = True, overwrite: bool = False) -> Path:
+    """A DiffLlama or Llama directory -> a checkpoint of this project at ``out`` (new, empty, or
+    with ``overwrite`` a checkpoint of this project; never the directory read)."""
+    check_output_dir(out, "checkpoint", overwrite=overwrite, reading=[directory])  # before the work
     model, tokenizer = load_hf(directory, with_tokenizer=with_tokenizer)
-    return model.save_pretrained(out, tokenizer)
+    return model.save_pretrained(out, tokenizer, overwrite=overwrite, reading=[directory])

@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import statistics
 import shutil
 import signal
@@ -47,7 +46,8 @@ import yaml
 from ..config import ConfigError
 from .config import TrainConfig
 from ..evaluation.suite import SuiteResult
-from ..files import write_text_atomically
+from ..checkpoint import write_directory_atomically
+from ..files import check_output_dir, claim_output_dir, write_text_atomically
 from .claims import mean_std, paper_claims
 from .report import build_metrics, evaluation_intro, render_report, write_plots
 from .state import find_checkpoint
@@ -90,8 +90,7 @@ def _run_config(resolved: dict, config: TrainConfig, name: str, lr: float, seed:
     optim = config.optim_for(name, lr)
     data["models"][name]["optim"] = {**data["models"][name].get("optim", {}), "lr": optim.lr, "min_lr": optim.min_lr}
     data["run"].update(seed=seed, out_dir=str(log_dir), checkpoint_dir=str(checkpoint_dir))
-    path = log_dir / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = claim_output_dir(log_dir, "train-run") / "config.yaml"
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -158,7 +157,8 @@ def compare(
     seed_values = [config.run.seed + i for i in range(n_seeds)]
     grid = list(lr_grid if lr_grid is not None else config.compare.lr_grid)
     lrs = {name: grid or [config.optim_for(name).lr] for name in names}
-    out_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = [] if config.data.dataset == "default" else [config.data.dataset]
+    claim_output_dir(out_dir, "compare", reading=data_dir)  # a new directory, or an earlier comparison's
 
     if config.data.dataset == "default":  # prepare the corpus once, here, before the runs start
         from ..data import default_dataset
@@ -263,14 +263,9 @@ def _best_lr(name: str, by_lr: dict[float, list[float]], n_seeds: int) -> float:
 
 
 def _replace_tree(source: Path, target: Path) -> None:
-    """Make ``target`` a copy of ``source`` (copied beside it, then swapped in)."""
-    tmp = target.with_name(target.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(source, tmp)
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)
+    """Make ``target`` (new, or a checkpoint this comparison wrote) a copy of checkpoint ``source``."""
+    write_directory_atomically(target, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True), kind="checkpoint",
+                               overwrite=True)
 
 
 def _finished_summary(log_dir: Path, checkpoint_dir: Path, steps: int) -> dict | None:
@@ -288,6 +283,7 @@ def _read_summary(log_dir: Path) -> dict | None:
 def _clear_run(log_dir: Path, label: str) -> None:
     """Remove an earlier run of this model, lr and seed (said aloud: nothing is replaced silently)."""
     if log_dir.exists():
+        check_output_dir(log_dir, "train-run", overwrite=True)  # only a run of this project is removed
         print(f"{label}: replacing the earlier run in {log_dir}", file=sys.stderr)
         shutil.rmtree(log_dir)
 

@@ -113,9 +113,9 @@ def save_training_checkpoint(
             torch.save(state, tmp / TRAINING_STATE_FILE)
             (tmp / TRAIN_CONFIG_FILE).write_text(yaml.safe_dump(train_config, sort_keys=False))
 
-        written = save_pretrained(
+        written = save_pretrained(  # replaces this run's previous checkpoint (checked when the run started)
             model, directory, tokenizer=tokenizer, state=weights, extra_files=write_training_files,
-            extra={"training": identity},
+            extra={"training": identity}, overwrite=True,
         )
     if env.distributed:
         torch.distributed.barrier()

@@ -39,7 +39,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..loss import IGNORE_INDEX
-from ..files import write_text_atomically
+from ..files import check_output_dir, claim_output_dir, write_text_atomically
 from ..model import LanguageModel
 from .config import ModelEntry, OptimConfig, TrainConfig
 from .distributed import Environment, all_reduce_sum, parallelize, setup, teardown, unwrap
@@ -186,7 +186,7 @@ class MetricsLog:
         self.writer = None
         if not self.enabled:
             return
-        out_dir.mkdir(parents=True, exist_ok=True)
+        claim_output_dir(out_dir, "train-run")
         if resume_step is None:
             self.path.write_text("")
         else:
@@ -375,6 +375,11 @@ class _Run:
                 f"{existing} already holds a training checkpoint: pass --resume to continue it, "
                 f"or choose another run.out_dir / run.checkpoint_dir"
             )
+        # Neither directory may hold anything the project did not write (nor be the data it reads).
+        elsewhere = "choose another run.out_dir / run.checkpoint_dir"
+        check_output_dir(out_dir, "train-run", reuse=True, reading=[plan.directory], hint=elsewhere)
+        if existing is None:
+            check_output_dir(checkpoint_dir, "checkpoint", reading=[plan.directory], hint=elsewhere)
 
         build = lambda device: LanguageModel(model_config, device=device, attn_backend=run.attn_backend)  # noqa: E731
         model = parallelize(build, env, run.parallel, run.seed)

@@ -1,0 +1,205 @@
+"""No output replaces what the project did not write: every writer of a directory refuses a file,
+a non-empty directory of other files, the current directory or an ancestor, and the source it
+reads; an earlier output of the project is replaced only when asked (--overwrite). After every
+refusal the user's files are checked byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diff_transformer.cli import main
+from diff_transformer.config import ModelConfig
+from diff_transformer.files import OutputPathError, check_output_dir, claim_output_dir, project_output_kind
+from diff_transformer.model import LanguageModel
+from diff_transformer.tokenizer import ByteTokenizer
+
+from test_train import byte_dataset, debug_config  # noqa: F401  (fixture)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (hidden ones too) with its SHA-256."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def user_dir(tmp_path) -> Path:
+    """A directory of the user's own files."""
+    directory = tmp_path / "mine"
+    (directory / "notes").mkdir(parents=True)
+    (directory / "thesis.tex").write_text("\\section{Results}\n")
+    (directory / "notes" / "todo.txt").write_text("everything\n")
+    return directory
+
+
+@pytest.fixture
+def ckpt(tmp_path) -> Path:
+    return LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(tmp_path / "ckpt", ByteTokenizer())
+
+
+def refused(capsys, argv: list[str], message: str) -> None:
+    """The command ends with exit status 2 and one error line containing ``message``."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert "Traceback" not in err
+
+
+# --- the rule ---------------------------------------------------------------------------------
+
+
+def test_check_output_dir_refuses_what_the_project_did_not_write(tmp_path, user_dir, monkeypatch):
+    (tmp_path / "work" / "here").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work" / "here")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputPathError, match="an existing file"):
+        check_output_dir(tmp_path / "file", "checkpoint")
+    with pytest.raises(OutputPathError, match="the current directory; "):
+        check_output_dir(".", "checkpoint")
+    with pytest.raises(OutputPathError, match="the current directory or one containing it"):
+        check_output_dir(tmp_path / "work", "checkpoint")
+    with pytest.raises(OutputPathError, match="which this command reads"):
+        check_output_dir(tmp_path / "src", "hf-export", reading=[tmp_path / "src" / "ckpt"])
+    with pytest.raises(OutputPathError, match=r"did not write \(it holds notes, thesis\.tex\)"):
+        check_output_dir(user_dir / "notes" / "..", "checkpoint", overwrite=True)
+    assert check_output_dir(tmp_path / "new", "checkpoint") == tmp_path / "new"
+    (tmp_path / "empty").mkdir()
+    assert check_output_dir(tmp_path / "empty", "checkpoint") == tmp_path / "empty"
+
+
+def test_an_output_of_the_project_is_replaced_only_when_asked(tmp_path, ckpt):
+    assert project_output_kind(ckpt) == "checkpoint"
+    with pytest.raises(OutputPathError, match="already holds a diff-transformer checkpoint; pass --overwrite"):
+        check_output_dir(ckpt, "checkpoint")
+    with pytest.raises(OutputPathError, match="holds a diff-transformer checkpoint, not a hf-export"):
+        check_output_dir(ckpt, "hf-export", overwrite=True)
+    assert check_output_dir(ckpt, "checkpoint", overwrite=True) == ckpt
+    runs = claim_output_dir(tmp_path / "runs", "eval")
+    assert project_output_kind(runs) == "eval"
+    (runs / "result.json").write_text("{}")
+    assert claim_output_dir(runs, "eval") == runs  # filled file by file: reused
+
+
+# --- save_pretrained ----------------------------------------------------------------------------
+
+
+def test_save_pretrained_never_replaces_the_users_files(tmp_path, user_dir, monkeypatch):
+    model = LanguageModel(ModelConfig.from_preset("debug"))
+    before = snapshot(tmp_path)
+    with pytest.raises(OutputPathError, match="did not write"):
+        model.save_pretrained(user_dir)
+    with pytest.raises(OutputPathError, match="did not write"):
+        model.save_pretrained(user_dir, overwrite=True)
+    monkeypatch.chdir(user_dir)
+    with pytest.raises(OutputPathError, match="the current directory"):
+        model.save_pretrained(".")
+    with pytest.raises(OutputPathError, match="the current directory or one containing it"):
+        model.save_pretrained("..", overwrite=True)
+    assert snapshot(tmp_path) == before
+
+
+def test_save_pretrained_replaces_a_checkpoint_only_with_overwrite(ckpt):
+    other = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257))
+    before = snapshot(ckpt)
+    with pytest.raises(OutputPathError, match="already holds a diff-transformer checkpoint"):
+        other.save_pretrained(ckpt)
+    assert snapshot(ckpt) == before
+    other.save_pretrained(ckpt, overwrite=True)
+    assert LanguageModel.from_pretrained(ckpt).embed.weight.equal(other.embed.weight)
+
+
+# --- export-hf / import-hf ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def hf():
+    return pytest.importorskip("transformers")
+
+
+def test_export_hf_into_a_directory_of_other_files_is_refused(capsys, hf, ckpt, user_dir):
+    before = snapshot(user_dir)
+    refused(capsys, ["export-hf", str(ckpt), str(user_dir)], "a non-empty directory that diff-transformer did not write")
+    refused(capsys, ["export-hf", str(ckpt), str(user_dir), "--overwrite"], "did not write")
+    assert snapshot(user_dir) == before
+
+
+def test_export_hf_onto_its_own_checkpoint_or_run_is_refused(capsys, hf, ckpt, tmp_path):
+    before = snapshot(tmp_path)
+    refused(capsys, ["export-hf", str(ckpt), str(ckpt), "--overwrite"], f"{ckpt}, which this command reads")
+    refused(capsys, ["export-hf", str(ckpt), str(tmp_path)], "contains")
+    assert snapshot(tmp_path) == before
+    LanguageModel.from_pretrained(ckpt)  # still a checkpoint of this project
+
+
+def test_export_hf_onto_a_file_is_refused(capsys, hf, ckpt, tmp_path):
+    (tmp_path / "out.txt").write_text("mine")
+    refused(capsys, ["export-hf", str(ckpt), str(tmp_path / "out.txt")], "an output directory is needed, this is a file")
+    assert (tmp_path / "out.txt").read_text() == "mine"
+
+
+def test_export_hf_replaces_its_own_export_with_overwrite(capsys, hf, ckpt, tmp_path):
+    out = tmp_path / "hf"
+    assert main(["export-hf", str(ckpt), str(out)]) == 0
+    assert project_output_kind(out) == "hf-export"
+    refused(capsys, ["export-hf", str(ckpt), str(out)], "already holds a diff-transformer hf-export; pass --overwrite")
+    assert main(["export-hf", str(ckpt), str(out), "--overwrite"]) == 0
+    hf.AutoModelForCausalLM.from_pretrained(str(out))
+
+
+def test_import_hf_never_replaces_its_source_or_other_files(capsys, hf, ckpt, tmp_path, user_dir):
+    out = tmp_path / "hf"
+    assert main(["export-hf", str(ckpt), str(out)]) == 0
+    before = snapshot(tmp_path)
+    refused(capsys, ["import-hf", str(out), str(out), "--overwrite"], "which this command reads")
+    refused(capsys, ["import-hf", str(out), str(user_dir)], "did not write")
+    refused(capsys, ["import-hf", str(out), str(ckpt)], "already holds a diff-transformer checkpoint; pass --overwrite")
+    assert snapshot(tmp_path) == before
+    assert main(["import-hf", str(out), str(ckpt), "--overwrite"]) == 0
+
+
+# --- prepare, train, compare, eval ----------------------------------------------------------------
+
+
+def test_prepare_overwrite_never_replaces_the_users_files(capsys, tmp_path, user_dir):
+    (tmp_path / "text.txt").write_text("Some text to tokenize.\n" * 50)
+    before = snapshot(user_dir)
+    refused(capsys, ["prepare", str(tmp_path / "text.txt"), "--out", str(user_dir), "--tokenizer", "bytes",
+                     "--overwrite"], "did not write")
+    refused(capsys, ["prepare", str(user_dir), "--out", str(user_dir), "--tokenizer", "bytes", "--overwrite"],
+            "which this command reads")
+    assert snapshot(user_dir) == before
+
+
+def _write_config(tmp_path: Path, dataset: Path, **run) -> Path:
+    config = debug_config(dataset, tmp_path / "run")
+    data = config.to_dict()
+    data["run"].update(steps=2, eval_every=2, **run)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_train_never_replaces_the_users_files(capsys, byte_dataset, tmp_path, user_dir):  # noqa: F811
+    (tmp_path / "ckpt-file").write_text("mine")
+    before = snapshot(tmp_path)
+    config = _write_config(tmp_path, byte_dataset)
+    refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={user_dir}"], "did not write")
+    refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={tmp_path / 'ckpt-file'}"],
+            "an existing file")
+    refused(capsys, ["train", "--config", str(config), "--set", f"run.out_dir={user_dir}"], "did not write")
+    refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={byte_dataset}"],
+            "which this command reads")
+    snapshot_after = snapshot(tmp_path)
+    assert {k: v for k, v in snapshot_after.items() if k in before} == before
+
+
+def test_compare_and_eval_never_fill_a_directory_of_other_files(capsys, ckpt, user_dir):
+    before = snapshot(user_dir)
+    refused(capsys, ["compare", "--out", str(user_dir), "--steps", "1"], "did not write")
+    refused(capsys, ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(user_dir), "--quick"], "did not write")
+    refused(capsys, ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(ckpt), "--quick"], "which this command reads")
+    assert snapshot(user_dir) == before
