@@ -38,7 +38,7 @@ from diff_transformer.interop.hf import hf_config_dict
 from diff_transformer.loss import IGNORE_INDEX
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import load_config
-from diff_transformer.train.claims import difference
+from diff_transformer.experiments.claims import difference
 from diff_transformer.train.distributed import Environment
 from diff_transformer.train.optim import WarmupLinearSchedule, build_optimizer
 from diff_transformer.train.trainer import DataPlan, _forward_backward, evaluate

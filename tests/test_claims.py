@@ -5,7 +5,7 @@ import math
 import pytest
 
 from diff_transformer.train import load_config
-from diff_transformer.train.claims import difference, paper_claims, render_claims, t_quantile_95, verdict
+from diff_transformer.experiments.claims import difference, paper_claims, render_claims, t_quantile_95, verdict
 
 
 def test_welch_interval_matches_a_hand_computation():

@@ -10,9 +10,10 @@ from diff_transformer.checkpoint import load_checkpoint_tokenizer
 from diff_transformer.cli import main
 from diff_transformer.evaluation import SuiteResult, run_suite
 from diff_transformer.model import LanguageModel
-from diff_transformer.train import ConfigError, TrainingError, compare, load_config
-from diff_transformer.train.compare import select_models
-from diff_transformer.train.report import build_metrics, render_report
+from diff_transformer.experiments import compare
+from diff_transformer.train import ConfigError, TrainingError, load_config
+from diff_transformer.experiments.compare import select_models
+from diff_transformer.experiments.report import build_metrics, render_report
 from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset is a fixture)
 
 MODELS = {
@@ -160,7 +161,7 @@ def test_the_report_does_not_judge_throughput_measured_on_a_busy_machine(tmp_pat
 
 
 def test_the_best_learning_rate_ignores_one_where_a_seed_diverged():
-    from diff_transformer.train.compare import _best_lr
+    from diff_transformer.experiments.compare import _best_lr
 
     by_lr = {1e-3: [4.0, 4.2], 1e-2: [3.0], 3e-3: [3.9, 3.95]}  # 1e-2: one of two seeds diverged
     assert _best_lr("diff", by_lr, 2) == 3e-3
@@ -182,7 +183,7 @@ def test_evaluation_sentences_pair_the_same_seed_only():
 
 
 def test_each_run_reads_its_own_config_even_for_a_model_name_with_dots(tmp_path):
-    from diff_transformer.train.compare import _run_config
+    from diff_transformer.experiments.compare import _run_config
 
     config = load_config("tiny")
     path = _run_config(config.to_dict(), config, "diff-lambda-0.8", 8e-3, 2, tmp_path / "run", tmp_path / "run" / "ck")

@@ -9,7 +9,7 @@ from diff_transformer import LanguageModel
 from diff_transformer.attention import AttentionTap
 from diff_transformer.config import ConfigError
 from diff_transformer.train.config import RetrievalConfig, config_from_dict
-from diff_transformer.train.retrieval import (
+from diff_transformer.experiments.retrieval import (
     BOS,
     NEEDLE,
     QUERY,

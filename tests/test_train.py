@@ -149,6 +149,8 @@ def test_checkpoint_loads_as_a_model_with_its_tokenizer(byte_dataset, tmp_path):
     assert load_checkpoint_tokenizer(checkpoint, model.config.vocab_size).vocab_size == 257
     state = torch.load(checkpoint / TRAINING_STATE_FILE, weights_only=True)  # no pickled objects inside
     assert state["progress"] == {"step": 6, "samples": 48, "tokens": 6 * 8 * 32}
+    training = json.loads((checkpoint / "config.json").read_text())["training"]  # what readers of a checkpoint see
+    assert training["step"] == 6 and training["tokens"] == 6 * 8 * 32 and training["checkpoint_id"] == state["checkpoint_id"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["peak_memory_kind"] == "peak RSS"
     assert summary["peak_memory_bytes"] > 0 and summary["tokens_per_s"] > 0

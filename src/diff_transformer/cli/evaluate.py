@@ -11,14 +11,17 @@ Each writes OUT/NAME.json and OUT/NAME.png and prints the Markdown report.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ..evaluation.options import add_option_flags, options_from_flags
 from ..evaluation.output import DEFAULT_OUT
 from ..files import claim_output_dir
 from . import args as types
+from .args import bounded
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -129,3 +132,69 @@ def run_scaling(args: argparse.Namespace) -> int:
     print(f"## {scaling.TITLE}\n\n{scaling.report(result)}\n")
     print(f"wrote {json_path}\nwrote {out / f'{scaling.NAME}.png'}")
     return 0
+
+
+# --- one flag per option of an evaluation ----------------------------------------------------------
+
+
+def _flag_type(f: dataclasses.Field) -> tuple[Callable[[str], Any], bool]:
+    """(element type, takes several values) of an option field."""
+    explicit = f.metadata.get("type")
+    default = f.default
+    if isinstance(default, tuple):
+        return explicit or (type(default[0]) if default else str), True
+    if explicit:
+        return explicit, f.metadata.get("nargs") == "+"
+    if default is None:
+        raise TypeError(f"option {f.name}: give metadata type= for a None default")
+    return type(default), False
+
+
+def _flag_parser(f: dataclasses.Field, kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """The argument type of a number flag: an int is at least 1 (0 for a ``seed``) and a float at
+    least 0, unless the field's metadata gives ``minimum`` / ``maximum``; a field whose metadata
+    gives ``check`` (a function raising ValueError) has each value checked by it."""
+    check = f.metadata.get("check")
+    if check is not None:
+
+        def checked(value: str):
+            converted = kind(value)
+            try:
+                check(converted)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(f"{value!r} is not valid ({exc})") from None
+            return converted
+
+        checked.__name__ = getattr(kind, "__name__", "value")
+        return checked
+    if kind not in (int, float):
+        return kind
+    default_minimum = (0 if f.name == "seed" else 1) if kind is int else 0.0
+    return bounded(kind, f.metadata.get("minimum", default_minimum), f.metadata.get("maximum"))
+
+
+def add_option_flags(parser, options_type: type) -> None:
+    """One ``--flag`` per field of the ``options_type`` dataclass; numbers are range-checked
+    (see :func:`_flag_parser`) so a bad value is refused before any model loads."""
+    for f in dataclasses.fields(options_type):
+        flag = "--" + f.name.replace("_", "-")
+        kind, several = _flag_type(f)
+        kind = _flag_parser(f, kind)
+        shown = f.default if not isinstance(f.default, tuple) else " ".join(map(str, f.default))
+        help_text = f.metadata.get("help", "") + (f" (default: {shown})" if shown not in ("", ()) else "")
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, nargs="+" if several else None, default=None, help=help_text,
+                                metavar=f.name.upper(), choices=f.metadata.get("choices"))
+
+
+def options_from_flags(options_type: type, args: Any, base: Any = None) -> Any:
+    """``base`` (default: the type's defaults) with every flag the user gave applied."""
+    options = base if base is not None else options_type()
+    given = {}
+    for f in dataclasses.fields(options_type):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            given[f.name] = tuple(value) if isinstance(value, list) else value
+    return dataclasses.replace(options, **given)

@@ -89,7 +89,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     from ..evaluation import run_suite
     from ..train import load_config
-    from ..train.compare import CompareInterrupted, compare, select_models
+    from ..experiments.compare import CompareInterrupted, compare, select_models
 
     overrides = list(args.overrides)
     if args.steps is not None:

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import paper
+from ..checkpoint import read_config
 from .models import BASELINE, DIFF_KINDS, ModelUnderTest
 from .output import KIND_COLORS, fmt, markdown_table, new_figure, save_figure
 from .scoring import token_nll
@@ -242,14 +243,10 @@ def report(result: dict[str, Any]) -> str:
 
 
 def run_from_checkpoint(mut: ModelUnderTest, text: EvalText, *, windows: int = 16, batch_size: int = 8) -> dict[str, Any]:
-    """A run record for a checkpoint: its parameters, the tokens it was trained on (from the
-    training state a training checkpoint holds, else None), and its validation loss on held-out
-    windows of its full context."""
-    from ..train.state import TRAINING_STATE_FILE, read_training_state
-
-    tokens = None
-    if mut.checkpoint and (Path(mut.checkpoint) / TRAINING_STATE_FILE).is_file():
-        tokens = read_training_state(mut.checkpoint)["progress"]["tokens"]
+    """A run record for a checkpoint: its parameters, the tokens it was trained on (recorded in a
+    training checkpoint's config.json, else None), and its validation loss on held-out windows of
+    its full context."""
+    tokens = read_config(mut.checkpoint)[1].get("training", {}).get("tokens") if mut.checkpoint else None
     nll = token_nll(mut.model, text.windows(mut.tokenizer, mut.max_seq_len, windows), batch_size)
     return {"label": mut.label, "attention": mut.attention, "params": float(mut.model.num_parameters()),
             "tokens": None if tokens is None else float(tokens), "loss": float(nll.mean())}

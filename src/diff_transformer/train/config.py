@@ -41,7 +41,7 @@ class ModelEntry:
     """One model of an experiment: a preset (or none) plus ModelConfig fields.
 
     ``label`` is the name reports print; ``paper_row`` names the row of the paper's Table 6
-    (see :data:`diff_transformer.train.report.PAPER_TABLE6`) that this model corresponds to.
+    (see :data:`diff_transformer.paper.PAPER_TABLE6`) that this model corresponds to.
     """
 
     name: str

@@ -99,6 +99,7 @@ def save_training_checkpoint(
         # One id per save, in config.json and in training_state.pt: a training state copied in from
         # another run (or another save of this one) is refused when resuming.
         identity = {"checkpoint_id": uuid.uuid4().hex, "step": progress.step}
+        extra = {"training": {**identity, "tokens": progress.tokens}}  # config.json: what readers may want to know
         state = {
             "version": STATE_VERSION,
             **identity,
@@ -115,7 +116,7 @@ def save_training_checkpoint(
 
         written = save_pretrained(  # replaces this run's previous checkpoint (checked when the run started)
             model, directory, tokenizer=tokenizer, state=weights, extra_files=write_training_files,
-            extra={"training": identity}, overwrite=True,
+            extra=extra, overwrite=True,
         )
     if env.distributed:
         torch.distributed.barrier()

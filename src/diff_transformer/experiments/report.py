@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .claims import mean_std, render_claims
-from .config import TrainConfig
+from ..train.config import TrainConfig
 from ..files import write_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
 

@@ -44,14 +44,14 @@ from typing import Callable
 import yaml
 
 from ..config import ConfigError
-from .config import TrainConfig
+from ..train.config import TrainConfig
 from ..evaluation.suite import SuiteResult
 from ..checkpoint import write_directory_atomically
 from ..files import check_output_dir, claim_output_dir, write_text_atomically
 from .claims import mean_std, paper_claims
 from .report import build_metrics, evaluation_intro, render_report, write_plots
-from .state import find_checkpoint
-from .trainer import SUMMARY_FILE, TrainingError, read_metrics
+from ..train.state import find_checkpoint
+from ..train.trainer import SUMMARY_FILE, TrainingError, read_metrics
 
 # The evaluation step run after training: given {label: checkpoint directory} (every seed of every
 # model, labelled by seed_label) and its output directory, it returns the suite's result, whose

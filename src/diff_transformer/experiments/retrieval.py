@@ -46,8 +46,8 @@ from ..ops import AttentionMaps
 from ..evaluation.attention_noise import MIN_ROW_SUM
 from ..evaluation.output import write_json
 from ..evaluation.quantization import QuantizeTap
-from .config import OptimConfig, RetrievalConfig, TrainConfig
-from .optim import WarmupLinearSchedule, build_optimizer
+from ..train.config import OptimConfig, RetrievalConfig, TrainConfig
+from ..train.optim import WarmupLinearSchedule, build_optimizer
 from .claims import mean_std
 
 TASKS = ("needle", "mqar")

@@ -16,7 +16,7 @@ import statistics
 from typing import Any, Callable
 
 from ..paper import ATTENTION_TABLE3, OUTLIERS_TABLE5, PAPER_TABLE6
-from .config import TrainConfig
+from ..train.config import TrainConfig
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1..30); 1.96 beyond.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
