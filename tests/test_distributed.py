@@ -62,3 +62,28 @@ def test_two_processes_follow_the_single_process_curve(parallel, byte_dataset, s
     assert ours.keys() == reference.keys()
     for name in reference:
         assert torch.allclose(ours[name], reference[name], atol=WEIGHT_TOLERANCE, rtol=0), name
+
+
+@pytest.mark.slow
+def test_every_process_refuses_a_run_directory_in_use(byte_dataset, tmp_path):  # noqa: F811
+    """Rank 0 finds the run directory locked by another process: every rank stops with the same
+    error line (none waits for the others), and nothing is written."""
+    from diff_transformer.files import claim_output_dir, lock_output_dir
+
+    out = claim_output_dir(tmp_path / "run", "train-run")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(debug_config(byte_dataset, out, run={"steps": 2}).to_dict()))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        "-m", "diff_transformer", "train", "--config", str(config_file),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with lock_output_dir(out):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    refusal = f"error: {out}: in use by another diff-transformer process (pid {os.getpid()} on "
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 2 and all(line.startswith(refusal) for line in lines), done.stderr[-3000:]
+    assert "unexpected" not in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".diff-transformer"]

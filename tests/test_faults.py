@@ -1,6 +1,8 @@
-"""Fault injection (issue 13): a training process killed at random moments and inside the
-checkpoint write, signals, a diverging learning rate, a changed config, a full disk. After each
-fault the last checkpoint loads, and --resume reaches the same losses as a run never interrupted.
+"""Fault injection: a training process killed at random moments and inside the checkpoint write,
+signals, a diverging learning rate, a changed config, a full disk or a read-only file system under
+every writer, two processes on one run directory. After each fault the last checkpoint loads,
+--resume reaches the same losses as a run never interrupted, and an I/O failure is one ``error:``
+line naming the file and the OS's reason, with exit status 2 and nothing half-written left.
 
 Debug-size model (2 layers, d 64) on ~30 KB of byte-level text, 10 steps of 8 x 32 tokens, one
 torch thread everywhere, so that the subprocess and the in-process runs compute the same sums.
@@ -9,11 +11,14 @@ torch thread everywhere, so that the subprocess and the in-process runs compute 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import random
+import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,8 +28,9 @@ import pytest
 import torch
 import yaml
 
-from diff_transformer.checkpoint import FAULT_ENV, CheckpointError
+from diff_transformer.checkpoint import FAULT_ENV, CheckpointError, remove_abandoned_temporaries
 from diff_transformer.cli import main
+from diff_transformer.files import claim_output_dir, lock_output_dir
 from diff_transformer.data import corpus_documents, prepare
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import load_config, train
@@ -82,13 +88,14 @@ def reference(dataset, tmp_path_factory) -> dict:
     finally:
         torch.set_num_threads(threads)
     assert result.status == "completed"
-    return {"train": losses(out), "val": losses(out, "val"), "final": result.final_val_loss}
+    return {"train": losses(out), "val": losses(out, "val"), "final": result.final_val_loss,
+            "checkpoint": out / "checkpoint"}
 
 
-def launch(config: Path, **env_extra: str) -> subprocess.Popen:
+def launch(config: Path, *args: str, preexec_fn=None, **env_extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1", **env_extra}
-    return subprocess.Popen([sys.executable, "-m", "diff_transformer", "train", "--config", str(config)],
-                            env=env, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "diff_transformer", "train", "--config", str(config), *args],
+                            env=env, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 90) -> None:
@@ -147,14 +154,17 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(point, at, dataset, re
 
     found = find_checkpoint(out / "checkpoint")
     assert found is not None
+    leftovers = list(out.glob(".checkpoint.tmp-*"))
     if point == "written":  # the new version never took the name: the previous one is there
         assert found == out / "checkpoint" and checkpoint_step(found) == at - 1
+        assert len(leftovers) == 1 and (leftovers[0] / TRAINING_STATE_FILE).stat().st_size > 0  # the full new version
     if point == "swapped":  # killed between the two renames: the previous version, under .old
         assert found == out / ".checkpoint.old" and checkpoint_step(found) == at - 1
     assert LanguageModel.from_pretrained(found).num_parameters() > 0
     resumed_at = checkpoint_step(found)
     difference = resume_and_compare(config, out, reference)
     assert not (out / ".checkpoint.old").exists()
+    assert list(out.glob(".checkpoint.tmp-*")) == []  # the killed write's temporary directory is removed
     print(f"kill {point or 'random'} at step {at}: resumed from step {resumed_at} -> max loss difference {difference:.1e}")
 
 
@@ -169,7 +179,7 @@ def test_a_signal_saves_then_resume_matches(signum, dataset, reference, tmp_path
     wait_for(lambda: max(losses(out), default=0) >= 3, process)
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 0, stderr  # a signal stopped it after saving a checkpoint: not a failure
+    assert process.returncode == 128 + signum, stderr  # 130 / 143: stopped by the signal, checkpoint saved
     assert signal.Signals(signum).name in stderr and "continue with --resume" in stderr
     assert "Traceback" not in stderr
     # stderr is a pipe: plain progress lines, no carriage-return redraws
@@ -246,3 +256,238 @@ def test_a_training_state_from_another_run_is_refused(dataset, tmp_path):
     shutil.copy(other / "checkpoint" / TRAINING_STATE_FILE, out / "checkpoint" / TRAINING_STATE_FILE)
     with pytest.raises(CheckpointError, match=r"training_state\.pt: from another run or another save"):
         train(load_config(str(config)), resume=True)
+
+
+# --- one writer per run directory -------------------------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (hidden ones too) with its SHA-256."""
+    return {str(q.relative_to(root)): hashlib.sha256(q.read_bytes()).hexdigest()
+            for q in sorted(root.rglob("*")) if q.is_file()}
+
+
+def test_a_second_process_on_a_running_run_is_refused_naming_the_first(dataset, reference, tmp_path, capsys):
+    """Two writers, one run: the second, with or without --resume, is refused with the first's pid
+    and touches nothing (not even the first's half-written checkpoint). Once the first is killed,
+    its lock is taken over with a note, and resuming reproduces the uninterrupted run."""
+    out = tmp_path / "run"
+    config = write_config(dataset, out, progress=False)
+    marker = tmp_path / "paused"
+    first = launch(config, **{FAULT_ENV: f"written:4:{marker}"})  # holds the run, paused inside its 4th save
+    wait_for(marker.exists, first)
+    before = snapshot(out)
+    assert any(name.startswith(".checkpoint.tmp-") for name in before)  # the first one's save in progress
+    for extra in ([], ["--resume"]):
+        assert main(["train", "--config", str(config), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(
+            f"error: {out}: in use by another diff-transformer process (pid {first.pid} on {socket.gethostname()}, since "
+        ) and err[0].endswith("); wait for it to end, or choose another directory"), err
+    assert snapshot(out) == before
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=30)
+
+    resume_and_compare(config, out, reference)  # every step logged once: no rows of a second run
+    err = capsys.readouterr().err
+    assert f"note: {out / '.lock'}: taking over the lock of pid {first.pid} on " in err
+    assert "which ended without releasing it" in err and "left by a checkpoint write that was interrupted" in err
+    assert not (out / ".lock").exists()  # released when the run ended
+
+
+def test_train_and_compare_refuse_a_directory_locked_by_another_process(dataset, tmp_path, capsys):
+    runs = claim_output_dir(tmp_path / "run", "train-run")
+    config = write_config(dataset, runs, progress=False)
+    comparison = claim_output_dir(tmp_path / "cmp", "compare")
+    (comparison / "report.md").write_text("the running comparison's report\n")
+    for directory, argv in ((runs, ["train", "--config", str(config)]),
+                            (comparison, ["compare", "--config", str(config), "--out", str(comparison), "--steps", "1",
+                                          "--no-retrieval", "--no-eval"])):
+        before = snapshot(directory)
+        with lock_output_dir(directory):  # held by this process: another open of the lock file conflicts
+            assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {directory}: in use by another diff-transformer process "
+                                                   f"(pid {os.getpid()} on {socket.gethostname()}, since "), err
+        assert snapshot(directory) == before  # the lock file is gone again, the rest untouched
+
+
+def test_only_abandoned_temporary_directories_are_removed(tmp_path):
+    """A save's temporary directory is removed when no process holds its lock (its writer died),
+    and kept while a writer holds it."""
+    from diff_transformer.checkpoint import _locked_temporary_directory
+
+    target = tmp_path / "checkpoint"
+    abandoned = tmp_path / ".checkpoint.tmp-abandoned"
+    (abandoned / "sub").mkdir(parents=True)
+    (abandoned / "sub" / "weights").write_bytes(b"x" * 1000)
+    (tmp_path / ".other.tmp-x").mkdir()  # another directory's: not ours to remove
+    live, fd = _locked_temporary_directory(target)
+    try:
+        assert remove_abandoned_temporaries(target) == [abandoned]
+        assert live.is_dir() and (tmp_path / ".other.tmp-x").is_dir() and not abandoned.exists()
+    finally:
+        os.close(fd)
+    assert remove_abandoned_temporaries(target) == [live]
+
+
+# --- exit statuses of an interrupted comparison ------------------------------------------------------
+
+
+@pytest.mark.parametrize("code, name", [(130, "SIGINT"), (143, "SIGTERM")])
+def test_compare_reads_a_child_stopped_by_a_signal_as_an_interruption(code, name, monkeypatch, capsys):
+    import importlib
+
+    compare_module = importlib.import_module("diff_transformer.experiments.compare")  # the package exports the function
+    with pytest.raises(compare_module.CompareInterrupted, match=f"interrupted by {name}: ") as caught:
+        compare_module._run_child([sys.executable, "-c", f"raise SystemExit({code})"])
+    assert caught.value.exit_status == code
+    assert compare_module._run_child([sys.executable, "-c", "raise SystemExit(2)"]) == 2  # a failure stays one
+
+    def interrupted(*args, **kwargs):
+        raise compare_module.CompareInterrupted(f"interrupted by {name}: ...", code - 128)
+
+    monkeypatch.setattr(compare_module, "compare", interrupted)
+    assert main(["compare", "--steps", "1"]) == code
+    assert capsys.readouterr().err == f"interrupted by {name}: ...\n"
+
+
+# --- every writer: a full disk, a read-only file system, no permission -------------------------------
+
+OS_ERRORS = [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system"),
+             (errno.EACCES, "Permission denied")]
+
+
+def _failing_torch_save(code: int):
+    """torch.save as it fails on a full disk: a RuntimeError raised while the OSError is handled."""
+    def save(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 the first bytes")
+        try:
+            raise OSError(code, os.strerror(code))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
+    return save
+
+
+def _failing_save_file(code: int):
+    """safetensors' save_file as it fails: its Rust error, the OS's code at the end of the message."""
+    from safetensors import SafetensorError
+
+    def save_file(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise SafetensorError(f"Error while serializing: I/O error: {os.strerror(code)} (os error {code})")
+    return save_file
+
+
+@pytest.mark.parametrize("writer", ["torch", "safetensors"])
+@pytest.mark.parametrize("code, reason", OS_ERRORS, ids=["ENOSPC", "EROFS", "EACCES"])
+def test_a_checkpoint_writer_failing_is_one_error_line_and_the_previous_checkpoint_stays(
+        writer, code, reason, dataset, tmp_path, monkeypatch, capsys):
+    from diff_transformer import checkpoint as checkpoint_module
+
+    out = tmp_path / "run"
+    config = write_config(dataset, out, stop_at_step=2, progress=False)
+    assert main(["train", "--config", str(config)]) == 0
+    before = snapshot(out / "checkpoint")
+    if writer == "torch":
+        monkeypatch.setattr(torch, "save", _failing_torch_save(code))
+    else:
+        monkeypatch.setattr(checkpoint_module, "save_file", _failing_save_file(code))
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=null"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[1:] == [f"error: step 3: could not write the checkpoint to {out / 'checkpoint'} ({reason}); "
+                       f"the previous checkpoint {out / 'checkpoint'} (step 2) is intact"], err
+    assert snapshot(out / "checkpoint") == before
+    assert [q.name for q in out.iterdir() if q.name.startswith(".checkpoint")] == []
+
+
+def _fail_on(name: str, code: int, real):
+    """``real`` (os.replace or open), failing with ``code`` when it would write a file called
+    ``name``; the OSError names the file it was given (os.replace: the temporary file)."""
+    renames = real is os.replace
+
+    def call(*args, **kwargs):
+        if renames:
+            writes = Path(args[1]).name == name
+        else:
+            mode = args[1] if len(args) > 1 else kwargs.get("mode", "r")
+            writes = Path(args[0]).name == name and any(c in mode for c in "wax")
+        if writes:
+            raise OSError(code, os.strerror(code), str(args[0]))
+        return real(*args, **kwargs)
+    return call
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "tensorboard", "summary.json", ".diff-transformer"])
+@pytest.mark.parametrize("code, reason", OS_ERRORS, ids=["ENOSPC", "EROFS", "EACCES"])
+def test_every_log_writer_failing_is_one_error_line_naming_the_file(name, code, reason, dataset, tmp_path,
+                                                                    monkeypatch, capsys):
+    """metrics.jsonl (appended), the TensorBoard event file, summary.json and the directory's marker
+    (written atomically: the failure names the file, not its temporary): one line, exit 2, no
+    empty or partial file, no traceback from a thread."""
+    from diff_transformer.train import trainer as trainer_module
+    from tensorboard.summary.writer import record_writer
+
+    out = tmp_path / "run"
+    config = write_config(dataset, out, progress=False, tensorboard=True, steps=2)
+    if name == "metrics.jsonl":
+        monkeypatch.setattr(trainer_module, "open", _fail_on(name, code, open), raising=False)
+        expected = out / name
+    elif name == "tensorboard":
+        def write(self, data):
+            self._writer.write(data[:5])  # a partial record, then the failure
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(record_writer.RecordWriter, "write", write)
+        expected = out / "tensorboard" / "events.out.tfevents."
+    else:  # written atomically: the failure comes at the rename of the temporary file
+        monkeypatch.setattr(os, "replace", _fail_on(name, code, os.replace))
+        expected = out / name
+    assert main(["train", "--config", str(config)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {expected}") and err[0].endswith(f": {reason}"), captured.err
+    assert "Traceback" not in captured.err and "Exception in thread" not in captured.err
+    left = {q.name: q.stat().st_size for q in out.rglob("*") if q.is_file()}
+    assert all(size > 0 for size in left.values()), left  # no empty file
+    assert not any(".tmp" in q for q in left)  # no temporary file
+    if name in ("metrics.jsonl", ".diff-transformer"):  # failed at the first record / at start
+        assert "metrics.jsonl" not in left and not (out / "tensorboard").exists()
+    if name == "tensorboard":  # the first record reached metrics.jsonl, then its event failed
+        assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1] and not (out / "tensorboard").exists()
+
+
+def _file_size_limit(limit: int):
+    """For a child process: writes beyond ``limit`` bytes fail with EFBIG (and no SIGXFSZ)."""
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.slow
+def test_real_writers_failing_on_a_file_size_limit_are_one_error_line(dataset, reference, tmp_path):
+    """The real writers (our metrics and event files, safetensors' Rust writer, torch's zip writer)
+    under a file-size limit, which makes the kernel fail their writes (EFBIG) as a full disk would."""
+    weights = (reference["checkpoint"] / "model.safetensors").stat().st_size
+    state = (reference["checkpoint"] / TRAINING_STATE_FILE).stat().st_size
+    assert weights < state
+    lock_record = json.dumps({"pid": 2**22, "host": socket.gethostname(), "since": "2000-01-01T00:00:00"}) + "\n"
+    cases = [  # (limit, the error line's text, the writer that fails)
+        (len(lock_record) + 8, f"metrics.jsonl: {os.strerror(errno.EFBIG)}", "metrics.jsonl"),
+        (weights // 2, f"could not write the checkpoint to {{out}}/checkpoint ({os.strerror(errno.EFBIG)}); "
+                       "there is no earlier checkpoint", "safetensors"),
+        ((weights + state) // 2, f"could not write the checkpoint to {{out}}/checkpoint ({os.strerror(errno.EFBIG)}); "
+                                 "there is no earlier checkpoint", "torch.save"),
+    ]
+    for limit, expected, writer in cases:
+        out = tmp_path / writer
+        config = write_config(dataset, out, progress=False, tensorboard=True)
+        process = launch(config, preexec_fn=_file_size_limit(limit))
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 2, (writer, stderr)
+        assert stderr.count("\n") == 1 and stderr.startswith("error: ") and expected.format(out=out) in stderr, (writer, stderr)
+        left = [q for q in out.rglob("*") if q.is_file()]
+        assert all(q.stat().st_size > 0 for q in left) and not any(".tmp" in q.name for q in left), (writer, left)
+        if writer != "metrics.jsonl":  # whole records only
+            assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]

@@ -5,11 +5,15 @@
     DIR/tokenizer.json       the tokenizer, when one was given (or tokenizer_config.json for bytes)
 
 Directories are written atomically: into a temporary sibling, then renamed into place, so a
-crash mid-write never leaves a half-written checkpoint under the final name.
+crash mid-write never leaves a half-written checkpoint under the final name. The writer holds a
+lock on its temporary directory while it writes; one whose writer was killed is removed by the
+next write of the same directory (or by :func:`remove_abandoned_temporaries`).
 """
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import json
 import os
 import shutil
@@ -24,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
-from .files import OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir
+from .files import OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, naming_os_errors
 from .tokenizer import BPE_FILE, BYTES_CONFIG, load_tokenizer
 
 FORMAT = "diff-transformer"
@@ -69,36 +73,94 @@ def write_directory_atomically(directory: str | Path, write: Callable[[Path], No
     unless its own files say what it is (a checkpoint's config.json, a dataset's meta.json).
     The old directory is renamed aside before the new one takes its name and deleted after, so
     at every moment one complete version exists under ``directory`` or its ``.old`` sibling.
+    A failure of the operating system (a full disk...) is an OSError naming the file under
+    ``directory`` that was being written; nothing of the attempt is left.
     """
     directory = check_output_dir(directory, kind, overwrite=overwrite, reading=reading, hint=hint)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    with naming_os_errors(directory):
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned_temporaries(directory)
+        tmp, tmp_lock = _locked_temporary_directory(directory)
     try:
-        write(tmp)
-        if not SELF_IDENTIFYING.get(kind):
-            (tmp / OUTPUT_MARKER).write_text(json.dumps({"kind": kind}) + "\n")
-        mask = os.umask(0)
-        os.umask(mask)
-        for f in tmp.iterdir():
-            os.chmod(f, 0o666 & ~mask)  # writers that use temporary files (safetensors) leave 0600
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it 0700
-        _fault_point("written")
-        old = directory.with_name(f".{directory.name}.old")
-        if directory.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(directory, old)
-        # else: an ``.old`` left by an interrupted swap is the only complete version; it stays until
-        # the new one has its name
-        _fault_point("swapped")
-        os.replace(tmp, directory)
+        with naming_os_errors(directory, tmp):
+            write(tmp)
+            if not SELF_IDENTIFYING.get(kind):
+                (tmp / OUTPUT_MARKER).write_text(json.dumps({"kind": kind}) + "\n")
+            mask = os.umask(0)
+            os.umask(mask)
+            for f in tmp.iterdir():
+                os.chmod(f, 0o666 & ~mask)  # writers that use temporary files (safetensors) leave 0600
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it 0700
+            _fault_point("written")
+            old = directory.with_name(f".{directory.name}.old")
+            if directory.exists():
+                if old.exists():
+                    shutil.rmtree(old)
+                os.replace(directory, old)
+            # else: an ``.old`` left by an interrupted swap is the only complete version; it stays until
+            # the new one has its name
+            _fault_point("swapped")
+            os.replace(tmp, directory)
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(tmp_lock)
     return directory
+
+
+def _temporary_prefix(directory: Path) -> str:
+    return f".{directory.name}.tmp-"
+
+
+def _locked_temporary_directory(directory: Path) -> tuple[Path, int]:
+    """A new temporary sibling of ``directory`` and an open descriptor holding its lock (flock: the
+    kernel releases it if this process dies, which tells :func:`remove_abandoned_temporaries`)."""
+    for _ in range(100):
+        tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(directory), dir=directory.parent))
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:  # removed by another process's clean-up between the two calls
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):  # still ours, still there
+                return tmp, fd
+        except (BlockingIOError, FileNotFoundError):
+            pass
+        os.close(fd)
+    raise OSError(f"could not create a temporary directory beside {directory}")
+
+
+def remove_abandoned_temporaries(directory: str | Path) -> list[Path]:
+    """Remove the temporary directories that writes of ``directory`` left when their process was
+    killed (``.NAME.tmp-*`` siblings whose lock no process holds); returns those removed. One that
+    a running writer holds is left alone."""
+    directory = Path(directory)
+    removed = []
+    for name in sorted(glob.glob(glob.escape(str(directory.parent / _temporary_prefix(directory))) + "*")):
+        tmp = Path(name)
+        if tmp.is_symlink() or not tmp.is_dir():
+            continue
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)  # what cannot be removed (no permission) stays
+        finally:
+            os.close(fd)
+        if not tmp.exists():
+            removed.append(tmp)
+    return removed
 
 
 def model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -13,30 +13,51 @@ meta.json, or else by a small marker file, ``.diff-transformer``, naming the kin
 holds; a non-empty directory with neither is refused, as are the current directory, its
 ancestors, and the sources being read.
 
+One writer per run (:func:`lock_output_dir`): a training run or a comparison holds an exclusive
+lock on its directory, ``DIR/.lock`` (``fcntl.flock``, which the kernel releases when the process
+ends, however it ends; the file names the holder's pid and host). A second process is refused
+with the holder's pid; a lock file left by a process that was killed is taken over, with a note.
+
+A writer's failure that comes from the operating system (a full disk, a read-only file system, no
+permission), including the failures torch, safetensors and tokenizers report in their own
+exception types, reaches the caller as an :class:`OSError` naming the file it was writing.
+
 ``cache_root`` is where the project keeps what it builds once and reuses (the default
 corpus's shards, the compiled CPU kernels).
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
+import fcntl
 import json
 import os
+import re
+import socket
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 CACHE_ENV = "DIFF_TRANSFORMER_CACHE"
 OUTPUT_MARKER = ".diff-transformer"  # JSON {"kind": ...}: which of the project's writers made a directory
 # Output kinds: a model or training checkpoint, a transformers export, a prepared token dataset, a
-# training run's logs, a comparison, evaluation results.
-OUTPUT_KINDS = ("checkpoint", "hf-export", "dataset", "train-run", "compare", "eval")
+# training run's logs, a comparison, evaluation results, a benchmark report.
+OUTPUT_KINDS = ("checkpoint", "hf-export", "dataset", "train-run", "compare", "eval", "bench")
 # Kinds whose own file says what they are (file name, its "format"), so they need no marker.
 SELF_IDENTIFYING = {"checkpoint": ("config.json", "diff-transformer"), "dataset": ("meta.json", "diff-transformer-tokens")}
+LOCK_FILE = ".lock"  # JSON {"pid", "host", "since"} of the process writing into the directory
 
 
 class OutputPathError(ValueError):
     """An output path that would replace or delete what the project did not write (the message
     names the path and what is there)."""
+
+
+class OutputLockedError(OutputPathError):
+    """Another process is writing into the output directory (the message names its pid and host)."""
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -57,11 +78,12 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
     os.close(fd)
     tmp = Path(name)
     try:
-        write(tmp)
-        with open(tmp, "rb+") as fh:  # durable before it becomes visible
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private
-        os.replace(tmp, path)
+        with naming_os_errors(path, tmp):
+            write(tmp)
+            with open(tmp, "rb+") as fh:  # durable before it becomes visible
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -71,6 +93,51 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
 def write_text_atomically(path: str | Path, text: str) -> Path:
     """``write_atomically`` for a string (UTF-8)."""
     return write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+# "(os error 28)": how the Rust writers (safetensors, tokenizers) end the message of an I/O failure.
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def underlying_os_error(exc: BaseException) -> OSError | None:
+    """The operating-system failure behind ``exc``: itself if an OSError, else one in its chain
+    (torch's checkpoint writer raises a RuntimeError from an OSError), else the errno that a Rust
+    writer's message ends with. None if the failure was not the operating system's."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        suppressed = current.__suppress_context__  # raise ... from None: the context is not the cause
+        current = current.__cause__ if current.__cause__ is not None else (None if suppressed else current.__context__)
+    match = _RUST_OS_ERROR.search(str(exc))
+    if match:
+        code = int(match.group(1))
+        return OSError(code, os.strerror(code))
+    return None
+
+
+@contextmanager
+def naming_os_errors(path: str | Path, temporary: str | Path | None = None) -> Iterator[None]:
+    """Within the block, a failure of the operating system (see :func:`underlying_os_error`) is
+    raised as an OSError naming ``path``, the file or directory being written; a name under
+    ``temporary`` (where the content is written before it takes its name) is given as the same
+    name under ``path``. Other errors pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        found = underlying_os_error(exc)
+        if found is None:
+            raise
+        name = str(path)
+        if found.filename is not None:
+            name = str(found.filename)
+            if temporary is not None and (name == str(temporary) or name.startswith(f"{temporary}{os.sep}")):
+                name = str(path) + name[len(str(temporary)):]
+        if found is exc and str(exc.filename) == name:
+            raise
+        raise OSError(found.errno, found.strerror or os.strerror(found.errno), name) from exc
 
 
 def _umask() -> int:
@@ -148,3 +215,93 @@ def claim_output_dir(directory: str | Path, kind: str, **checks) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     mark_output_dir(path, kind)
     return path
+
+
+# --- one writer per directory -------------------------------------------------------------------
+
+
+class OutputLock:
+    """An exclusive lock held on ``path`` by this process (see :func:`lock_output_dir`);
+    :meth:`release` (or leaving the ``with`` block) removes the lock file and lets the lock go."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # while still locked: the next holder creates a fresh file
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "OutputLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_output_dir(directory: str | Path) -> OutputLock:
+    """Take the lock of the existing directory ``directory`` (``DIR/.lock``) for this process, or
+    raise :class:`OutputLockedError` naming the process that holds it. A lock file left by a
+    process that ended without releasing it (killed) is taken over, with a note on stderr."""
+    directory = Path(directory)
+    return lock_file(directory / LOCK_FILE, f"{directory}: in use by another diff-transformer process")
+
+
+def lock_file(path: str | Path, busy: str) -> OutputLock:
+    """:func:`lock_output_dir` for the lock file ``path`` itself; ``busy`` opens the refusal."""
+    path = Path(path)
+    with naming_os_errors(path):
+        for _ in range(100):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise OutputLockedError(f"{busy} ({_describe_holder(_read_holder(path))}); wait for it to end, "
+                                        "or choose another directory") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:  # the previous holder may have removed the file between our open and our lock
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        else:
+            raise OSError(errno.EAGAIN, "could not take the lock", str(path))
+        try:
+            previous = _read_holder(path)
+            if previous:
+                print(f"note: {path}: taking over the lock of {_describe_holder(previous)}, which ended without "
+                      "releasing it", file=sys.stderr)
+            record = {"pid": os.getpid(), "host": socket.gethostname(),
+                      "since": datetime.datetime.now().isoformat(timespec="seconds")}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            os.close(fd)
+            raise
+    return OutputLock(path, fd)
+
+
+def _read_holder(path: Path) -> dict:
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _describe_holder(holder: dict) -> str:
+    if not holder.get("pid"):
+        return "a process that has not yet written its pid"
+    since = f", since {holder['since']}" if holder.get("since") else ""
+    return f"pid {holder['pid']} on {holder.get('host', 'an unknown host')}{since}"

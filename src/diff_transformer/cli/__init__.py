@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _describe(exc: BaseException) -> str:
-    """The message of an error, with the file an OSError names (its str() often omits it)."""
-    if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in str(exc):
-        return f"{exc.filename}: {exc.strerror or exc}"
+    """The message of an error; an OSError as "PATH: reason" (the file it names, the OS's words)."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        second = f" -> {exc.filename2}" if exc.filename2 is not None else ""
+        return f"{exc.filename}{second}: {exc.strerror}"
     return str(exc) or type(exc).__name__

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from functools import partial
 
@@ -12,7 +13,17 @@ from . import args as types
 CONFIG_HELP = (
     "a YAML config file, or the name of a shipped one (tiny, ablation-1.4b, paper-3b); default: tiny"
 )
-SET_HELP = "override a config value, e.g. --set optim.lr=1e-3 --set run.steps=100 (repeatable; values are YAML)"
+SET_HELP = (
+    "override a config value, e.g. --set optim.lr=1e-3 --set run.steps=100 (repeatable; values are YAML). "
+    "An optim field set so applies to every model, replacing a model's own value; "
+    "--set models.NAME.optim.lr=... sets one model's"
+)
+# Exit statuses of train and compare, as shells and schedulers read them.
+EXIT_STATUSES = (
+    "Exit status: 0 done (or paused at run.stop_at_step); 1 the loss diverged; 2 an error (one 'error:' line); "
+    "130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint: rerun the same command with --resume "
+    "to continue exactly where it stopped."
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,8 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train one model of a config (one CPU/GPU, or every process under torchrun)",
         description="Train one model of a config. Runs unchanged under "
         "`torchrun --nproc_per_node K -m diff_transformer train ...` (DDP, or FSDP2 with --set run.parallel=fsdp). "
-        "Writes metrics.jsonl, tensorboard/, summary.json and checkpoint/ into run.out_dir. "
+        "Writes metrics.jsonl, tensorboard/, summary.json and checkpoint/ into run.out_dir; while it runs, "
+        "run.out_dir/.lock names its pid, and a second run on the same directory is refused. "
         "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly.",
+        epilog=EXIT_STATUSES,
     )
     p.add_argument("--config", default="tiny", help=CONFIG_HELP)
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
@@ -40,7 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "experiment (small models trained on generated multi-needle and MQAR tasks: accuracy by difficulty, "
         "attention to the answer); then the evaluations of compare.evaluations on every seed's model (JSON and "
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
-        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff).",
+        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff). "
+        "One comparison at a time writes into DIR (DIR/.lock names its pid).",
+        epilog=EXIT_STATUSES.replace("1 the loss diverged; ", ""),
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
     c.add_argument(
@@ -70,13 +85,16 @@ def run_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     result = train(config, args.model, resume=args.resume)
+    code = {"completed": 0, "paused": 0, "diverged": 1}.get(result.status)
+    if result.status == "interrupted":  # 128 + the signal, as a shell reports a process it stopped
+        code = 128 + signal.Signals[result.stopped_by or "SIGTERM"].value
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for all
-        return {"completed": 0, "paused": 0, "interrupted": 0}.get(result.status, 1)
+        return code
     if result.status == "diverged":
-        return 1
+        return code
     if result.status in ("interrupted", "paused"):  # a checkpoint was saved: --resume continues
         print(result.message, file=sys.stderr)
-        return 0
+        return code
     val = f"{result.final_val_loss:.4f}" if result.final_val_loss is not None else "-"
     print(
         f"{result.model}: {result.steps} steps, {result.tokens:,} tokens, final validation loss {val}, "
@@ -109,6 +127,6 @@ def run_compare(args: argparse.Namespace) -> int:
         )
     except CompareInterrupted as exc:  # the running model saved a checkpoint: --resume continues
         print(exc, file=sys.stderr)
-        return 0
+        return exc.exit_status
     print(f"report: {args.out}/report.md ({metrics['wall_seconds'] / 60:.1f} min)", file=sys.stderr)
     return 0

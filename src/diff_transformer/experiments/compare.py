@@ -25,6 +25,7 @@ The output directory:
                              (metrics.jsonl, tensorboard/, summary.json) and final checkpoint (checkpoint/)
     DIR/retrieval/           each retrieval run's results (JSON)
     DIR/eval/                each evaluation's JSON and plot
+    DIR/.lock                while the comparison runs: its pid (a second one on DIR is refused)
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ..config import ConfigError
 from ..train.config import TrainConfig
 from ..evaluation.suite import SuiteResult
 from ..checkpoint import write_directory_atomically
-from ..files import check_output_dir, claim_output_dir, write_text_atomically
+from ..files import check_output_dir, claim_output_dir, lock_output_dir, write_text_atomically
 from .claims import mean_std, paper_claims
 from .report import build_metrics, evaluation_intro, render_report, write_plots
 from ..train.state import find_checkpoint
@@ -60,7 +61,12 @@ Evaluation = Callable[[dict[str, Path], Path], SuiteResult]
 
 
 class CompareInterrupted(RuntimeError):
-    """A signal stopped the comparison; the interrupted run saved a checkpoint."""
+    """A signal stopped the comparison; the interrupted run saved a checkpoint. ``exit_status``:
+    128 + the signal (130 SIGINT, 143 SIGTERM), what the command returns."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_status = 128 + signum
 
 
 def select_models(config: TrainConfig, attention: list[str] | None) -> list[str]:
@@ -105,7 +111,9 @@ def _train_command(config_file: Path, model: str, resume: bool, nproc: int) -> l
 
 def _run_child(command: list[str]) -> int:
     """Run one training process; SIGINT/SIGTERM to this process are passed on to it exactly once
-    (it runs in its own session, so a terminal's Ctrl-C reaches only us), and it saves a checkpoint."""
+    (it runs in its own session, so a terminal's Ctrl-C reaches only us), and it saves a checkpoint.
+    A child stopped by a signal (sent to us, or to it: exit status 130 or 143) is a
+    :class:`CompareInterrupted`, not a failure."""
     child = subprocess.Popen(command, start_new_session=True)
     received: list[int] = []
 
@@ -120,8 +128,11 @@ def _run_child(command: list[str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if received:
-        raise CompareInterrupted("interrupted: the running model saved a checkpoint; rerun the same command with --resume")
+    interrupted_by = {128 + s: s for s in (signal.SIGINT, signal.SIGTERM)}
+    if received or code in interrupted_by:
+        signum = received[0] if received else interrupted_by[code]
+        raise CompareInterrupted(f"interrupted by {signal.Signals(signum).name}: the running model saved a checkpoint; "
+                                 "rerun the same command with --resume", signum)
     return code
 
 
@@ -159,7 +170,17 @@ def compare(
     lrs = {name: grid or [config.optim_for(name).lr] for name in names}
     data_dir = [] if config.data.dataset == "default" else [config.data.dataset]
     claim_output_dir(out_dir, "compare", reading=data_dir)  # a new directory, or an earlier comparison's
+    with lock_output_dir(out_dir):  # one comparison at a time in out_dir (each run locks its own directory)
+        return _compare(config, out_dir, names, n_seeds, seed_values, grid, lrs, start, retrieval=retrieval,
+                        retrieval_lr_grid=retrieval_lr_grid, resume=resume, nproc=nproc, evaluation=evaluation,
+                        progress=progress)
 
+
+def _compare(config: TrainConfig, out_dir: Path, names: list[str], n_seeds: int, seed_values: list[int],
+             grid: list[float], lrs: dict[str, list[float]], start: float, *, retrieval: bool | None,
+             retrieval_lr_grid: list[float] | None, resume: bool, nproc: int, evaluation: Evaluation | None,
+             progress: bool) -> dict:
+    """:func:`compare` once its output directory is claimed and locked."""
     if config.data.dataset == "default":  # prepare the corpus once, here, before the runs start
         from ..data import default_dataset
 

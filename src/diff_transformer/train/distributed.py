@@ -79,6 +79,15 @@ def all_reduce_sum(values: list[float], env: Environment) -> list[float]:
     return tensor.tolist()
 
 
+def broadcast_from_main(value, env: Environment):
+    """Rank 0's ``value`` (any picklable object) on every process (``value`` itself when alone)."""
+    if not env.distributed:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
 def parallelize(model_factory, env: Environment, parallel: str, seed: int) -> nn.Module:
     """Build the model with ``model_factory(device)`` and wrap it for ``env``.
 

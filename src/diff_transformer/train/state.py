@@ -111,7 +111,10 @@ def save_training_checkpoint(
         }
 
         def write_training_files(tmp: Path) -> None:
-            torch.save(state, tmp / TRAINING_STATE_FILE)
+            # Through a Python file: a failed write (a full disk) is then an OSError, which torch's own
+            # file writer would report as "enforce fail at inline_container.cc".
+            with open(tmp / TRAINING_STATE_FILE, "wb") as fh:
+                torch.save(state, fh)
             (tmp / TRAIN_CONFIG_FILE).write_text(yaml.safe_dump(train_config, sort_keys=False))
 
         written = save_pretrained(  # replaces this run's previous checkpoint (checked when the run started)

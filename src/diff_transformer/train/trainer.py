@@ -17,6 +17,10 @@ curve as one. A run writes into ``run.out_dir``:
     tensorboard/        the same curves for TensorBoard (run.tensorboard)
     summary.json        the result: final validation loss, tokens/s, peak memory, status
     checkpoint/         the training checkpoint (unless run.checkpoint_dir points elsewhere)
+    .lock               while the run lasts: its pid (one run at a time writes into a directory)
+
+A second process started on the same ``run.out_dir`` (or ``run.checkpoint_dir``) is refused,
+naming the pid that holds it (:func:`~diff_transformer.files.lock_output_dir`).
 """
 
 from __future__ import annotations
@@ -39,10 +43,15 @@ from torch import nn
 
 from ..config import ConfigError
 from ..loss import IGNORE_INDEX
-from ..files import check_output_dir, claim_output_dir, write_text_atomically
+from ..checkpoint import remove_abandoned_temporaries
+from ..files import (
+    OutputLock, OutputPathError, check_output_dir, claim_output_dir, lock_file, lock_output_dir, naming_os_errors,
+    write_text_atomically,
+)
 from ..model import LanguageModel
 from .config import ModelEntry, OptimConfig, TrainConfig
-from .distributed import Environment, all_reduce_sum, parallelize, setup, teardown, unwrap
+from .distributed import Environment, all_reduce_sum, broadcast_from_main, parallelize, setup, teardown, unwrap
+from .events import EventFile
 from .optim import WarmupLinearSchedule, build_optimizer
 from .state import (
     Progress, check_resumable, find_checkpoint, load_training_checkpoint, save_training_checkpoint, saved_step,
@@ -82,6 +91,7 @@ class TrainResult:
     world_size: int
     checkpoint: str | None
     message: str = ""
+    stopped_by: str | None = None  # "SIGINT" or "SIGTERM" when a signal interrupted the run
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -187,27 +197,35 @@ class MetricsLog:
         if not self.enabled:
             return
         claim_output_dir(out_dir, "train-run")
-        if resume_step is None:
-            self.path.write_text("")
-        else:
-            kept = [line for line in read_metrics(self.path) if line["step"] <= resume_step]
+        # The file is created by the first record (a run that fails to start leaves no empty file).
+        kept = [] if resume_step is None else [line for line in read_metrics(self.path) if line["step"] <= resume_step]
+        if kept:
             write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
+        else:
+            self.path.unlink(missing_ok=True)
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
             # A resumed run drops TensorBoard events after its checkpoint's step, as metrics.jsonl does.
             purge = None if resume_step is None else resume_step + 1
-            self.writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=purge)
+            self.writer = EventFile(out_dir / "tensorboard", purge_step=purge)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        size = self.path.stat().st_size if self.path.exists() else None
+        try:
+            with naming_os_errors(self.path), open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError:  # a full disk: no partial record, and no empty file, is left
+            with contextlib.suppress(OSError):
+                if size is None:
+                    self.path.unlink(missing_ok=True)
+                else:
+                    os.truncate(self.path, size)
+            raise
         if self.writer is not None:
-            for key, value in record.items():
-                if key not in ("kind", "step") and isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+            self.writer.add_scalars({f"{record['kind']}/{key}": value for key, value in record.items()
+                                     if key not in ("kind", "step") and isinstance(value, (int, float))},
+                                    record["step"])
 
     def close(self) -> None:
         if self.writer is not None:
@@ -298,8 +316,14 @@ def train(config: TrainConfig, model_name: str | None = None, *, resume: bool = 
 
 
 def _train(config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool) -> TrainResult:
+    with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
+        return _train_holding(config, entry, model_config, env, resume, held)
+
+
+def _train_holding(config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool,
+                   held: contextlib.ExitStack) -> TrainResult:
     wall_start = time.perf_counter()
-    run = _Run.prepare(config, entry, model_config, env, resume)
+    run = _Run.prepare(config, entry, model_config, env, resume, held)
     status, message, final_val, meter = _loop(run)
     run.log.close()
     saved = run.last_saved or find_checkpoint(run.checkpoint_dir)  # diverged, or a rank other than 0
@@ -324,10 +348,38 @@ def _train(config: TrainConfig, entry: ModelEntry, model_config, env: Environmen
         world_size=env.world_size,
         checkpoint=str(saved) if saved is not None else None,
         message=message,
+        stopped_by=run.stopped_by,
     )
     if env.is_main:
         write_text_atomically(run.out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+def _lock_run(out_dir: Path, checkpoint_dir: Path, env: Environment, *, reading: list[Path], hint: str) -> list[OutputLock]:
+    """Rank 0 checks ``out_dir`` (:func:`~diff_transformer.files.check_output_dir`), creates, marks
+    and locks it, and locks ``checkpoint_dir`` through a lock file beside it when it lies elsewhere;
+    a refusal is raised on every process alike (only rank 0 looks: the others would see its
+    marker half-written)."""
+    locks: list[OutputLock] = []
+    error: Exception | None = None
+    if env.is_main:
+        try:
+            check_output_dir(out_dir, "train-run", reuse=True, reading=reading, hint=hint)
+            locks.append(lock_output_dir(claim_output_dir(out_dir, "train-run")))
+            if not checkpoint_dir.resolve().is_relative_to(out_dir.resolve()):
+                checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+                locks.append(lock_file(checkpoint_dir.with_name(f".{checkpoint_dir.name}.lock"),
+                                       f"{checkpoint_dir}: in use by another diff-transformer process"))
+        except (OutputPathError, OSError) as exc:
+            for lock in locks:
+                lock.release()
+            error = exc
+    message = broadcast_from_main(None if error is None else str(error), env)
+    if error is not None:
+        raise error
+    if message is not None:
+        raise TrainingError(message)
+    return locks
 
 
 @dataclass
@@ -351,10 +403,13 @@ class _Run:
     validation: list
     autocast: Any
     last_saved: Path | None = None
+    stopped_by: str | None = None  # the signal that interrupted the run
 
     @classmethod
-    def prepare(cls, config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool) -> "_Run":
-        """Check the inputs, build everything, and load the checkpoint when resuming."""
+    def prepare(cls, config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool,
+                held: contextlib.ExitStack) -> "_Run":
+        """Check the inputs, lock the run's directories (their locks go into ``held``), build
+        everything, and load the checkpoint when resuming."""
         run, data = config.run, config.data
         out_dir = Path(run.out_dir)
         checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
@@ -367,6 +422,11 @@ class _Run:
                 f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
                 f"vocab_size={model_config.vocab_size}"
             )
+        # Neither directory may hold anything the project did not write (nor be the data it reads),
+        # and no other process may be writing into them.
+        elsewhere = "choose another run.out_dir / run.checkpoint_dir"
+        for lock in _lock_run(out_dir, checkpoint_dir, env, reading=[plan.directory], hint=elsewhere):
+            held.callback(lock.release)
         existing = find_checkpoint(checkpoint_dir)
         if resume and existing is None:
             raise TrainingError(f"--resume: no training checkpoint at {checkpoint_dir}")
@@ -375,11 +435,11 @@ class _Run:
                 f"{existing} already holds a training checkpoint: pass --resume to continue it, "
                 f"or choose another run.out_dir / run.checkpoint_dir"
             )
-        # Neither directory may hold anything the project did not write (nor be the data it reads).
-        elsewhere = "choose another run.out_dir / run.checkpoint_dir"
-        check_output_dir(out_dir, "train-run", reuse=True, reading=[plan.directory], hint=elsewhere)
         if existing is None:
             check_output_dir(checkpoint_dir, "checkpoint", reading=[plan.directory], hint=elsewhere)
+        if env.is_main:  # a save killed mid-write left its temporary directory: nobody else will remove it
+            for leftover in remove_abandoned_temporaries(checkpoint_dir):
+                print(f"note: removed {leftover}, left by a checkpoint write that was interrupted", file=sys.stderr)
 
         build = lambda device: LanguageModel(model_config, device=device, attn_backend=run.attn_backend)  # noqa: E731
         model = parallelize(build, env, run.parallel, run.seed)
@@ -528,7 +588,11 @@ def _loop(run: _Run) -> tuple[str, str, float | None, _Meter]:
                 bar.set_postfix(postfix, refresh=False)
                 bar.update(1)
             if stop_votes > 0:
-                status, message = "interrupted", f"stopped at step {progress.step} by a signal; continue with --resume"
+                # Every process stops when one received a signal; each reports its own, if any.
+                run.stopped_by = signal.Signals(stop.received).name if stop.received is not None else None
+                status = "interrupted"
+                message = (f"stopped at step {progress.step} by {run.stopped_by or 'a signal to another process'}, "
+                           "checkpoint saved; continue with --resume")
                 break
             if progress.step == settings.stop_at_step and progress.step < settings.steps:
                 status = "paused"
