@@ -84,7 +84,9 @@ def test_overrides_apply_dotted_keys_with_yaml_values():
     assert config.optim.lr == 1e-3 and config.run.compile is True and config.optim.betas == (0.8, 0.9)
     assert config.model("diff").model_config().lambda_init == 0.8
     assert config.data.mix == {"mqar": 0.1}
-    assert config.optim_for("diff").lr == 5e-3 and config.optim_for("standard").lr == 2e-3  # each model's own lr wins
+    # optim.lr reaches every model, replacing its own; a later models.diff.optim.lr sets diff's alone
+    assert config.optim_for("diff").lr == 5e-3 and config.optim_for("standard").lr == 1e-3
+    assert config.optim_for("standard").min_lr == 2e-4  # the fields not overridden stay each model's own
     assert config.optim_for("diff_v2").lr == 1e-3  # no lr of its own: the section's
     assert config.retrieval.steps == 7 and config.retrieval.enabled
     with pytest.raises(ConfigError, match=r"run\.bogus"):
@@ -105,3 +107,90 @@ def test_the_train_command_reports_config_errors_by_name(capsys):
     assert "run.bogus" in capsys.readouterr().err
     assert main(["train", "--config", "no-such-config"]) == 2
     assert "no-such-config" in capsys.readouterr().err
+
+
+# --- overrides that take effect; numbers that are finite and in range ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["optim.lr=1e-3"], ["optim={lr: 1.0e-3, min_lr: 2.0e-4, warmup_steps: 10, betas: [0.9, 0.95], weight_decay: 0.1}"]],
+    ids=["field", "section"],
+)
+def test_an_optim_override_applies_to_every_model_over_its_own_value(overrides):
+    """The tiny config gives standard and diff their own lr (2e-3): --set optim.lr reaches them too."""
+    tiny = load_config("tiny")
+    assert {tiny.optim_for(name).lr for name in ("standard", "diff")} == {2e-3}
+    config = load_config("tiny", overrides)
+    assert {name: config.optim_for(name).lr for name in config.models} == dict.fromkeys(config.models, 1e-3)
+    assert config.optim_for("standard").min_lr == 2e-4  # what the override does not name stays each model's
+    later = load_config("tiny", [*overrides, "models.diff.optim.lr=5e-3"])  # a later one for one model wins
+    assert later.optim_for("diff").lr == 5e-3 and later.optim_for("standard").lr == 1e-3
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [("optim.lr=nan", "optim.lr must be a finite number, got nan"),
+     ("optim.min_lr=.inf", "optim.min_lr must be a finite number, got inf"),
+     ("optim.eps=nan", "optim.eps must be a finite number, got nan"),
+     ("optim.eps=0", "optim.eps must be positive, got 0.0"),
+     ("optim.grad_clip=.inf", "optim.grad_clip must be a finite number"),
+     ("optim.weight_decay=-.inf", "optim.weight_decay must be a finite number, got -inf"),
+     ("optim.betas=[.nan, 0.9]", "optim.betas[0] must be a finite number"),
+     ("models.diff.optim.lr=nan", "models.diff.optim.lr must be a finite number, got nan"),
+     ("models.diff.retrieval_lr=.inf", "models.diff.retrieval_lr must be a finite number, got inf"),
+     ("data.mix.needle=nan", "data.mix.needle must be a finite number, got nan"),
+     ("retrieval.lr=nan", "retrieval.lr must be a finite number, got nan"),
+     ("retrieval.depths=[0.5, .nan]", "retrieval.depths[1] must be a finite number"),
+     ("compare.lr_grid=[1.0e-3, .inf]", "compare.lr_grid[1] must be a finite number, got inf"),
+     ("model.init_std=nan", "models.standard.init_std must be a finite number, got nan"),
+     ("model.rope_theta=0", "models.standard: rope_theta must be a positive finite number, got 0.0"),
+     ("models.diff.norm_eps=-1e-5", "models.diff: norm_eps must be a positive finite number"),
+     ("models.diff.lambda_std=.inf", "models.diff.lambda_std must be a finite number, got inf"),
+     ("models.diff.lambda_init=nan", "models.diff.lambda_init must be a finite number, got nan"),
+     ("models.diff.lambda_init=1.0", "models.diff: lambda_init must be a number in [0, 1) or null"),
+     ("models.diff.tie_embeddings=maybe", "models.diff.tie_embeddings must be bool, got 'maybe'")],
+)
+def test_every_number_is_checked_finite_and_in_range_wherever_it_is_set(override, named):
+    with pytest.raises(ConfigError) as caught:
+        load_config("tiny", [override])
+    assert named in str(caught.value)
+
+
+def test_numbers_are_checked_when_the_dataclasses_are_built_directly():
+    from diff_transformer.config import ModelConfig
+    from diff_transformer.train.config import DataConfig, OptimConfig, RetrievalConfig
+
+    nan = float("nan")
+    with pytest.raises(ConfigError, match=r"optim\.lr must be a finite number, got nan"):
+        OptimConfig(lr=nan, min_lr=0.0, warmup_steps=0, betas=(0.9, 0.95), weight_decay=0.0)
+    with pytest.raises(ConfigError, match=r"data\.mix\.needle must be a finite number"):
+        DataConfig(mix={"needle": nan})
+    with pytest.raises(ConfigError, match=r"retrieval\.lr must be a finite number, got inf"):
+        RetrievalConfig(lr=float("inf"))
+    for field in ("init_std", "rope_theta", "norm_eps", "lambda_std"):
+        with pytest.raises(ConfigError, match=f"{field} must be a positive finite number, got nan"):
+            ModelConfig(**{field: nan})
+    with pytest.raises(ConfigError, match=r"lambda_init must be a number in \[0, 1\)"):
+        ModelConfig(lambda_init=-0.1)
+    with pytest.raises(ConfigError, match="head_norm must be true or false, got 'yes'"):
+        ModelConfig(head_norm="yes")
+
+
+def test_a_model_field_written_as_1e_3_is_a_number():
+    """PyYAML reads 1e-3 (no dot) as a string; a model field typed float takes it as the number."""
+    config = load_config("tiny", ["models.diff.init_std=1e-3"])
+    assert config.model("diff").model_config().init_std == 1e-3
+
+
+def test_an_empty_config_and_one_without_a_model_are_refused(tmp_path):
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match=r"empty\.yaml: an empty config"):
+        load_config(tmp_path / "empty.yaml")
+    (tmp_path / "run-only.yaml").write_text("run: {steps: 3}\n")
+    with pytest.raises(ConfigError, match=r"run-only\.yaml: no model"):
+        load_config(tmp_path / "run-only.yaml")
+    assert load_config(tmp_path / "run-only.yaml", ["model.preset=debug"]).model().preset == "debug"
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=r"list\.yaml: expected a mapping at the top level, got list"):
+        load_config(tmp_path / "list.yaml", ["run.steps=3"])

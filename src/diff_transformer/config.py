@@ -41,6 +41,11 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field."""
 
 
+def _is_number(value: Any) -> bool:
+    """An int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def lambda_init_schedule(layer_index: int) -> float:
     """λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) for the 1-based layer l, i.e. the 0-based index here."""
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
@@ -104,8 +109,16 @@ class ModelConfig:
             raise ConfigError("head_norm: DIFF V2 has no per-head norm; leave head_norm unset or False")
         if self.lambda_init is not None and self.attention != "diff":
             raise ConfigError(f"lambda_init only applies to attention='diff', not {self.attention!r}")
-        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0 or self.lambda_std <= 0:
-            raise ConfigError("rope_theta, norm_eps, init_std and lambda_std must be positive")
+        for name in ("rope_theta", "norm_eps", "init_std", "lambda_std"):
+            value = getattr(self, name)
+            if not _is_number(value) or not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+        if self.lambda_init is not None and not (_is_number(self.lambda_init) and 0.0 <= self.lambda_init < 1.0):
+            # the output is scaled by 1 − λ_init: 1 or more would silence or flip every layer (paper: 0.2 to 0.8)
+            raise ConfigError(f"lambda_init must be a number in [0, 1) or null (the depth schedule), got {self.lambda_init!r}")
+        for name in ("tie_embeddings", "head_norm", "scale_residual_init"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:

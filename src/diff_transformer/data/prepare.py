@@ -251,7 +251,10 @@ def read_meta(directory: str | Path) -> dict:
     path = Path(directory) / META_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory}: not a prepared dataset (no {META_FILE}); run `diff-transformer prepare`")
-    meta = json.loads(path.read_text())
-    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise ValueError(f"{path}: unreadable ({exc}); prepare the dataset again") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: not a {FORMAT} version {FORMAT_VERSION} file")
     return meta

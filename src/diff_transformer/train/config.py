@@ -13,15 +13,19 @@ it), the ``data``, the ``optim``izer, the ``run`` and the ``compare`` selection:
     run: {steps: 300, eval_every: 50, out_dir: out/train}
     compare: {models: [standard, diff]}
 
-Every section is a dataclass below; an unknown key anywhere is a :class:`ConfigError` naming it.
+Every section is a dataclass below; an unknown key anywhere is a :class:`ConfigError` naming it,
+and so is a number that is not finite (NaN, inf) or out of its range.
 Overrides use dotted paths: ``optim.lr=1e-3``, ``models.diff.lambda_init=0.8``,
 ``data.mix.needle=0.1``; the value is read as YAML (``run.compile=true``, ``optim.betas=[0.9,0.95]``).
+An override of an optim field (``optim.lr=1e-3``) applies to every model: it replaces the value a
+model sets for itself (``models.NAME.optim``), which ``models.NAME.optim.lr=...`` overrides for one.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -34,6 +38,22 @@ from ..config import ATTENTION_KINDS, ConfigError, ModelConfig
 from ..ops import BACKEND_NAMES
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _require_finite(section: str, values: Any) -> None:
+    """A ConfigError naming the first float of dataclass ``values`` (a field, or an item of a list,
+    tuple or mapping field) that is NaN or infinite."""
+    for f in dataclasses.fields(values):
+        value = getattr(values, f.name)
+        if isinstance(value, dict):
+            items = [(f".{k}", v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            items = [(f"[{i}]", v) for i, v in enumerate(value)]
+        else:
+            items = [("", value)]
+        for where, item in items:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"{section}.{f.name}{where} must be a finite number, got {item}")
 
 
 @dataclass
@@ -89,6 +109,7 @@ class DataConfig:
     eval_sequences: int = 64  # validation sequences scored at every evaluation (the same ones each time)
 
     def __post_init__(self) -> None:
+        _require_finite("data", self)
         if self.seq_len is not None and self.seq_len <= 0:
             raise ConfigError(f"data.seq_len must be positive, got {self.seq_len}")
         if self.batch_size <= 0:
@@ -143,10 +164,13 @@ class OptimConfig:
         if missing:
             raise ConfigError(f"optim: set {', '.join(missing)} or name a recipe (optim.recipe) that sets them")
         self.betas = tuple(self.betas)
+        _require_finite("optim", self)
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"optim: need 0 < lr and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
             raise ConfigError("optim.warmup_steps, optim.weight_decay and optim.grad_clip must not be negative")
+        if self.eps <= 0:
+            raise ConfigError(f"optim.eps must be positive, got {self.eps}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
 
@@ -219,6 +243,7 @@ class RetrievalConfig:
     data_seed: int = 0
 
     def __post_init__(self) -> None:
+        _require_finite("retrieval", self)
         for name in ("length", "keys", "values", "noise_tokens", "d_model", "n_layers", "n_heads", "steps",
                      "batch_size", "eval_samples"):
             if getattr(self, name) <= 0:
@@ -269,6 +294,7 @@ class CompareConfig:
     budget_note: str = ""
 
     def __post_init__(self) -> None:
+        _require_finite("compare", self)
         if self.seeds <= 0:
             raise ConfigError(f"compare.seeds must be positive, got {self.seeds}")
         if any(lr <= 0 for lr in self.lr_grid):
@@ -371,9 +397,11 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
         return float(value)
     if annotation is float and isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             raise ConfigError(f"{where} must be a number, got {value!r}") from None
+    if annotation is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value}")
     if annotation in (int, float, str, bool):
         if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
             raise ConfigError(f"{where} must be {annotation.__name__}, got {value!r}")
@@ -421,10 +449,14 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
     if not isinstance(variants, dict):
         raise ConfigError(f"models must be a mapping of name -> model fields, got {variants!r}")
     entries = {}
+    model_fields = typing.get_type_hints(ModelConfig)
     for name, variant in variants.items():
         if not isinstance(variant, dict):
             raise ConfigError(f"models.{name} must be a mapping, got {variant!r}")
         merged = {**base, **(variant or {})}
+        for key, value in merged.items():  # typed as the ModelConfig field (a YAML "1e-3" is a number)
+            if key in model_fields and key != "attention":
+                merged[key] = _check_type(value, model_fields[key], f"models.{name}.{key}")
         attention = merged.pop("attention", "diff")
         if attention not in ATTENTION_KINDS:
             raise ConfigError(f"models.{name}.attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
@@ -486,6 +518,8 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"config {str(name_or_path)!r}: a directory; give a YAML file or the name of a shipped config")
     shipped = shipped_configs()
     if str(name_or_path) in shipped:
         return shipped[str(name_or_path)]
@@ -493,7 +527,9 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` strings to a copy of ``data``; values are parsed as YAML."""
+    """Apply ``a.b.c=value`` strings to a copy of ``data``; values are parsed as YAML. An override
+    of the optim section (``optim.lr=...``, or ``optim={...}``) also removes the fields it sets from
+    every model's own optim, so that it applies to every model."""
     data = copy.deepcopy(data)
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -513,17 +549,42 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 raise ConfigError(f"override {item!r}: {'.'.join(path[: i + 1])} is not a section")
             node = child
         node[path[-1]] = value
+        if path[0] == "optim":
+            _section_override_reaches_models(data, path[1:], value)
     return data
+
+
+def _section_override_reaches_models(data: dict[str, Any], field_path: list[str], value: Any) -> None:
+    """Drop the optim fields an override of the section sets (``field_path`` under optim, or the
+    keys of ``value`` when the whole section is set) from each model's own optim mapping."""
+    fields = field_path[:1] if field_path else (list(value) if isinstance(value, dict) else [])
+    models = data.get("models")
+    if not isinstance(models, dict):
+        return
+    for entry in models.values():
+        own = entry.get("optim") if isinstance(entry, dict) else None
+        if isinstance(own, dict):
+            for name in fields:
+                own.pop(name, None)
 
 
 def load_config(name_or_path: str | Path = "tiny", overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (a path or a shipped name) and apply ``key=value`` overrides."""
     path = resolve_config_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a YAML text file (not UTF-8: {exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    data = apply_overrides(data or {}, overrides or [])
+    if data is None or data == {}:
+        raise ConfigError(f"{path}: an empty config; give at least a model (see the shipped configs: "
+                          f"{', '.join(shipped_configs())})")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data = apply_overrides(data, overrides or [])
+    if "model" not in data and "models" not in data:
+        raise ConfigError(f"{path}: no model; set model (e.g. model: {{preset: tiny}}) or models")
     try:
         return config_from_dict(data, source=str(path))
     except ConfigError as exc:
