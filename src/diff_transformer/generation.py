@@ -13,6 +13,8 @@ decoding step, the fused step is what makes DIFF decode as fast as the Transform
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Iterator, Sequence
 
 import torch
@@ -28,12 +30,7 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """logits (B, V) -> next tokens (B,). temperature 0 means greedy (argmax)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    _check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -48,6 +45,58 @@ def sample_next(
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not _is_number(temperature) or not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and not (_is_int(top_k) and top_k >= 1):
+        raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
+    if top_p is not None and not (_is_number(top_p) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be a number in (0, 1] or None, got {top_p!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_generation_arguments(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens) -> list[int]:
+    """A TypeError / ValueError naming the argument and its value for anything :func:`stream`
+    cannot take; returns ``stop_tokens`` as a list."""
+    vocab = model.config.vocab_size
+    if isinstance(prompts, (str, bytes)):
+        raise TypeError(f"prompts must be a list of token-id lists, got a {type(prompts).__name__}; "
+                        f"encode the text first: [tokenizer.encode(text)]")
+    if isinstance(prompts, Tensor):
+        raise TypeError(f"prompts must be a list of token-id lists, got a tensor of shape {tuple(prompts.shape)}; "
+                        "pass tensor.tolist() (one list per row, no padding)")
+    if not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError(f"prompts must be a non-empty list of token-id lists, got {prompts!r}")
+    for i, prompt in enumerate(prompts):
+        if _is_int(prompt):
+            raise TypeError(f"prompts[{i}] is the integer {prompt}: prompts is a list of prompts, each a list of "
+                            f"token ids, e.g. [[1, 2, 3]], not [1, 2, 3]")
+        if isinstance(prompt, (str, bytes, Tensor)) or not isinstance(prompt, Sequence):
+            raise TypeError(f"prompts[{i}] must be a list of token ids, got {type(prompt).__name__}")
+        if len(prompt) == 0:
+            raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token (e.g. end-of-text)")
+        for j, token in enumerate(prompt):
+            if not _is_int(token) or not 0 <= token < vocab:
+                raise ValueError(f"prompts[{i}][{j}] = {token!r} is not a token id in [0, vocab_size={vocab})")
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    _check_sampling(temperature, top_k, top_p)
+    if isinstance(stop_tokens, (str, bytes, Tensor)) or not isinstance(stop_tokens, Iterable):
+        raise TypeError(f"stop_tokens must be a list of token ids, e.g. [eos_id], got {stop_tokens!r}")
+    stops = list(stop_tokens)
+    for token in stops:
+        if not _is_int(token) or not 0 <= token < vocab:
+            raise ValueError(f"stop_tokens: {token!r} is not a token id in [0, vocab_size={vocab})")
+    return stops
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
@@ -76,10 +125,12 @@ def stream(
 ) -> Iterator[Tensor]:
     """Yield the next token of every row, (B,), until all rows stopped or max_new_tokens.
 
-    A row that produced a stop token keeps being padded with that token in later steps.
+    A row that produced a stop token keeps being padded with that token in later steps. Every
+    argument is checked first (:func:`check_generation_arguments`).
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+    stop_tokens = check_generation_arguments(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens)
+    if max_new_tokens == 0:
+        return
     device = model.embed.weight.device
     tokens, real = _left_pad(prompts, device)
     total = tokens.shape[1] + max_new_tokens
@@ -88,7 +139,7 @@ def stream(
             f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len={model.config.max_seq_len}"
         )
     cache = model.new_cache(len(prompts), total, static=compile)
-    stops = torch.tensor(list(stop_tokens), dtype=torch.long, device=device)
+    stops = torch.tensor(stop_tokens, dtype=torch.long, device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     padding = None if bool(real.all()) else real
     logits, _ = model(tokens, cache=cache, padding_mask=padding, logits_to_keep=1)  # the prompt's last row only
@@ -108,7 +159,7 @@ def stream(
         tokens = nxt[:, None]
         if padding is not None:
             padding = torch.cat([padding, torch.ones_like(padding[:, :1])], dim=1)
-        logits, _ = one_token_step(tokens, cache=cache, padding_mask=padding)
+        logits, _ = one_token_step(tokens, cache=cache, padding_mask=padding, check_ids=False)  # ids it sampled
 
 
 def generate(
@@ -124,6 +175,7 @@ def generate(
     compile: bool = False,
 ) -> list[list[int]]:
     """New tokens for each prompt (a list of token ids), stop token excluded."""
+    stop_tokens = check_generation_arguments(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens)
     was_training = model.training
     model.eval()
     rows: list[list[int]] = [[] for _ in prompts]

@@ -154,6 +154,7 @@ class LanguageModel(nn.Module):
         return_logits: bool = True,
         reduction: str = "mean",
         logits_to_keep: int = 0,
+        check_ids: bool = True,
     ) -> tuple[Tensor | None, Tensor | None]:
         """tokens (B, T) int -> logits (B, T, V) and the cross-entropy against targets (B, T).
 
@@ -170,9 +171,13 @@ class LanguageModel(nn.Module):
         ``logits_to_keep`` N > 0 computes the logits of the last N positions only, (B, N, V), as
         transformers' argument of that name: a prompt's prefill wants one row, not T rows against
         the whole vocabulary. 0 keeps all; it must be 0 with targets.
+
+        Every id must lie in [0, vocab_size) (a target may also be -100). The ids are checked (one
+        pass and one read back, a device sync on GPU) unless ``check_ids=False`` (decoding steps
+        feed back ids the model sampled itself) or the call is being compiled (torch.compile),
+        where the check would break the graph; the shapes and dtypes are always checked.
         """
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
+        self._check_inputs(tokens, targets, check_ids and not torch.compiler.is_compiling())
         if logits_to_keep < 0 or (logits_to_keep and targets is not None):
             raise ValueError(f"logits_to_keep must be >= 0, and 0 with targets; got {logits_to_keep}")
         b, t = tokens.shape
@@ -204,6 +209,34 @@ class LanguageModel(nn.Module):
             flat = logits.float().flatten(0, 1)
             loss = F.cross_entropy(flat, targets.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction)
         return (logits if return_logits else None), loss
+
+    def _check_inputs(self, tokens: Tensor, targets: Tensor | None, check_ids: bool) -> None:
+        """A TypeError / ValueError naming the argument and the value if ``tokens`` is not a
+        non-empty (B, T) integer tensor of ids in [0, vocab_size), or ``targets`` not one of the
+        same shape holding such ids or -100 (the ids only with ``check_ids``)."""
+        for name, ids in (("tokens", tokens), ("targets", targets)):
+            if ids is None:
+                continue
+            if not isinstance(ids, Tensor):
+                raise TypeError(f"{name} must be a (batch, length) tensor of token ids, got {type(ids).__name__}")
+            if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+                raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
+        if tokens.dim() != 2 or 0 in tokens.shape:
+            raise ValueError(f"tokens must be (batch, length) with at least one token, got shape {tuple(tokens.shape)}")
+        if targets is not None and targets.shape != tokens.shape:
+            raise ValueError(f"targets must have the shape of tokens {tuple(tokens.shape)}, got {tuple(targets.shape)}")
+        if not check_ids:
+            return
+        vocab = self.config.vocab_size
+        bounds = [*torch.aminmax(tokens)]
+        if targets is not None:  # ignored targets (-100) count as 0
+            bounds += [*torch.aminmax(targets.masked_fill(targets == IGNORE_INDEX, 0))]
+        low, high, *target_bounds = torch.stack([b.long() for b in bounds]).tolist()  # one read back
+        if low < 0 or high >= vocab:
+            raise ValueError(f"tokens: id {low if low < 0 else high} is out of range [0, vocab_size={vocab})")
+        if target_bounds and (target_bounds[0] < 0 or target_bounds[1] >= vocab):
+            bad = target_bounds[0] if target_bounds[0] < 0 else target_bounds[1]
+            raise ValueError(f"targets: id {bad} is out of range [0, vocab_size={vocab}) and is not {IGNORE_INDEX} (ignored)")
 
     def _rope_table(self, device: torch.device) -> Tensor:
         """cos, sin of every position < max_seq_len, fp32 (L, d/2, 2): computed once per device and

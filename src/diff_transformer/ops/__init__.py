@@ -45,6 +45,7 @@ from torch import Tensor
 from .decode import decode_diff_attention, decode_diff_attention_packed
 from .materialized import materialized_diff_attention, materialized_diff_attention_grouped
 from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
+from .reference import check_diff_inputs as _check_diff_inputs
 from .sdpa import sdpa, sdpa_diff_attention, sdpa_split_diff_attention, split_diff_attention_stacked
 
 __all__ = [
@@ -196,36 +197,6 @@ def _check_key_padding(key_padding_mask: Tensor | None, b: int, s: int) -> None:
         raise TypeError("key_padding_mask must be a bool tensor (B, S), True = a real key")
     if key_padding_mask.shape != (b, s):
         raise ValueError(f"key_padding_mask must be (B, S) = {(b, s)}, got {tuple(key_padding_mask.shape)}")
-
-
-def _check_diff_inputs(q1, q2, k1, k2, v, lam, causal: bool) -> None:
-    named = {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "v": v}
-    for name, x in named.items():
-        if not isinstance(x, Tensor) or x.dim() != 4:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a 4-D tensor (B, heads, length, width), got {shape}")
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must be floating point, got {x.dtype}")
-        if x.dtype != q1.dtype or x.device != q1.device:
-            raise TypeError(f"{name} is {x.dtype} on {x.device} but q1 is {q1.dtype} on {q1.device}")
-    b, h, t, d = q1.shape
-    bk, hkv, s, dk = k1.shape
-    if q2.shape != q1.shape:
-        raise ValueError(f"q2 shape {tuple(q2.shape)} != q1 shape {tuple(q1.shape)}")
-    if k2.shape != k1.shape:
-        raise ValueError(f"k2 shape {tuple(k2.shape)} != k1 shape {tuple(k1.shape)}")
-    if bk != b or dk != d:
-        raise ValueError(f"k1 {tuple(k1.shape)} must be (B={b}, Hkv, S, d={d}) to match q1 {tuple(q1.shape)}")
-    if h % hkv:
-        raise ValueError(f"query heads H={h} must be a multiple of key/value heads Hkv={hkv}")
-    if v.shape != (b, hkv, s, 2 * d):
-        raise ValueError(f"v must be (B, Hkv, S, 2d) = {(b, hkv, s, 2 * d)}, got {tuple(v.shape)}")
-    if causal and t > s:
-        raise ValueError(f"causal attention needs T <= S, got T={t} queries and S={s} keys")
-    if not isinstance(lam, Tensor) or not lam.is_floating_point():
-        raise TypeError(f"lam must be a floating-point tensor, 0-d or (H,), got {type(lam).__name__}")
-    if lam.dim() != 0 and lam.shape != (h,):
-        raise ValueError(f"lam must be 0-d or shape (H,) = ({h},), got {tuple(lam.shape)}")
 
 
 def diff_attention(

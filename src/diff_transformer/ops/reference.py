@@ -83,6 +83,41 @@ def reference_attention(
     return out.to(q.dtype), AttentionMaps(logits=(logits,), probs=(probs,), combined=probs)
 
 
+def check_diff_inputs(q1, q2, k1, k2, v, lam, causal: bool) -> None:
+    """A TypeError / ValueError naming the argument and its shape unless q1, q2 (B, H, T, d),
+    k1, k2 (B, Hkv, S, d), v (B, Hkv, S, 2d) and lam (0-d or (H,)) fit together, with T, S >= 1."""
+    named = {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "v": v}
+    for name, x in named.items():
+        if not isinstance(x, Tensor) or x.dim() != 4:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, heads, length, width), got {shape}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {x.dtype}")
+        if x.dtype != q1.dtype or x.device != q1.device:
+            raise TypeError(f"{name} is {x.dtype} on {x.device} but q1 is {q1.dtype} on {q1.device}")
+    b, h, t, d = q1.shape
+    bk, hkv, s, dk = k1.shape
+    if q2.shape != q1.shape:
+        raise ValueError(f"q2 shape {tuple(q2.shape)} != q1 shape {tuple(q1.shape)}")
+    if k2.shape != k1.shape:
+        raise ValueError(f"k2 shape {tuple(k2.shape)} != k1 shape {tuple(k1.shape)}")
+    if bk != b or dk != d:
+        raise ValueError(f"k1 {tuple(k1.shape)} must be (B={b}, Hkv, S, d={d}) to match q1 {tuple(q1.shape)}")
+    if h % hkv:
+        raise ValueError(f"query heads H={h} must be a multiple of key/value heads Hkv={hkv}")
+    if v.shape != (b, hkv, s, 2 * d):
+        raise ValueError(f"v must be (B, Hkv, S, 2d) = {(b, hkv, s, 2 * d)}, got {tuple(v.shape)}")
+    if t == 0 or s == 0:
+        raise ValueError(f"q1 has {t} queries and k1 {s} keys: both need at least one")
+    if causal and t > s:
+        raise ValueError(f"causal attention needs T <= S, got T={t} queries and S={s} keys")
+    if not isinstance(lam, Tensor) or not lam.is_floating_point():
+        raise TypeError(f"lam must be a floating-point tensor, 0-d or (H,), got {type(lam).__name__}")
+    if lam.dim() != 0 and lam.shape != (h,):
+        raise ValueError(f"lam must be 0-d or shape (H,) = ({h},), got {tuple(lam.shape)}")
+
+
+
 def reference_diff_attention(
     q1: Tensor,
     q2: Tensor,
@@ -100,7 +135,9 @@ def reference_diff_attention(
 
     q1, q2 (B, H, T, d); k1, k2 (B, Hkv, S, d); v (B, Hkv, S, 2d); lam 0-d or (H,).
     Returns the (B, H, T, 2d) output in q's dtype, before the per-head norm, and the maps.
+    The inputs are checked as :func:`~diff_transformer.ops.diff_attention` checks them.
     """
+    check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
     n_rep = q1.shape[1] // k1.shape[1]
     scale = q1.shape[-1] ** -0.5 if scale is None else scale
     mask = visible_mask(q1.shape[2], k1.shape[2], causal=causal, attn_mask=attn_mask, device=q1.device)
