@@ -34,8 +34,14 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "docs.jsonl").write_text('{"body": "some text"}\n')
     (root / "junk.json").write_bytes(os.urandom(300))
     (root / "file").write_text("a file, not a directory")
+    (root / "empty.yaml").write_text("")
+    (root / "nomodel.yaml").write_text("run: {steps: 3}\n")
+    (root / "empty.txt").write_text("")
+    (root / "baddata").mkdir()
+    (root / "baddata" / "meta.json").write_bytes(b'{"format": "diff-transformer-tokens", \xff')
     return {"root": root, "ckpt": ckpt, "damaged": damaged, "text": root / "text.txt", "jsonl": root / "docs.jsonl",
-            "junk": root / "junk.json", "file": root / "file"}
+            "junk": root / "junk.json", "file": root / "file", "empty_config": root / "empty.yaml", "no_model": root / "nomodel.yaml",
+            "empty_text": root / "empty.txt", "baddata": root / "baddata"}
 
 
 # (case id, argument list with {placeholders}, text the error line must contain)
@@ -57,6 +63,7 @@ CASES = [
     ("generate-device", ["generate", "{ckpt}", "--device", "gpu0"], "--device: 'gpu0' is not valid"),
     ("generate-device-cuda", ["generate", "{ckpt}", "--device", CUDA_BAD], "--device"),
     ("generate-prompt-too-long", ["generate", "{ckpt}", "--prompt", "x" * 200], "--prompt: 200 tokens (the model's context is 128)"),
+    ("generate-prompt-not-utf8", ["generate", "{ckpt}", "--prompt", "caf\udce9"], "--prompt: b'caf\\xe9' is not UTF-8 text"),
     # info
     ("info-missing", ["info", "{root}/none"], "not a checkpoint directory"),
     ("info-truncated", ["info", "{damaged}"], "truncated or corrupted safetensors"),
@@ -87,6 +94,11 @@ CASES = [
     ("eval-out", ["eval", "needle", "--checkpoint", "{ckpt}", "--out", "{file}"], "--out"),
     ("eval-tokenizer", ["eval", "needle", "--checkpoint", "{ckpt}", "--tokenizer", "{root}/none.json"], "--tokenizer"),
     ("eval-text", ["eval", "needle", "--checkpoint", "{ckpt}", "--text", "{root}/none.txt"], "--text: "),
+    ("eval-text-not-utf8", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "{junk}", "--out", "{root}/pn"], "--text {junk}: not UTF-8 text"),
+    ("eval-text-empty", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "{empty_text}", "--out", "{root}/pn", "--quick", "--no-progress"],
+     "position-nll cannot run on diff:ckpt: evaluation text is empty; nothing written"),
+    ("eval-mqar-seq-lens", ["eval", "mqar", "--checkpoint", "{ckpt}", "--seq-lens", "100000", "--out", "{root}/mq", "--quick", "--no-progress"],
+     "mqar cannot run on diff:ckpt: no MQAR cell fits: seq_lens (100000,) within max_seq_len=128"),
     ("eval-device", ["eval", "needle", "--checkpoint", "{ckpt}", "--device", "tpu"], "--device"),
     ("eval-needle-depths", ["eval", "needle", "--checkpoint", "{ckpt}", "--depths", "0.5", "2"], "--depths: '2' is not valid (must be in [0.0, 1.0])"),
     ("eval-needle-samples", ["eval", "needle", "--checkpoint", "{ckpt}", "--samples", "0"], "--samples: '0' is not valid"),
@@ -112,6 +124,17 @@ CASES = [
     ("eval-scaling-nothing", ["eval", "scaling", "--out", "{root}/scaling"], "nothing to fit"),
     # train
     ("train-config", ["train", "--config", "{root}/none.yaml"], "none.yaml"),
+    ("train-config-binary", ["train", "--config", "{junk}"], "{junk}: not a YAML text file (not UTF-8"),
+    ("train-config-directory", ["train", "--config", "{root}"], "config '{root}': a directory; give a YAML file"),
+    ("train-config-empty", ["train", "--config", "{empty_config}"], "{empty_config}: an empty config; give at least a model"),
+    ("train-config-no-model", ["train", "--config", "{no_model}"], "{no_model}: no model; set model (e.g. model: {{preset: tiny}}) or models"),
+    ("train-dataset-meta", ["train", "--config", "tiny", "--model", "diff", "--set", "data.dataset={baddata}"], "{baddata}/meta.json: unreadable ("),
+    ("train-set-nan", ["train", "--config", "tiny", "--set", "optim.lr=nan"], "optim.lr must be a finite number, got nan"),
+    ("train-set-inf", ["train", "--config", "tiny", "--set", "optim.betas=[0.9, .inf]"], "optim.betas[1] must be a finite number, got inf"),
+    ("train-set-model-lr-nan", ["train", "--config", "tiny", "--set", "models.diff.optim.lr=nan"], "models.diff.optim.lr must be a finite number, got nan"),
+    ("train-set-init-std", ["train", "--config", "tiny", "--set", "models.diff.init_std=nan"], "models.diff.init_std must be a finite number, got nan"),
+    ("train-set-rope-theta", ["train", "--config", "tiny", "--set", "model.rope_theta=-1"], "models.standard: rope_theta must be a positive finite number, got -1.0"),
+    ("train-set-lambda-init", ["train", "--config", "tiny", "--set", "models.diff.lambda_init=1.5"], "models.diff: lambda_init must be a number in [0, 1)"),
     ("train-model", ["train", "--config", "tiny", "--model", "gpt"], "gpt"),
     ("train-set-syntax", ["train", "--config", "tiny", "--set", "run.steps"], "run.steps"),
     ("train-set-key", ["train", "--config", "tiny", "--set", "run.bogus=1"], "bogus"),
@@ -173,6 +196,18 @@ def test_bad_input_is_one_error_line_and_status_2(argv, expected, files, capsys)
     assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
     assert expected.format(**files) in lines[0]
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("position-nll", ["--text", "{empty_text}"]), ("mqar", ["--seq-lens", "100000"]),
+], ids=["empty-text", "mqar-too-long"])
+def test_an_evaluation_that_cannot_run_writes_nothing(name, argv, files, tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert main(["eval", name, "--checkpoint", str(files["ckpt"]), "--out", str(out), "--quick", "--no-progress",
+                 *_fill(argv, files)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {name} cannot run on ") and err[0].endswith("; nothing written")
+    assert not out.exists()
 
 
 def _leaf_parsers(parser=None, path=()):

@@ -203,3 +203,15 @@ def test_compare_and_eval_never_fill_a_directory_of_other_files(capsys, ckpt, us
     refused(capsys, ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(user_dir), "--quick"], "did not write")
     refused(capsys, ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(ckpt), "--quick"], "which this command reads")
     assert snapshot(user_dir) == before
+
+
+def test_the_gpu_benchmark_report_never_fills_a_directory_of_other_files(user_dir, tmp_path):
+    from diff_transformer.bench.gpu import write_report
+
+    (user_dir / "gpu_bench.md").write_text("my own notes on the GPU\n")
+    before = snapshot(user_dir)
+    with pytest.raises(OutputPathError, match="did not write"):
+        write_report(user_dir, {})
+    assert snapshot(user_dir) == before
+    out = claim_output_dir(tmp_path / "bench", "bench")  # an earlier report's directory is reused
+    assert project_output_kind(out) == "bench"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import claim_output_dir, write_text_atomically
 from ..ops import DIFF_BACKENDS, diff_attention, key_padding_to_attn_mask
 from .attention import DTYPES, AttentionBenchSettings, run_attention_bench
 from .attention import format_table as attention_table
@@ -249,11 +250,10 @@ def format_markdown(report: dict) -> str:
 
 def write_report(out_dir: str | Path, report: dict) -> tuple[Path, Path]:
     """DIR/gpu_bench.json (everything) and DIR/gpu_bench.md (the tables)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = claim_output_dir(out_dir, "bench")  # new, empty, or an earlier benchmark's (never other files)
     json_path, md_path = out_dir / "gpu_bench.json", out_dir / "gpu_bench.md"
-    json_path.write_text(json.dumps(report, indent=2, default=str))
-    md_path.write_text(format_markdown(report))
+    write_text_atomically(json_path, json.dumps(report, indent=2, default=str))
+    write_text_atomically(md_path, format_markdown(report))
     return json_path, md_path
 
 

@@ -162,10 +162,13 @@ def run_model(args: argparse.Namespace) -> int:
 def run_gpu(args: argparse.Namespace) -> int:
     from ..bench.gpu import GpuBenchSettings, cuda_problem, run_gpu_bench, write_report
 
+    from ..files import check_output_dir
+
     problem = cuda_problem()
     if problem:
         print(f"error: bench gpu needs a CUDA device ({problem})", file=sys.stderr)
         return 2
+    check_output_dir(args.out, "bench", reuse=True)  # refused before the 8 minutes of work, not after
     report = run_gpu_bench(GpuBenchSettings())
     json_path, md_path = write_report(args.out, report)
     print(f"wrote {json_path} and {md_path}; correctness {'passed' if report['correctness_passed'] else 'FAILED'}")

@@ -5,7 +5,9 @@
     diff-transformer eval icl --checkpoint DIR --data my.jsonl --text-field sentence --label-field label
     diff-transformer eval scaling --results runs.json
 
-Each writes OUT/NAME.json and OUT/NAME.png and prints the Markdown report.
+Each writes OUT/NAME.json and OUT/NAME.png and prints the Markdown report. An evaluation that
+cannot run on one of the models (a context too short for its settings, an empty text) is one
+``error:`` line naming the model and why, exit status 2, and nothing is written.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from ..evaluation.output import DEFAULT_OUT
-from ..files import claim_output_dir
+from ..files import check_output_dir, claim_output_dir
 from . import args as types
 from .args import bounded
 
@@ -90,26 +92,30 @@ def _load(args: argparse.Namespace):
         raise ValueError("two checkpoints have the same label (give --label for each)")
     text = None
     if args.text:
-        with open(args.text, encoding="utf-8") as fh:
-            text = EvalText([fh.read()])
+        try:
+            with open(args.text, encoding="utf-8") as fh:
+                text = EvalText([fh.read()])
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"--text {args.text}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return models, text or EvalText()
 
 
 def run_model_evaluation(args: argparse.Namespace) -> int:
-    """Exit status 0 when the evaluation ran on every model, 1 when it could not on some."""
+    """Run the evaluation on every model, or write nothing (an EvaluationError names the model)."""
     from pathlib import Path
 
     from ..evaluation import run_evaluation
 
     spec = args.spec
     options = options_from_flags(spec.options_type, args, spec.options_type.quick() if args.quick else None)
-    claim_output_dir(args.out, "eval", reading=args.checkpoint or ())  # refused before any model loads
+    check_output_dir(args.out, "eval", reuse=True, reading=args.checkpoint or ())  # refused before any model loads
     models, text = _load(args)
-    data, section, files = run_evaluation(spec, models, Path(args.out), options=options, text=text, progress=not args.no_progress)
+    _, section, files = run_evaluation(spec, models, Path(args.out), options=options, text=text,
+                                       progress=not args.no_progress, strict=True)
     print(f"## {spec.title}\n\n{section}\n")
     for path in files:
         print(f"wrote {path}")
-    return 1 if data["errors"] else 0
+    return 0
 
 
 def run_scaling(args: argparse.Namespace) -> int:
@@ -118,7 +124,8 @@ def run_scaling(args: argparse.Namespace) -> int:
     from ..evaluation import scaling
     from ..evaluation.output import write_json
 
-    claim_output_dir(args.out, "eval", reading=[*(args.checkpoint or ()), *(args.results or ())])
+    reading = [*(args.checkpoint or ()), *(args.results or ())]
+    check_output_dir(args.out, "eval", reuse=True, reading=reading)  # refused before any work
     runs = scaling.load_runs(args.results)
     if args.checkpoint:
         models, text = _load(args)
@@ -126,7 +133,7 @@ def run_scaling(args: argparse.Namespace) -> int:
     if not runs:
         raise ValueError("nothing to fit (give --results FILE and/or --checkpoint DIR)")
     result = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(runs, args.x)}
-    out = Path(args.out)
+    out = claim_output_dir(args.out, "eval", reading=reading)
     json_path = write_json(out / f"{scaling.NAME}.json", result)
     scaling.plot(result, out / f"{scaling.NAME}.png")
     print(f"## {scaling.TITLE}\n\n{scaling.report(result)}\n")

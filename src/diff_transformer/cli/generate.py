@@ -31,11 +31,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from ..checkpoint import load_checkpoint_tokenizer
     from ..generation import stream
     from ..model import LanguageModel
     from ..tokenizer import load_tokenizer
 
+    try:  # the shell hands over bytes; those that are not UTF-8 arrive as lone surrogates
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"--prompt: {os.fsencode(args.prompt)!r} is not UTF-8 text") from None
     model = LanguageModel.from_pretrained(args.checkpoint, device=args.device).eval()
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_checkpoint_tokenizer(
         args.checkpoint, model.config.vocab_size

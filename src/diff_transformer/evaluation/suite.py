@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from ..files import claim_output_dir
+from ..files import check_output_dir, claim_output_dir
 from ..progress import progress as progress_bar
 
 from . import ar_hit, attention_noise, icl, mqar, needle, outliers, position_nll, quantization, scaling
@@ -37,6 +37,10 @@ EVALUATIONS: dict[str, Evaluation] = {
 """Evaluations run on each model, by name, in the order of the paper's sections."""
 
 NAMES = (*EVALUATIONS, scaling.NAME)
+
+
+class EvaluationError(ValueError):
+    """An evaluation cannot run on a model (the message names both, and why)."""
 
 
 @dataclass
@@ -70,13 +74,16 @@ def run_evaluation(
     options: Any = None,
     text: EvalText | None = None,
     progress: bool = True,
+    strict: bool = False,
 ) -> tuple[dict[str, Any], str, list[Path]]:
     """Run one evaluation on every model; write OUT/NAME.json and OUT/NAME.png.
 
     Returns the JSON data, the Markdown section and the files written. A model the evaluation
-    cannot run on (ValueError) is listed under "errors" and left out of the plot and report.
+    cannot run on (ValueError) is listed under "errors" and left out of the plot and report; with
+    ``strict`` it is an :class:`EvaluationError` instead, and nothing is written.
     """
-    out_dir = claim_output_dir(out_dir, "eval", reading=[m.checkpoint for m in models if m.checkpoint])
+    reading = [m.checkpoint for m in models if m.checkpoint]
+    check_output_dir(out_dir, "eval", reuse=True, reading=reading)
     options = options if options is not None else spec.options_type()
     text = text or EvalText()
     results, errors, seconds = {}, {}, {}
@@ -86,10 +93,13 @@ def run_evaluation(
             with torch.no_grad():
                 results[mut.label] = spec.run(mut, options, text, progress=progress)
         except ValueError as exc:
+            if strict:
+                raise EvaluationError(f"{spec.name} cannot run on {mut.label}: {exc}; nothing written") from None
             errors[mut.label] = str(exc)
         seconds[mut.label] = round(time.perf_counter() - start, 2)
     data = {"evaluation": spec.name, "title": spec.title, "options": options_dict(options), "models": results,
             "errors": errors, "seconds": seconds}
+    out_dir = claim_output_dir(out_dir, "eval", reading=reading)
     files = [write_json(out_dir / f"{spec.name}.json", data)]
     lines = []
     if results:
