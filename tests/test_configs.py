@@ -169,8 +169,9 @@ def test_numbers_are_checked_when_the_dataclasses_are_built_directly():
     with pytest.raises(ConfigError, match=r"retrieval\.lr must be a finite number, got inf"):
         RetrievalConfig(lr=float("inf"))
     for field in ("init_std", "rope_theta", "norm_eps", "lambda_std"):
-        with pytest.raises(ConfigError, match=f"{field} must be a positive finite number, got nan"):
-            ModelConfig(**{field: nan})
+        for value in (nan, float("inf"), -1.0):
+            with pytest.raises(ConfigError, match=f"{field} must be a positive finite number, got {value}"):
+                ModelConfig(**{field: value})
     with pytest.raises(ConfigError, match=r"lambda_init must be a number in \[0, 1\)"):
         ModelConfig(lambda_init=-0.1)
     with pytest.raises(ConfigError, match="head_norm must be true or false, got 'yes'"):
