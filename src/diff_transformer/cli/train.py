@@ -19,11 +19,11 @@ SET_HELP = (
     "--set models.NAME.optim.lr=... sets one model's"
 )
 # Exit statuses of train and compare, as shells and schedulers read them.
-EXIT_STATUSES = (
-    "Exit status: 0 done (or paused at run.stop_at_step); 1 the loss diverged; 2 an error (one 'error:' line); "
-    "130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint: rerun the same command with --resume "
-    "to continue exactly where it stopped."
-)
+INTERRUPTED = ("130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint: rerun the same command with "
+               "--resume to continue exactly where it stopped.")
+TRAIN_EXIT_STATUSES = ("Exit status: 0 done (or paused at run.stop_at_step); 1 the loss diverged; 2 an error "
+                       f"(one 'error:' line); {INTERRUPTED}")
+COMPARE_EXIT_STATUSES = f"Exit status: 0 done; 2 an error (one 'error:' line); {INTERRUPTED}"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Writes metrics.jsonl, tensorboard/, summary.json and checkpoint/ into run.out_dir; while it runs, "
         "run.out_dir/.lock names its pid, and a second run on the same directory is refused. "
         "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly.",
-        epilog=EXIT_STATUSES,
+        epilog=TRAIN_EXIT_STATUSES,
     )
     p.add_argument("--config", default="tiny", help=CONFIG_HELP)
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
         "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff). "
         "One comparison at a time writes into DIR (DIR/.lock names its pid).",
-        epilog=EXIT_STATUSES.replace("1 the loss diverged; ", ""),
+        epilog=COMPARE_EXIT_STATUSES,
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
     c.add_argument(
