@@ -267,6 +267,7 @@ def snapshot(root: Path) -> dict[str, str]:
             for q in sorted(root.rglob("*")) if q.is_file()}
 
 
+@pytest.mark.slow
 def test_a_second_process_on_a_running_run_is_refused_naming_the_first(dataset, reference, tmp_path, capsys):
     """Two writers, one run: the second, with or without --resume, is refused with the first's pid
     and touches nothing (not even the first's half-written checkpoint). Once the first is killed,
