@@ -172,6 +172,9 @@ class RunConfig:
     parallel: str = "ddp"  # under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard per block)
     tensorboard: bool = True  # also write TensorBoard event files in out_dir/tensorboard
     progress: bool = True  # tqdm progress bar (rank 0)
+    # λ and the attention-branch RMS per layer (every log and eval step), the negative share of the
+    # differential maps (every eval step), from a forward of one validation sequence (train/diagnostics.py)
+    diagnostics: bool = True
 
     def __post_init__(self) -> None:
         for name in ("steps", "eval_every", "log_every"):
