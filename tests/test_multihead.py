@@ -1,7 +1,9 @@
 """MultiheadDiffAttention, the drop-in module, against a float64 oracle of the paper's formula
 written out here (the authors' layout), against the model's own DIFF layer, and in a small encoder."""
 
+import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -74,9 +76,16 @@ SHAPES = {
 }
 
 
+# The fused kernel: on CUDA, or in Triton's interpreter on CPU (conftest.py sets TRITON_INTERPRET=1 there).
+TRITON = pytest.param("triton", marks=pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None
+    or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
+    reason="needs Triton, and CUDA or TRITON_INTERPRET=1"))
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, TRITON])
 def test_forward_and_gradients_match_the_float64_oracle(shape, causal, backend):
     embed_dim, heads, kv_heads, t, theta = SHAPES[shape]
     g = torch.Generator().manual_seed(t)
@@ -84,21 +93,23 @@ def test_forward_and_gradients_match_the_float64_oracle(shape, causal, backend):
     module = MultiheadDiffAttention(embed_dim, heads, num_kv_heads=kv_heads, depth=3, causal=causal,
                                     rope_theta=theta, backend=backend)
     module.load_state_dict(sd)
-    x = torch.randn(2, t, embed_dim, generator=g, requires_grad=True)
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    module.to(device)
+    x = torch.randn(2, t, embed_dim, generator=g).to(device).requires_grad_()
     out = module(x)
     sd64 = {name: p.detach().double().requires_grad_() for name, p in sd.items()}
-    x64 = x.detach().double().requires_grad_()
+    x64 = x.detach().cpu().double().requires_grad_()
     expected = oracle(sd64, x64, num_heads=heads, num_kv_heads=kv_heads, lambda_init=0.8 - 0.6 * math.exp(-0.9),
                       causal=causal, rope_theta=theta)
     assert out.shape == x.shape and out.dtype == torch.float32
-    assert (out.double() - expected).abs().max().item() < TOL
+    assert (out.cpu().double() - expected).abs().max().item() < TOL
     grad_out = torch.randn(out.shape, generator=g)
-    out.backward(grad_out)
+    out.backward(grad_out.to(device))
     expected.backward(grad_out.double())
     grads = {"x": (x.grad, x64.grad), **{name: (p.grad, sd64[name].grad) for name, p in module.named_parameters()}}
     assert set(grads) == {"x", *sd}
     for name, (got, want) in grads.items():
-        err = (got.double() - want).abs().max().item()
+        err = (got.cpu().double() - want).abs().max().item()
         assert err < TOL * max(1.0, want.abs().max().item()), f"grad {name}: {err}"
 
 
