@@ -29,12 +29,13 @@ def test_console_script_runs():
     assert "1.4b" in result.stdout and "13.1b" in result.stdout
 
 
-def test_info_on_a_checkpoint(tmp_path, capsys):
-    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257))
+@pytest.mark.parametrize("kind", ["diff", "diff_symmetric"])
+def test_info_on_a_checkpoint(kind, tmp_path, capsys):
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind, vocab_size=257))
     model.save_pretrained(tmp_path / "ckpt")
     assert main(["info", str(tmp_path / "ckpt")]) == 0
     out = capsys.readouterr().out
-    assert '"attention": "diff"' in out
+    assert f'"attention": "{kind}"' in out
     assert "lambda per layer: " + " ".join(f"{x:.3f}" for x in model.lambdas()) in out
 
 

@@ -17,10 +17,12 @@ def count(config: ModelConfig, **kw) -> int:
         (dict(d_model=100, n_heads=3, attention="standard"), "d_model=100 must be divisible by n_heads = 3"),
         (dict(n_heads=4, n_kv_heads=3, d_model=128), "n_kv_heads=3 must be a positive divisor of n_heads=4"),
         (dict(d_model=36, n_heads=2), "head_dim=9 .* must be even for RoPE"),
-        (dict(attention="linear"), "attention must be one of standard, diff, diff_v2, got 'linear'"),
+        (dict(attention="linear"), "attention must be one of standard, diff, diff_v2, diff_symmetric, got 'linear'"),
         (dict(vocab_size=0), "vocab_size must be a positive integer"),
         (dict(attention="diff_v2", head_norm=True, n_heads=2, d_model=64), "head_norm: DIFF V2 has no per-head norm"),
         (dict(attention="standard", lambda_init=0.8, n_heads=2, d_model=64), "lambda_init only applies"),
+        (dict(attention="diff_symmetric", n_heads=4, n_kv_heads=2, d_model=128),
+         "n_kv_heads=2 with attention='diff_symmetric': its keys are its queries"),
     ],
 )
 def test_invalid_config_names_the_field(fields, message):
@@ -102,3 +104,19 @@ def test_diff_v2_shape():
     # extra per layer: the second half of the query heads (E x H·d) and W_λ (E x H)
     e, h, d = v2.d_model, v2.n_heads, v2.head_dim
     assert count(v2) - count(std) == v2.n_layers * (e * h * d + e * h)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_symmetric_diff_has_one_d_model_square_matrix_per_layer_fewer(name):
+    """diff_symmetric: DIFF's heads and widths, one qk_proj (E × 2H·d = E × E) in the place of
+    q_proj and k_proj (E × E each, MHA): DIFF's count minus E² per layer, counted by hand."""
+    diff = ModelConfig.from_preset(name, attention="diff")
+    sym = ModelConfig.from_preset(name, attention="diff_symmetric")
+    assert (sym.n_heads, sym.head_dim, sym.head_norm) == (diff.n_heads, diff.head_dim, True)
+    e, layers, v, f = diff.d_model, diff.n_layers, diff.vocab_size, diff.ffn_hidden
+    d = diff.head_dim
+    per_layer = (e * e + e * e + e * e  # qk_proj, v_proj, o_proj
+                 + 4 * d + 2 * d  # λ vectors, head-norm weight
+                 + 3 * e * f + 2 * e)  # SwiGLU, the two block norms
+    assert count(sym) == layers * per_layer + 2 * v * e + e  # + embedding, LM head, final norm
+    assert count(diff) - count(sym) == layers * e * e

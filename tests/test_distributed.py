@@ -1,5 +1,6 @@
 """Two CPU processes under torchrun (gloo) follow the single-process loss curve, with DDP and
-with FSDP2, at the same global batch."""
+with FSDP2, at the same global batch; their diagnostics (λ, attention-branch RMS and negative map
+share per layer, from the whole model) equal the single process's."""
 
 import os
 import socket
@@ -12,6 +13,7 @@ import yaml
 
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import train
+from diff_transformer.train.trainer import read_metrics
 from test_train import byte_dataset, debug_config, losses  # noqa: F401  (byte_dataset is a fixture)
 
 # Not bit-exact: the gradient all-reduce and the validation sums add in another order than one
@@ -55,6 +57,17 @@ def test_two_processes_follow_the_single_process_curve(parallel, byte_dataset, s
         assert expected.keys() == got.keys() and expected
         for step in expected:
             assert abs(expected[step] - got[step]) <= LOSS_TOLERANCE, (kind, step, expected[step], got[step])
+
+    def diagnostics(out_dir):
+        return {r["step"]: r for r in read_metrics(out_dir / "metrics.jsonl") if r["kind"] == "diagnostics"}
+
+    expected, got = diagnostics(single_out), diagnostics(out)
+    assert expected.keys() == got.keys() and expected
+    for step, record in expected.items():
+        for key in ("lambda", "attn_rms", "negative_share"):
+            if key in record:
+                assert got[step][key] == pytest.approx(record[key], abs=LOSS_TOLERANCE), (key, step)
+    assert "negative_share" in expected[2] and len(expected[2]["lambda"]) == 2
 
     # The checkpoint written by rank 0 holds the full weights, close to the single process's.
     ours = LanguageModel.from_pretrained(out / "checkpoint").state_dict()

@@ -11,7 +11,7 @@ from diff_transformer.evaluation import EvalText, ModelUnderTest
 from diff_transformer.evaluation import attention_noise
 from diff_transformer.tokenizer import ByteTokenizer
 
-KINDS = ["standard", "diff", "diff_v2"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
 TOK = ByteTokenizer()
 TEXT = EvalText([" ".join(random.Random(0).choices(ICL_WORDS, k=6000))])
 
@@ -48,7 +48,7 @@ def test_effective_map_rows_sum_as_expected(kind):
         sums = maps.combined.sum(-1)  # (B, H, T)
         if kind == "standard":
             expected = torch.ones_like(sums)
-        elif kind == "diff":
+        elif kind in ("diff", "diff_symmetric"):
             expected = torch.full_like(sums, 1.0 - float(layer.attn.lam().detach()))
         else:
             lam = torch.sigmoid(layer.attn.lambda_proj(inputs[i]).float()).transpose(1, 2)  # (B, H, T)

@@ -8,11 +8,12 @@ import torch
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.generation import generate, sample_next
 
-KINDS = ["standard", "diff", "diff_v2"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
+# (kind, n_kv_heads): MHA and MQA for every kind but the symmetric one, whose keys are its queries
+KIND_AND_KV_HEADS = [(kind, kv) for kind in KINDS for kv in (None, 1) if not (kind == "diff_symmetric" and kv)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n_kv_heads", [None, 1])
+@pytest.mark.parametrize("kind, n_kv_heads", KIND_AND_KV_HEADS)
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
 @pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
 def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, backend, static):

@@ -171,6 +171,7 @@ def test_import_reads_sharded_safetensors(tmp_path):
     "overrides, message",
     [
         (dict(attention="diff_v2"), "DIFF V2 has no Hugging Face"),
+        (dict(attention="diff_symmetric"), r"symmetric DIFF \(attention='diff_symmetric', keys = queries\) has no transformers equivalent"),
         (dict(attention="diff", lambda_init=0.8), "constant lambda_init=0.8"),
         (dict(attention="diff", head_norm=False), "head_norm=False"),
         (dict(attention="diff", norm_eps=1e-6), "norm_eps is 1e-06"),
@@ -185,11 +186,14 @@ def test_export_refuses_what_transformers_cannot_express(overrides, message, tmp
     assert not (tmp_path / "hf").exists()
 
 
-def test_cli_reports_refusal_without_traceback(tmp_path, capsys):
-    LanguageModel(ModelConfig.from_preset("debug", attention="diff_v2")).save_pretrained(tmp_path / "v2")
-    assert cli_main(["export-hf", str(tmp_path / "v2"), str(tmp_path / "hf")]) == 2
+@pytest.mark.parametrize("attention, message", [("diff_v2", "DIFF V2 has no Hugging Face"),
+                                                ("diff_symmetric", "has no transformers equivalent")])
+def test_cli_reports_refusal_without_traceback(attention, message, tmp_path, capsys):
+    LanguageModel(ModelConfig.from_preset("debug", attention=attention)).save_pretrained(tmp_path / "model")
+    assert cli_main(["export-hf", str(tmp_path / "model"), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "DIFF V2 has no Hugging Face" in err and "Traceback" not in err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "hf").exists()
 
 
 def _exported(tmp_path, tokenizer=None):

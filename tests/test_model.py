@@ -8,9 +8,11 @@ import torch.nn.functional as F
 
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.config import ConfigError
-from diff_transformer.attention import DiffAttention, DiffV2Attention, StandardAttention
+from diff_transformer.attention import AttentionTap, DiffAttention, DiffSymmetricAttention, DiffV2Attention, StandardAttention
 
-KINDS = ["standard", "diff", "diff_v2"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
+# (kind, n_kv_heads): MHA and MQA for every kind but the symmetric one, whose keys are its queries
+KIND_AND_KV_HEADS = [(kind, kv) for kind in KINDS for kv in (None, 1) if not (kind == "diff_symmetric" and kv)]
 
 
 def rope_complex(x, theta):
@@ -87,7 +89,30 @@ def naive_v2_module(m: DiffV2Attention, x):
     return torch.cat(heads, -1) @ m.o_proj.weight.double().T
 
 
-NAIVE = {"standard": naive_standard_module, "diff": naive_diff_module, "diff_v2": naive_v2_module}
+def naive_symmetric_module(m: DiffSymmetricAttention, x):
+    """Symmetric DIFF in float64, one head at a time: DIFF with Q1 = K1 and Q2 = K2, both from qk_proj."""
+    cfg, d = m.config, m.head_dim
+    b, t, _ = x.shape
+    x = x.double()
+    qk = rope_complex((x @ m.qk_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, 2H, d)
+    v = (x @ m.v_proj.weight.double().T).view(b, t, -1, 2 * d)
+    lam = (
+        torch.exp((m.lambda_q1.double() * m.lambda_k1.double()).sum())
+        - torch.exp((m.lambda_q2.double() * m.lambda_k2.double()).sum())
+        + m.lambda_init
+    )
+    heads = []
+    for h in range(cfg.n_heads):
+        a1 = causal_softmax(qk[:, :, 2 * h] @ qk[:, :, 2 * h].transpose(-1, -2) / math.sqrt(d))
+        a2 = causal_softmax(qk[:, :, 2 * h + 1] @ qk[:, :, 2 * h + 1].transpose(-1, -2) / math.sqrt(d))
+        head = (a1 - lam * a2) @ v[:, :, h]
+        head = head / torch.sqrt(head.pow(2).mean(-1, keepdim=True) + 1e-5) * m.head_norm.weight.double()
+        heads.append(head * (1 - m.lambda_init))
+    return torch.cat(heads, -1) @ m.o_proj.weight.double().T
+
+
+NAIVE = {"standard": naive_standard_module, "diff": naive_diff_module, "diff_v2": naive_v2_module,
+         "diff_symmetric": naive_symmetric_module}
 
 
 def randomise(model):
@@ -98,8 +123,7 @@ def randomise(model):
                 p.uniform_(0.5, 1.5)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n_kv_heads", [None, 1])
+@pytest.mark.parametrize("kind, n_kv_heads", KIND_AND_KV_HEADS)
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
 def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
     overrides = dict(head_norm=True) if kind == "standard" else {}
@@ -323,3 +347,32 @@ def test_each_module_initialises_its_own_tensors():
     for tensor, scale in expected:
         torch.testing.assert_close(tensor, torch.empty_like(tensor).normal_(0.0, scale, generator=g), atol=0, rtol=0)
     assert torch.equal(a.head_norm.weight, torch.ones(2 * config.head_dim))
+
+
+def test_symmetric_diff_scores_are_symmetric_and_its_layout_is_one_projection():
+    """Q1 = K1 and Q2 = K2: every pre-softmax score matrix (before the causal mask) equals its
+    transpose, RoPE included; the layer has qk_proj (E × E) and no q_proj / k_proj."""
+
+    class Logits(AttentionTap):
+        def __init__(self):
+            self.seen = []
+
+        def transform_logits(self, layer_index, logits, visible):
+            self.seen.append(logits)
+            return logits
+
+    model = LanguageModel(ModelConfig.from_preset("debug", attention="diff_symmetric"))
+    attn = model.layers[0].attn
+    e = model.config.d_model
+    assert {n.split(".")[0] for n, _ in attn.named_parameters()} == {
+        "qk_proj", "v_proj", "o_proj", "head_norm", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"}
+    assert attn.qk_proj.weight.shape == (e, e)
+    with model.tap_attention(Logits()) as tap:
+        model(torch.randint(0, 512, (2, 17)))
+    assert len(tap.seen) == 2 * model.config.n_layers  # two maps per layer
+    for logits in tap.seen:  # (B, H, T, T)
+        torch.testing.assert_close(logits, logits.transpose(-1, -2), atol=1e-5, rtol=1e-5)
+    diff = LanguageModel(ModelConfig.from_preset("debug", attention="diff"))
+    with diff.tap_attention(Logits()) as tap:  # the control: DIFF's separate keys give asymmetric scores
+        diff(torch.randint(0, 512, (2, 17)))
+    assert all((logits - logits.transpose(-1, -2)).abs().max() > 1e-3 for logits in tap.seen)

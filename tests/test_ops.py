@@ -84,11 +84,14 @@ def test_backend_matches_reference_forward_and_gradients(backend, case, per_head
     assert_grads_close(ref_inputs, fast_inputs)
 
 
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-@pytest.mark.parametrize("case", [(2, 4, 2, 9, 9, 8), (1, 6, 2, 4, 11, 16)])
-def test_the_packed_layout_matches_the_reference_forward_and_gradients(backend, case):
-    """diff_attention_packed (the model's interleaved sub-heads, GQA, a padding mask) against the
-    reference on the separate groups, outputs and gradients of q, k, v and λ."""
+@pytest.mark.parametrize("backend", [*FAST_BACKENDS, "auto"])
+@pytest.mark.parametrize("case", [(2, 4, 2, 9, 9, 8), (1, 6, 2, 4, 11, 16), (2, 4, 2, 1, 1, 8), (1, 4, 1, 1, 7, 8)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_packed_layout_matches_the_reference_forward_and_gradients(backend, case, causal):
+    """diff_attention_packed (the model's interleaved sub-heads, GQA, a padding mask), causal or not,
+    against the reference on the separate groups, outputs and gradients of q, k, v and λ. A single
+    query (T = 1) goes to the decode path under "auto", which is right causal or not: the one query
+    sees every key either way."""
     b, h, hkv, t, s, d = case
     q1, q2, k1, k2, v, lam = make_inputs(*case)
     q = torch.stack([q1, q2], dim=2).flatten(1, 2).detach().requires_grad_()  # sub-heads 2h, 2h + 1
@@ -96,8 +99,8 @@ def test_the_packed_layout_matches_the_reference_forward_and_gradients(backend, 
     v_packed, lam_packed = v.detach().requires_grad_(), lam.detach().requires_grad_()
     mask = torch.ones(b, 1, t, s, dtype=torch.bool)
     mask[0, :, :, 1:3] = False  # key 0 stays: every query keeps a visible key
-    ref = diff_attention(q1, q2, k1, k2, v, lam, attn_mask=mask, backend="reference")
-    out = diff_attention_packed(q, k, v_packed, lam_packed, attn_mask=mask, backend=backend)
+    ref = diff_attention(q1, q2, k1, k2, v, lam, causal=causal, attn_mask=mask, backend="reference")
+    out = diff_attention_packed(q, k, v_packed, lam_packed, causal=causal, attn_mask=mask, backend=backend)
     assert (out - ref).abs().max().item() < TOL
     grad_out = torch.randn_like(ref)
     ref.backward(grad_out)

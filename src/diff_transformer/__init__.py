@@ -10,6 +10,7 @@ from .attention import AttentionTap, DiffAttention, DiffV2Attention, StandardAtt
 from .cache import KVCache, StaticKVCache
 from .config import PRESETS, ConfigError, ModelConfig
 from .model import LanguageModel
+from .multihead import MultiheadDiffAttention
 from .ops import diff_attention
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "KVCache",
     "LanguageModel",
     "ModelConfig",
+    "MultiheadDiffAttention",
     "StandardAttention",
     "StaticKVCache",
     "diff_attention",

@@ -1,4 +1,4 @@
-"""The three attention modules: standard, differential (DIFF) and DIFF V2.
+"""The attention modules: standard, differential (DIFF), DIFF V2 and symmetric DIFF.
 
 Shapes: B batch, T new tokens, S keys (T plus what the KV cache holds), E = d_model,
 H heads of this module, Hkv key/value heads, d = config.head_dim.
@@ -7,6 +7,7 @@ Weight layout of DIFF follows the authors' code so their state dicts load as the
 q_proj (E -> 2H·d) viewed as 2H sub-heads of width d, DIFF head h taking sub-heads 2h (Q1) and
 2h+1 (Q2); k_proj (E -> 2Hkv·d) likewise for K1/K2 of KV group g; v_proj (E -> Hkv·2d);
 o_proj (2H·d = E -> E). RoPE is the interleaved (GPT-J) kind, applied per d-wide sub-head.
+Symmetric DIFF has one qk_proj in the place of q_proj and k_proj: its keys are its queries.
 """
 
 from __future__ import annotations
@@ -217,11 +218,22 @@ class Attention(nn.Module):
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
         """q/k/v at N(0, std), o_proj (it writes into the residual stream) at N(0, out_std), head norm 1."""
-        for proj in (self.q_proj, self.k_proj, self.v_proj):
+        for proj in self.input_projections():
             proj.weight.normal_(0.0, std, generator=generator)
         self.o_proj.weight.normal_(0.0, out_std, generator=generator)
         if self.head_norm is not None:
             self.head_norm.weight.fill_(1.0)
+
+    def input_projections(self) -> tuple[nn.Linear, ...]:
+        """The projections that read x, in the order they are initialised."""
+        return self.q_proj, self.k_proj, self.v_proj
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, E) -> q (B, T, Hq, d), k (B, T, Hk, d), v (B, T, Hkv, w), before RoPE."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.head_dim)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim)
+        return q, k, self.v_proj(x).view(b, t, -1, self.value_width)
 
     def lam(self) -> Tensor | None:
         """The layer's learned scalar λ (0-d fp32) for kinds that have one, else None."""
@@ -240,15 +252,15 @@ class Attention(nn.Module):
         the new tokens come from the model; standalone, both follow from the cache (or 0 … T − 1)."""
         b, t, _ = x.shape
         d = self.head_dim
-        q = self.q_proj(x).view(b, t, -1, d)
-        k = self.k_proj(x).view(b, t, -1, d)
-        v = self.v_proj(x).view(b, t, -1, self.value_width)
+        q, k, v = self.project(x)
         if cache is not None and positions is None:
             positions = cache.positions(t)
         if rope is None:
             at = torch.arange(t, device=x.device) if positions is None else positions
             rope = rope_frequencies(at, d, self.config.rope_theta)
-        q, k = apply_rope(q, rope).transpose(1, 2), apply_rope(k, rope).transpose(1, 2)
+        shared = k is q  # symmetric DIFF: the keys are the queries, rotated once
+        q = apply_rope(q, rope).transpose(1, 2)
+        k = q if shared else apply_rope(k, rope).transpose(1, 2)
         v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v, positions)  # every stored key/value (B, heads, S, w)
@@ -348,6 +360,29 @@ class DiffAttention(Attention):
         )
 
 
+class DiffSymmetricAttention(DiffAttention):
+    """Symmetric DIFF: DIFF whose keys are its queries. One projection qk_proj (E -> 2H·d) gives
+    sub-heads 2h and 2h+1 of DIFF head h, used as Q1 = K1 and Q2 = K2 (before RoPE), so each map
+    comes from a symmetric score matrix Q Qᵀ (RoPE keeps it symmetric: R_iᵀ R_j = R_{j−i} and
+    its transpose R_{i−j} give the same scores for (i, j) and (j, i)); the causal mask and the
+    softmax then act on it as usual. v_proj, o_proj, the λ vectors and the head norm are DIFF's,
+    so it has exactly one E × E matrix per layer fewer. MHA only (keys = queries: n_kv_heads = n_heads).
+    """
+
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__(config, layer_index)
+        del self.q_proj, self.k_proj  # one projection serves both (the model builds them unallocated, on meta)
+        self.qk_proj = nn.Linear(config.d_model, 2 * config.n_heads * config.head_dim, bias=False)
+
+    def input_projections(self) -> tuple[nn.Linear, ...]:
+        return self.qk_proj, self.v_proj
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        qk = self.qk_proj(x).view(b, t, -1, self.head_dim)  # (B, T, 2H, d): the queries, and the keys
+        return qk, qk, self.v_proj(x).view(b, t, -1, self.value_width)
+
+
 class DiffV2Attention(Attention):
     """DIFF V2 (unilm Diff-Transformer-V2): one attention call over 2H query heads of width d,
     then out_h = attn_2h − sigmoid(x W_λ)_h · attn_2h+1. No λ vectors, no head norm.
@@ -386,4 +421,5 @@ ATTENTION_CLASSES: dict[str, type[Attention]] = {
     "standard": StandardAttention,
     "diff": DiffAttention,
     "diff_v2": DiffV2Attention,
+    "diff_symmetric": DiffSymmetricAttention,
 }

@@ -5,6 +5,7 @@ tensors keep their addresses. Per layer:
 
     standard  k (B, Hkv, L, d)    v (B, Hkv, L, d)
     diff      k (B, 2Hkv, L, d)   v (B, Hkv, L, 2d)   K1/K2 interleaved as sub-heads 2g, 2g+1
+              (diff_symmetric alike, its keys being its rotated queries)
     diff_v2   k (B, Hkv, L, d)    v (B, Hkv, L, d)
 
 Two kinds, one interface (``positions``, ``update``, ``advance``, ``expand``, ``reset``):
@@ -24,7 +25,7 @@ import copy
 import torch
 from torch import Tensor
 
-from .config import ModelConfig
+from .config import DIFF_HEAD_KINDS, ModelConfig
 
 
 class KVCache:
@@ -49,7 +50,7 @@ class KVCache:
         self, config: ModelConfig, batch_size: int, max_len: int, device: torch.device | str, dtype: torch.dtype
     ) -> None:
         d, hkv = config.head_dim, config.n_kv_heads
-        if config.attention == "diff":
+        if config.attention in DIFF_HEAD_KINDS:
             k_shape, v_shape = (batch_size, 2 * hkv, max_len, d), (batch_size, hkv, max_len, 2 * d)
         else:
             k_shape = v_shape = (batch_size, hkv, max_len, d)

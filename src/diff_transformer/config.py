@@ -1,9 +1,9 @@
 """Model configuration: one typed dataclass that derives and validates itself, and named presets.
 
-Head counting follows the paper. For ``attention="diff"``, ``n_heads`` counts DIFF heads, each
-holding two query/key groups of width ``head_dim`` (d) and a value of width 2d, so
-``head_dim = d_model / (2 * n_heads)``. For ``"standard"`` and ``"diff_v2"`` it counts ordinary
-heads of width d, ``head_dim = d_model / n_heads``. A size preset asked for with
+Head counting follows the paper. For ``attention="diff"`` (and ``"diff_symmetric"``), ``n_heads``
+counts DIFF heads, each holding two query/key groups of width ``head_dim`` (d) and a value of
+width 2d, so ``head_dim = d_model / (2 * n_heads)``. For ``"standard"`` and ``"diff_v2"`` it
+counts ordinary heads of width d, ``head_dim = d_model / n_heads``. A size preset asked for with
 ``attention="standard"`` is the matched Transformer: twice the DIFF heads, the same head dim,
 the same parameters but for the λ vectors and head-norm weights (6d per layer).
 """
@@ -15,7 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-ATTENTION_KINDS = ("standard", "diff", "diff_v2")
+ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric")
+# Kinds built of DIFF heads (two d-wide query/key groups, a 2d-wide value, λ vectors, head norm):
+# n_heads counts DIFF heads, presets keep their head counts, λ_init applies.
+DIFF_HEAD_KINDS = ("diff", "diff_symmetric")
 
 # The paper's sizes (Table 10 and Table 9) and small CPU sizes. Head counts are DIFF heads;
 # from_preset doubles them for "standard" and "diff_v2". Vocabulary: cl100k's 100,288 for the
@@ -61,9 +64,9 @@ class ModelConfig:
     vocab_size: int = 8192
     d_model: int = 192
     n_layers: int = 4
-    n_heads: int = 3  # DIFF heads for "diff"; ordinary heads for "standard" and "diff_v2"
+    n_heads: int = 3  # DIFF heads for "diff" and "diff_symmetric"; ordinary heads for "standard" and "diff_v2"
     n_kv_heads: int | None = None  # key/value heads (groups) for GQA; None = n_heads (MHA)
-    attention: str = "diff"  # "standard" | "diff" | "diff_v2"
+    attention: str = "diff"  # "standard" | "diff" | "diff_v2" | "diff_symmetric"
     ffn_hidden: int | None = None  # SwiGLU inner width; None = 8/3·d_model rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     max_seq_len: int = 256
@@ -73,7 +76,7 @@ class ModelConfig:
     # Differential attention
     lambda_init: float | None = None  # None = the depth schedule; a number = constant (Table 6 ablation)
     lambda_std: float = 0.1  # std of the four λ vectors at init
-    head_norm: bool | None = None  # per-head RMSNorm; None = on for "diff", off otherwise
+    head_norm: bool | None = None  # per-head RMSNorm; None = on for the DIFF-head kinds, off otherwise
     # Initialisation
     init_std: float = 0.02
     # o_proj and down_proj (they write into the residual stream) at init_std / sqrt(2·n_layers), as
@@ -87,7 +90,7 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
-        widths_per_head = 2 if self.attention == "diff" else 1
+        widths_per_head = 2 if self.attention in DIFF_HEAD_KINDS else 1
         if self.d_model % (widths_per_head * self.n_heads):
             what = "2 * n_heads (each DIFF head has two groups)" if widths_per_head == 2 else "n_heads"
             raise ConfigError(
@@ -97,6 +100,11 @@ class ModelConfig:
             self.n_kv_heads = self.n_heads
         if not isinstance(self.n_kv_heads, int) or self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
             raise ConfigError(f"n_kv_heads={self.n_kv_heads!r} must be a positive divisor of n_heads={self.n_heads}")
+        if self.attention == "diff_symmetric" and self.n_kv_heads != self.n_heads:
+            raise ConfigError(
+                f"n_kv_heads={self.n_kv_heads} with attention='diff_symmetric': its keys are its queries (one "
+                f"projection), so it has n_heads={self.n_heads} key heads; leave n_kv_heads unset (no GQA)"
+            )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} (from d_model and n_heads) must be even for RoPE")
         if self.ffn_hidden is None:
@@ -104,11 +112,11 @@ class ModelConfig:
         if not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0:
             raise ConfigError(f"ffn_hidden must be a positive integer, got {self.ffn_hidden!r}")
         if self.head_norm is None:
-            self.head_norm = self.attention == "diff"
+            self.head_norm = self.attention in DIFF_HEAD_KINDS
         if self.head_norm and self.attention == "diff_v2":
             raise ConfigError("head_norm: DIFF V2 has no per-head norm; leave head_norm unset or False")
-        if self.lambda_init is not None and self.attention != "diff":
-            raise ConfigError(f"lambda_init only applies to attention='diff', not {self.attention!r}")
+        if self.lambda_init is not None and self.attention not in DIFF_HEAD_KINDS:
+            raise ConfigError(f"lambda_init only applies to attention={' or '.join(map(repr, DIFF_HEAD_KINDS))}, not {self.attention!r}")
         for name in ("rope_theta", "norm_eps", "init_std", "lambda_std"):
             value = getattr(self, name)
             if not _is_number(value) or not (math.isfinite(value) and value > 0):
@@ -122,8 +130,8 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        """d: the width of one query/key group (DIFF) or of one head (standard, DIFF V2)."""
-        return self.d_model // (2 * self.n_heads if self.attention == "diff" else self.n_heads)
+        """d: the width of one query/key group (DIFF heads) or of one head (standard, DIFF V2)."""
+        return self.d_model // (2 * self.n_heads if self.attention in DIFF_HEAD_KINDS else self.n_heads)
 
     def lambda_init_for(self, layer_index: int) -> float:
         """λ_init of the 0-based layer: the constant if set, else the depth schedule."""
@@ -139,7 +147,7 @@ class ModelConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         fields = dict(PRESETS[name])
-        if attention != "diff":
+        if attention not in DIFF_HEAD_KINDS:
             for key in ("n_heads", "n_kv_heads"):
                 if fields.get(key) is not None:
                     fields[key] *= 2

@@ -12,8 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "info",
         help="list model presets, or describe a checkpoint",
-        description="Without an argument: the named presets with their DIFF and matched-Transformer "
-        "parameter counts. With a checkpoint directory: its config, parameters and λ per layer.",
+        description="Without an argument: the named presets with their DIFF, matched-Transformer and "
+        "symmetric-DIFF parameter counts. With a checkpoint directory: its config, parameters and λ per layer.",
     )
     p.add_argument("checkpoint", nargs="?", type=checkpoint_dir, help="checkpoint directory")
     p.set_defaults(run=run)
@@ -24,14 +24,14 @@ def run(args: argparse.Namespace) -> int:
     from ..model import LanguageModel
 
     if args.checkpoint is None:
-        print(f"{'preset':<8} {'d_model':>7} {'layers':>6} {'heads':>9} {'d':>4} {'DIFF params':>13} {'Transformer':>13}")
+        print(f"{'preset':<8} {'d_model':>7} {'layers':>6} {'heads':>9} {'d':>4} {'DIFF params':>13} {'Transformer':>13} "
+              f"{'Symmetric':>13}")
         for name in PRESETS:
-            diff = ModelConfig.from_preset(name, attention="diff")
-            std = ModelConfig.from_preset(name, attention="standard")
-            n_diff = LanguageModel(diff, device="meta").num_parameters()
-            n_std = LanguageModel(std, device="meta").num_parameters()
+            diff, std, sym = (ModelConfig.from_preset(name, attention=kind) for kind in ("diff", "standard", "diff_symmetric"))
+            n_diff, n_std, n_sym = (LanguageModel(c, device="meta").num_parameters() for c in (diff, std, sym))
             heads = f"{diff.n_heads}/{std.n_heads}"
-            print(f"{name:<8} {diff.d_model:>7} {diff.n_layers:>6} {heads:>9} {diff.head_dim:>4} {n_diff:>13,} {n_std:>13,}")
+            print(f"{name:<8} {diff.d_model:>7} {diff.n_layers:>6} {heads:>9} {diff.head_dim:>4} {n_diff:>13,} {n_std:>13,} "
+                  f"{n_sym:>13,}")
         return 0
     model = LanguageModel.from_pretrained(args.checkpoint)
     print(json.dumps(model.config.to_dict(), indent=2))

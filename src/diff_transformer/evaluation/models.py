@@ -12,7 +12,7 @@ import torch
 from ..model import LanguageModel
 
 BASELINE = "standard"  # the paper's "Transformer"
-DIFF_KINDS = ("diff", "diff_v2")
+DIFF_KINDS = ("diff", "diff_v2", "diff_symmetric")
 
 
 @dataclass

@@ -51,13 +51,14 @@ def save_figure(fig, path: Path) -> Path:
     return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
-KIND_COLORS = {"standard": "#4c72b0", "diff": "#dd8452", "diff_v2": "#55a868"}
-EXTRA_COLORS = ("#8172b3", "#c44e52", "#937860", "#da8bc3", "#8c8c8c", "#ccb974")
+KIND_COLORS = {"standard": "#4c72b0", "diff": "#dd8452", "diff_v2": "#55a868", "diff_symmetric": "#8172b3"}
+EXTRA_COLORS = ("#c44e52", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 
 
 def model_colors(results: dict[str, dict]) -> dict[str, str]:
     """A colour per model label: blue for the first Transformer, orange for the first DIFF, green for
-    the first DIFF V2 (as in every plot of the suite), other colours for further models."""
+    the first DIFF V2, purple for the first symmetric DIFF (as in every plot of the suite), other
+    colours for further models."""
     colors, used, extra = {}, set(), 0
     for label, result in results.items():
         kind = result["model"]["attention"]

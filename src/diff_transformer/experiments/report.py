@@ -54,6 +54,7 @@ def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seco
             "checkpoint": name,
             "paper_table6": dict(PAPER_TABLE6[entry.paper_row], key=entry.paper_row) if entry.paper_row else None,
             "curves": {"train": _curves(model_runs, "train"), "val": _curves(model_runs, "val")},
+            "diagnostics": diagnostic_curves(model_runs),
         }
     first = next(iter(runs.values()))[0]
     return {
@@ -175,10 +176,75 @@ def write_plots(metrics: dict, out_dir: Path) -> list[Path]:
         ax.legend()
     fig.suptitle(f"{metrics['config']}: same data, seed and token budget")
     fig.tight_layout()
-    paths = [_save(fig, out_dir / "loss.png")]
+    paths = [_save(fig, out_dir / "loss.png")] + write_diagnostics_plot(metrics, out_dir / "diagnostics.png")
     if metrics.get("retrieval"):
         paths.append(_retrieval_plot(metrics["retrieval"], out_dir / "retrieval.png"))
     return paths
+
+
+def diagnostic_curves(runs: list[dict]) -> dict[str, list] | None:
+    """λ and the attention-branch RMS per layer (the runs' "diagnostics" records) on the steps all
+    seeds share: {"step", "tokens", "lambda": [seed][step][layer] (absent for kinds without λ),
+    "attn_rms": likewise}; None where the runs logged no diagnostics."""
+    by_seed = [{r["step"]: r for r in run["metrics"] if r["kind"] == "diagnostics"} for run in runs]
+    steps = sorted(set.intersection(*(set(s) for s in by_seed))) if by_seed else []
+    if not steps:
+        return None
+    curves: dict[str, list] = {"step": steps, "tokens": [by_seed[0][s]["tokens"] for s in steps]}
+    for key in ("lambda", "attn_rms"):
+        if all(key in seed[s] for seed in by_seed for s in steps):
+            curves[key] = [[seed[s][key] for s in steps] for seed in by_seed]
+    return curves
+
+
+def write_diagnostics_plot(metrics: dict, path: Path) -> list[Path]:
+    """PATH: λ per layer over training for the models that have one (left) and the RMS of every
+    model's attention branch per layer (right), each the mean over seeds; colour = model, line
+    style = layer. [] where no run logged diagnostics."""
+    import matplotlib.pyplot as plt
+
+    models = {name: m for name, m in metrics["models"].items() if m.get("diagnostics")}
+    if not models:
+        return []
+    styles = ["-", "--", "-.", ":"]
+    fig, (ax_lambda, ax_rms) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    layers = 0
+    for index, m in enumerate(models.values()):
+        curves, color = m["diagnostics"], f"C{index}"
+        millions = [t / 1e6 for t in curves["tokens"]]
+        for ax, key in ((ax_lambda, "lambda"), (ax_rms, "attn_rms")):
+            if key not in curves:
+                continue
+            per_seed = curves[key]  # [seed][step][layer]
+            n_layers = len(per_seed[0][0])
+            layers = max(layers, n_layers)
+            for layer in range(n_layers):
+                mean = [statistics.fmean(seed[s][layer] for seed in per_seed) for s in range(len(millions))]
+                ax.plot(millions, mean, color=color, linestyle=styles[layer % len(styles)], linewidth=1.4,
+                        label=m["label"] if layer == 0 else None)
+    for layer in range(layers):  # the legend of the line styles
+        ax_rms.plot([], [], color="grey", linestyle=styles[layer % len(styles)], label=f"layer {layer}")
+    seeds = len(next(iter(models.values()))["seeds"])
+    ax_lambda.set_title("λ per layer" + (f" (mean over {seeds} seeds)" if seeds > 1 else ""))
+    ax_lambda.set_ylabel("λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init")
+    ax_rms.set_title("RMS of the attention branch per layer")
+    ax_rms.set_ylabel("RMS of the attention output")
+    for ax in (ax_lambda, ax_rms):
+        ax.set_xlabel("training tokens (millions)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{metrics['config']}: diagnostics during training (one fixed validation window)")
+    fig.tight_layout()
+    return [_save(fig, path)]
+
+
+def diagnostics_lines(metrics: dict) -> list[str]:
+    """The report's pointer to diagnostics.png, if it was drawn."""
+    if not any(m.get("diagnostics") for m in metrics["models"].values()):
+        return []
+    return ["λ per layer (the models that have one) and the RMS of each layer's attention branch during training "
+            "(run.diagnostics; every run's metrics.jsonl has them, with the negative share of the differential maps):",
+            "", "![λ and attention-branch RMS per layer](diagnostics.png)", ""]
 
 
 def _save(fig, path: Path) -> Path:
@@ -418,6 +484,7 @@ def render_report(metrics: dict) -> str:
             lines.append(f"- **{label} / {base}, peak memory**: {c['memory_ratio']:.2f}×.")
         lines.append("")
     lines += ["## Loss curves", "", "![training and validation loss](loss.png)", ""]
+    lines += diagnostics_lines(metrics)
     lines += _retrieval_lines(metrics.get("retrieval"))
     problems = [f"- {m['label']}: {msg}" for m in models.values() for msg in m["messages"]]
     if problems:

@@ -30,10 +30,10 @@ Weight mapping, per layer (H DIFF heads, Hkv KV groups, head dim d; HF's DiffLla
    our head-norm weight to ones and keeps the folded W_o, which computes the same function.
 5. λ vectors, MLP, block norms, embeddings and the LM head copy over unchanged.
 
-What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2 (no HF class), a
-constant λ_init (HF hard-codes the depth schedule), DIFF without its head norm, a block
-``norm_eps`` other than the head norm's 1e-5 (HF shares one eps between them), and a standard
-model with the head-norm ablation (no Llama equivalent).
+What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2 and symmetric DIFF
+(no HF class), a constant λ_init (HF hard-codes the depth schedule), DIFF without its head norm,
+a block ``norm_eps`` other than the head norm's 1e-5 (HF shares one eps between them), and a
+standard model with the head-norm ablation (no Llama equivalent).
 """
 
 from __future__ import annotations
@@ -207,6 +207,11 @@ def check_exportable(config: ModelConfig) -> None:
         raise HFConversionError(
             "DIFF V2 has no Hugging Face transformers class (only DiffLlama, the original DIFF, and Llama); "
             "it cannot be exported"
+        )
+    if config.attention == "diff_symmetric":
+        raise HFConversionError(
+            "symmetric DIFF (attention='diff_symmetric', keys = queries) has no transformers equivalent (DiffLlama "
+            "has separate query and key projections); it cannot be exported"
         )
     if config.attention == "standard":
         if config.head_norm:

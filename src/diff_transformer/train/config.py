@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ATTENTION_KINDS, ConfigError, ModelConfig
+from ..config import ATTENTION_KINDS, DIFF_HEAD_KINDS, ConfigError, ModelConfig
 from ..ops import BACKEND_NAMES
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -196,6 +196,9 @@ class RunConfig:
     parallel: str = "ddp"  # under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard per block)
     tensorboard: bool = True  # also write TensorBoard event files in out_dir/tensorboard
     progress: bool = True  # tqdm progress bar (rank 0)
+    # λ and the attention-branch RMS per layer (every log and eval step), the negative share of the
+    # differential maps (every eval step), from a forward of one validation sequence (train/diagnostics.py)
+    diagnostics: bool = True
 
     def __post_init__(self) -> None:
         for name in ("steps", "eval_every", "log_every"):
@@ -272,7 +275,7 @@ class RetrievalConfig:
 
     def model_config(self, attention: str, **fields: Any) -> ModelConfig:
         """The retrieval model of one attention kind (DIFF head counts, doubled for the others)."""
-        heads = self.n_heads if attention == "diff" else 2 * self.n_heads
+        heads = self.n_heads if attention in DIFF_HEAD_KINDS else 2 * self.n_heads
         return ModelConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=heads,
                            max_seq_len=self.length, attention=attention, **fields)
 

@@ -13,8 +13,10 @@ of ``data.micro_batch_size`` (gradient accumulation). The loss of a step is the 
 counted target token of the global batch, however it is cut, so K processes follow the same
 curve as one. A run writes into ``run.out_dir``:
 
-    metrics.jsonl       one JSON record per logged training step and per evaluation
-    tensorboard/        the same curves for TensorBoard (run.tensorboard)
+    metrics.jsonl       one JSON record per logged training step ("train"), per evaluation ("val"), per
+                        gradient-norm spike ("grad_spike") and per diagnostics probe ("diagnostics":
+                        λ, attention-branch RMS and negative map share per layer; see diagnostics.py)
+    tensorboard/        the same curves for TensorBoard (run.tensorboard; per-layer lists as NAME/layer_i)
     summary.json        the result: final validation loss, tokens/s, peak memory, status
     checkpoint/         the training checkpoint (unless run.checkpoint_dir points elsewhere)
     .lock               while the run lasts: its pid (one run at a time writes into a directory)
@@ -50,6 +52,7 @@ from ..files import (
 )
 from ..model import LanguageModel
 from .config import ModelEntry, OptimConfig, TrainConfig
+from .diagnostics import PROBE_SEQUENCES, GradientSpikes, probe
 from .distributed import Environment, all_reduce_sum, broadcast_from_main, parallelize, setup, teardown, unwrap
 from .events import EventFile
 from .optim import WarmupLinearSchedule, build_optimizer
@@ -92,6 +95,7 @@ class TrainResult:
     checkpoint: str | None
     message: str = ""
     stopped_by: str | None = None  # "SIGINT" or "SIGTERM" when a signal interrupted the run
+    grad_norm_spikes: int = 0  # steps whose gradient norm exceeded 5x the median of the previous 50 (metrics.jsonl names them)
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -138,6 +142,11 @@ class DataPlan:
         for m in range(self.accumulation):
             start = first + m * self.micro_batch_size
             yield self.train.get_batch(range(start, start + self.micro_batch_size), self.seq_len, seed=self.seed)
+
+    def probe_tokens(self, sequences: int) -> torch.Tensor:
+        """The first ``sequences`` validation windows' inputs (B, T), the same on every process."""
+        inputs, _ = self.validation.val_batches(1, self.eval_sequences, self.seq_len)[0]
+        return inputs[:sequences]
 
     def validation_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This process's share of the fixed validation windows, in micro-batches."""
@@ -223,9 +232,13 @@ class MetricsLog:
                     os.truncate(self.path, size)
             raise
         if self.writer is not None:
-            self.writer.add_scalars({f"{record['kind']}/{key}": value for key, value in record.items()
-                                     if key not in ("kind", "step") and isinstance(value, (int, float))},
-                                    record["step"])
+            scalars = {}
+            for key, value in record.items():
+                if key not in ("kind", "step") and isinstance(value, (int, float)):
+                    scalars[f"{record['kind']}/{key}"] = value
+                elif isinstance(value, list):  # one value per layer: lambda/layer_0, lambda/layer_1, ...
+                    scalars.update({f"{key}/layer_{i}": x for i, x in enumerate(value)})
+            self.writer.add_scalars(scalars, record["step"])
 
     def close(self) -> None:
         if self.writer is not None:
@@ -349,6 +362,7 @@ def _train_holding(config: TrainConfig, entry: ModelEntry, model_config, env: En
         checkpoint=str(saved) if saved is not None else None,
         message=message,
         stopped_by=run.stopped_by,
+        grad_norm_spikes=run.spikes.count,
     )
     if env.is_main:
         write_text_atomically(run.out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
@@ -402,6 +416,8 @@ class _Run:
     log: MetricsLog
     validation: list
     autocast: Any
+    probe_tokens: torch.Tensor  # the diagnostics' forward (diagnostics.py)
+    spikes: GradientSpikes
     last_saved: Path | None = None
     stopped_by: str | None = None  # the signal that interrupted the run
 
@@ -453,12 +469,15 @@ class _Run:
             progress = load_training_checkpoint(existing, raw_model, optimizer, schedule, env)
             if env.is_main:
                 print(f"resuming from {existing} at step {progress.step}", file=sys.stderr)
+        log = MetricsLog(out_dir, env, run.tensorboard, progress.step if resume else None)
+        # A resumed run keeps counting the spikes its earlier invocations logged (rank 0 reports them).
+        earlier_spikes = sum(r["kind"] == "grad_spike" for r in read_metrics(log.path)) if resume and log.enabled else 0
         return cls(
             config=config, entry=entry, env=env, out_dir=out_dir, checkpoint_dir=checkpoint_dir, plan=plan,
             model=model, raw_model=raw_model, forward_model=torch.compile(model) if run.compile else model,
-            optim=optim, optimizer=optimizer, schedule=schedule, progress=progress,
-            log=MetricsLog(out_dir, env, run.tensorboard, progress.step if resume else None),
+            optim=optim, optimizer=optimizer, schedule=schedule, progress=progress, log=log,
             validation=plan.validation_batches(), autocast=_autocast(env, run.precision),
+            probe_tokens=plan.probe_tokens(PROBE_SEQUENCES).to(env.device), spikes=GradientSpikes(earlier=earlier_spikes),
         )
 
     def save(self) -> Path | None:
@@ -481,6 +500,11 @@ class _Run:
 
     def evaluate(self) -> float:
         return evaluate(self.forward_model, self.validation, self.env, self.autocast)
+
+    def diagnose(self, *, maps: bool) -> dict[str, list[float]]:
+        """λ and the attention-branch RMS per layer, and with ``maps`` the negative map share (diagnostics.py);
+        every process runs it (FSDP gathers the shards in its forward), rank 0 logs it."""
+        return probe(self.raw_model, self.probe_tokens, maps=maps, autocast=self.autocast)
 
     def gradients(self, stop_requested: bool) -> tuple[float, float, int]:
         """Forward and backward over this step's global batch, then clip:
@@ -541,6 +565,16 @@ class _Meter:
         return out
 
 
+def _report_spike(run: _Run, spike: dict[str, float]) -> None:
+    """A gradient-norm spike: one metrics.jsonl record and one line on stderr (rank 0)."""
+    ratio = spike["grad_norm"] / spike["median"]
+    run.log.write(dict(kind="grad_spike", step=spike["step"], tokens=run.progress.tokens, grad_norm=spike["grad_norm"],
+                       median=spike["median"], ratio=ratio))
+    if run.env.is_main:
+        print(f"step {spike['step']}: gradient norm {spike['grad_norm']:.4g} is {ratio:.1f}x the median of the previous "
+              f"{spike['window']} steps ({spike['median']:.4g}): a spike ({run.spikes.count} so far)", file=sys.stderr)
+
+
 def _loop(run: _Run) -> tuple[str, str, float | None, _Meter]:
     """Steps until the end, a signal, a pause or divergence; saves at the end (not when diverged).
     Returns (status, message, final validation loss, meter)."""
@@ -574,13 +608,22 @@ def _loop(run: _Run) -> tuple[str, str, float | None, _Meter]:
                 torch.cuda.synchronize(env.device)
             timed = progress.step > first_step + 1 or settings.steps - first_step == 1  # the first step warms up
             meter.add(time.perf_counter() - step_start, step_loss, timed)
-            if progress.step % settings.log_every == 0 or progress.step == settings.steps:
+            spike = run.spikes.observe(progress.step, grad_norm)
+            if spike is not None:
+                _report_spike(run, spike)
+            log_now = progress.step % settings.log_every == 0 or progress.step == settings.steps
+            eval_now = progress.step % settings.eval_every == 0 or progress.step == settings.steps
+            if log_now:
                 window = meter.close_window()
                 run.log.write(dict(kind="train", step=progress.step, tokens=progress.tokens, loss=window["loss"],
                                    lr=lr, grad_norm=grad_norm, tokens_per_s=window["tokens_per_s"]))
-            if progress.step % settings.eval_every == 0 or progress.step == settings.steps:
+            if eval_now:
                 final_val = run.evaluate()
                 run.log.write(dict(kind="val", step=progress.step, tokens=progress.tokens, loss=final_val))
+            if settings.diagnostics and (log_now or eval_now):
+                run.log.write(dict(kind="diagnostics", step=progress.step, tokens=progress.tokens,
+                                   **run.diagnose(maps=eval_now), grad_norm=grad_norm,
+                                   grad_norm_median=run.spikes.median, grad_norm_spikes=run.spikes.count))
             if bar is not None:
                 postfix = {"loss": f"{step_loss:.3f}", "tok/s": f"{meter.tokens_per_s:,.0f}" if meter.train_seconds else "-"}
                 if final_val is not None:

@@ -1,0 +1,164 @@
+"""Differential attention as a drop-in module with plain arguments, for any model.
+
+    from diff_transformer import MultiheadDiffAttention
+    attn = MultiheadDiffAttention(embed_dim=256, num_heads=4, causal=False, rope_theta=None)
+    y = attn(x)                                   # (B, T, 256) -> (B, T, 256)
+
+The same computation as the language model's DIFF layer, on the same ops and backends, without
+its config: queries, keys and values from x, interleaved RoPE (or none), the two softmax maps
+(causal or not), λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, the per-head RMSNorm (``subln``,
+eps 1e-5, with weight) times (1 − λ_init), and ``out_proj``.
+
+Parameters and their names are those of the authors' ``MultiheadDiffAttn`` (microsoft/unilm,
+Diff-Transformer/), so one of their state dicts loads unchanged:
+
+    q_proj    (E -> E)          2H sub-heads of width d = E / 2H; DIFF head h on sub-heads 2h (Q1), 2h+1 (Q2)
+    k_proj    (E -> E / n_rep)  2Hkv sub-heads, K1/K2 of KV group g on 2g, 2g+1 (GQA: n_rep = H / Hkv)
+    v_proj    (E -> E / n_rep)  Hkv groups of width 2d; DIFF head h reads group h // n_rep
+    out_proj  (E -> E)
+    lambda_q1, lambda_k1, lambda_q2, lambda_k2 (d,) fp32;  subln.weight (2d,)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .attention import RMSNorm, apply_rope, rms_norm, rope_frequencies
+from .config import lambda_init_schedule
+from .ops import BACKEND_NAMES, diff_attention_packed
+
+HEAD_NORM_EPS = 1e-5  # subln's eps in the authors' module
+LAMBDA_STD = 0.1  # the λ vectors' init, N(0, 0.1), as the authors'
+
+
+class MultiheadDiffAttention(nn.Module):
+    """Multi-head differential attention (Ye et al., ICLR 2025, §2.1) on (B, T, embed_dim).
+
+    Args:
+        embed_dim: E, the width of x and of the output.
+        num_heads: H DIFF heads, half the heads of a matched Transformer; each has two query/key
+            groups of width d = E / (2H) and a value of width 2d. d must be even with RoPE.
+        num_kv_heads: key/value heads (GQA); None = num_heads. Must divide num_heads.
+        depth: the 0-based index of the layer, which sets λ_init = 0.8 − 0.6·exp(−0.3·depth).
+        lambda_init: a constant λ_init instead of the depth schedule.
+        causal: mask future positions (a decoder); False for an encoder or a ViT.
+        rope_theta: base of the interleaved rotary embedding at positions 0 … T − 1; None = no
+            RoPE (positions come from elsewhere, e.g. a ViT's learned position embedding).
+        backend: how the two maps are computed (``diff_transformer.ops``: "auto", "reference",
+            "sdpa", "sdpa_split", "math", "triton", "decode"); an attribute you may change later.
+
+    ``forward(x, attn_mask=None)``: ``attn_mask`` is a bool tensor broadcastable to
+    (B, H, T, T), True where query i may attend to key j (the ops' convention), combined with the
+    causal mask when ``causal``. A key-padding mask ``keep`` (B, T) is ``keep[:, None, None, :]``.
+    Every query must keep at least one visible key.
+
+    Parameters are initialised as the authors': projections as ``nn.Linear`` (uniform, Kaiming),
+    λ vectors N(0, 0.1) in fp32, subln weight 1 (:meth:`reset_parameters`).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        depth: int = 0,
+        lambda_init: float | None = None,
+        causal: bool = True,
+        rope_theta: float | None = 10000.0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if embed_dim % (2 * num_heads):
+            raise ValueError(
+                f"embed_dim={embed_dim} must be divisible by 2 * num_heads = {2 * num_heads} (each DIFF head has two groups)"
+            )
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if not isinstance(num_kv_heads, int) or num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads!r} must be a positive divisor of num_heads={num_heads}")
+        if not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"depth must be a 0-based layer index (an integer >= 0), got {depth!r}")
+        if rope_theta is not None and not rope_theta > 0:
+            raise ValueError(f"rope_theta must be positive, or None for no rotary embedding; got {rope_theta!r}")
+        head_dim = embed_dim // (2 * num_heads)
+        if rope_theta is not None and head_dim % 2:
+            raise ValueError(f"head_dim = embed_dim / (2 * num_heads) = {head_dim} must be even for RoPE (or rope_theta=None)")
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim = head_dim
+        self.depth = depth
+        self.lambda_init = lambda_init_schedule(depth) if lambda_init is None else float(lambda_init)
+        self.causal = causal
+        self.rope_theta = rope_theta
+        self.backend = backend
+        kv_width = embed_dim // (num_heads // num_kv_heads)  # 2·Hkv·d
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, kv_width, bias=False)
+        self.v_proj = nn.Linear(embed_dim, kv_width, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.lambda_q1 = nn.Parameter(torch.empty(head_dim, dtype=torch.float32))
+        self.lambda_k1 = nn.Parameter(torch.empty(head_dim, dtype=torch.float32))
+        self.lambda_q2 = nn.Parameter(torch.empty(head_dim, dtype=torch.float32))
+        self.lambda_k2 = nn.Parameter(torch.empty(head_dim, dtype=torch.float32))
+        self.subln = RMSNorm(2 * head_dim, eps=HEAD_NORM_EPS)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Projections as ``nn.Linear`` initialises them, λ vectors N(0, 0.1), subln weight 1 (the
+        authors' init; ``generator`` seeds the λ vectors)."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            proj.reset_parameters()
+        for vec in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            vec.normal_(0.0, LAMBDA_STD, generator=generator)
+        self.subln.weight.fill_(1.0)
+
+    def lam(self) -> Tensor:
+        """λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, a 0-d fp32 tensor (gradients flow into the vectors)."""
+        dot1 = torch.sum(self.lambda_q1.float() * self.lambda_k1.float())
+        dot2 = torch.sum(self.lambda_q2.float() * self.lambda_k2.float())
+        return torch.exp(dot1) - torch.exp(dot2) + self.lambda_init
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        """x (B, T, E) -> (B, T, E); ``attn_mask`` bool, broadcastable to (B, H, T, T), True = may attend."""
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"x must be (batch, length, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
+        b, t, _ = x.shape
+        if attn_mask is not None:
+            self._check_mask(attn_mask, b, t)
+            attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # 4-D for every backend
+        d = self.head_dim
+        q = self.q_proj(x).view(b, t, 2 * self.num_heads, d)  # sub-heads 2h (Q1), 2h + 1 (Q2) of head h
+        k = self.k_proj(x).view(b, t, 2 * self.num_kv_heads, d)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, 2 * d).transpose(1, 2)  # (B, Hkv, T, 2d)
+        if self.rope_theta is not None:
+            rope = rope_frequencies(torch.arange(t, device=x.device), d, self.rope_theta)  # (T, d/2, 2)
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        out = diff_attention_packed(
+            q.transpose(1, 2), k.transpose(1, 2), v, self.lam(), causal=self.causal, attn_mask=attn_mask,
+            backend=self.backend,
+        )  # (B, H, T, 2d)
+        out = rms_norm(out, self.subln.weight * (1.0 - self.lambda_init), self.subln.eps)
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.embed_dim))
+
+    def _check_mask(self, attn_mask: Tensor, b: int, t: int) -> None:
+        if not isinstance(attn_mask, Tensor) or attn_mask.dtype != torch.bool:
+            got = attn_mask.dtype if isinstance(attn_mask, Tensor) else type(attn_mask).__name__
+            raise TypeError(f"attn_mask must be a bool tensor (True = may attend), got {got}")
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (b, self.num_heads, t, t))
+        except RuntimeError:
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, T, T) = "
+                f"{(b, self.num_heads, t, t)}; a key-padding mask (B, T) is passed as mask[:, None, None, :]"
+            ) from None
+
+    def extra_repr(self) -> str:
+        kv = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, head_dim={self.head_dim}, "
+                f"lambda_init={self.lambda_init:.4g}, causal={self.causal}, rope_theta={self.rope_theta}")

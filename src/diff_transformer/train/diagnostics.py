@@ -1,0 +1,131 @@
+"""What the trainer watches besides the loss (``run.diagnostics``): the questions users of DIFF ask.
+
+- λ per layer (kinds that have one): how it moves during training.
+- The RMS of each layer's attention branch (the attention module's output, what it adds to the
+  residual stream), for every kind: a branch that grows is where instability starts.
+- The share of negative entries in each layer's differential map p1 − λ·p2 (kinds with a
+  differential map), among the entries a query may see (the causal lower triangle).
+- Spikes of the global gradient norm (before clipping): a step whose norm exceeds
+  ``SPIKE_FACTOR`` × the median of the previous ``SPIKE_WINDOW`` norms.
+
+λ and the RMS come from one no-grad forward of fixed validation windows (the probe, the same
+every time, at every log and evaluation step), through forward hooks on the attention modules;
+the negative share from the same forward, at evaluation steps, through the reference backend with
+an :class:`~diff_transformer.attention.AttentionTap`. Nothing is computed inside ``forward``, and
+the training step is left as it is (no hooks on it, so ``run.compile`` is unaffected). Under FSDP
+every process runs the probe (its forward gathers the shards) and λ is read inside the hook,
+while the block's parameters are whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections import deque
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import AttentionTap
+from ..model import LanguageModel
+from ..ops import AttentionMaps
+
+SPIKE_FACTOR = 5.0  # a gradient norm above this many times the running median is a spike
+SPIKE_WINDOW = 50  # previous steps whose median is the reference
+SPIKE_MIN_HISTORY = 10  # no verdict before this many previous norms (the first steps move a lot)
+PROBE_SEQUENCES = 1  # validation sequences of the diagnostics' forward: ~4% of a step at tiny (docs/training.md)
+
+
+class GradientSpikes:
+    """Counts gradient norms above ``factor`` × the median of the previous ``window`` norms.
+
+    ``observe(step, norm)`` once per optimizer step; a spike is returned (and kept in ``spikes``)
+    as {"step", "grad_norm", "median", "window"} (window: how many previous norms the median is
+    of). Every norm, spike or not, joins the window afterwards.
+    """
+
+    def __init__(self, factor: float = SPIKE_FACTOR, window: int = SPIKE_WINDOW, min_history: int = SPIKE_MIN_HISTORY,
+                 earlier: int = 0) -> None:
+        self.factor, self.min_history = factor, min_history
+        self.history: deque[float] = deque(maxlen=window)
+        self.spikes: list[dict[str, float]] = []
+        self.earlier = earlier  # spikes counted by an earlier invocation of a resumed run
+
+    @property
+    def count(self) -> int:
+        return self.earlier + len(self.spikes)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.history) if self.history else None
+
+    def observe(self, step: int, norm: float) -> dict[str, float] | None:
+        spike = None
+        if len(self.history) >= self.min_history:
+            median = statistics.median(self.history)
+            if norm > self.factor * median:
+                spike = {"step": step, "grad_norm": norm, "median": median, "window": len(self.history)}
+                self.spikes.append(spike)
+        self.history.append(norm)
+        return spike
+
+
+def negative_share(combined: Tensor) -> float:
+    """The share of entries < 0 among the visible entries of causal maps (.., T, S), query i at
+    key position S − T + i: the lower triangle (the masked entries are 0 and are not counted)."""
+    t, s = combined.shape[-2:]
+    visible = torch.ones(t, s, dtype=torch.bool, device=combined.device).tril(diagonal=s - t)
+    negative = ((combined < 0) & visible).sum().item()
+    return negative / (visible.sum().item() * combined[..., 0, 0].numel())
+
+
+class _NegativeShareTap(AttentionTap):
+    """Counts the negative visible entries of every layer's combined map (the maps are not kept)."""
+
+    def __init__(self) -> None:
+        self.shares: dict[int, float] = {}
+
+    def record(self, layer_index: int, maps: AttentionMaps) -> None:
+        self.shares[layer_index] = negative_share(maps.combined)
+
+
+def has_differential_map(attention: str) -> bool:
+    """Whether the kind's effective map can go negative (every kind but softmax attention)."""
+    return attention != "standard"
+
+
+@torch.no_grad()
+def probe(model: LanguageModel, tokens: Tensor, *, maps: bool, autocast: Any = None) -> dict[str, list[float]]:
+    """One no-grad forward of ``tokens`` (B, T) through ``model`` (unwrapped from DDP; under FSDP
+    on every process): "lambda" per layer (kinds with λ), "attn_rms" per layer, and with ``maps``
+    "negative_share" per layer (kinds with a differential map; this forward then runs the
+    reference backend). ``autocast``: the training's autocast context, if any."""
+    lambdas: dict[int, float] = {}
+    rms: dict[int, float] = {}
+
+    def watch(index: int):
+        def hook(module: nn.Module, args: Any, out: Tensor) -> None:
+            rms[index] = out.float().pow(2).mean().sqrt().item()
+            lam = module.lam()
+            if lam is not None:
+                lambdas[index] = lam.item()
+        return hook
+
+    hooks = [layer.attn.register_forward_hook(watch(i)) for i, layer in enumerate(model.layers)]
+    tap = _NegativeShareTap() if maps and has_differential_map(model.config.attention) else None
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast or contextlib.nullcontext(), model.tap_attention(tap) if tap else contextlib.nullcontext():
+            model(tokens, logits_to_keep=1)  # the LM head on one position: its logits are not wanted
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    found = {"attn_rms": [rms[i] for i in sorted(rms)]}
+    if lambdas:
+        found["lambda"] = [lambdas[i] for i in sorted(lambdas)]
+    if tap is not None:
+        found["negative_share"] = [tap.shares[i] for i in sorted(tap.shares)]
+    return found
