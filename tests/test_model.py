@@ -114,17 +114,12 @@ def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
     assert (out.double() - expected).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("kernels", ["on", "off"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 5, 16), (2, 3, 4, 8)])
-def test_rms_norm_and_its_gradients_match_the_formula(shape, dtype, kernels, monkeypatch):
-    """The training path (a hand-written backward on CPU: the C kernels where built, else the
-    PyTorch ops) against x / sqrt(mean x² + eps) · w in float64 with autograd, forward and both
-    gradients."""
-    from diff_transformer.attention import _RMSNormFunction, rms_norm
-
-    if kernels == "off":
-        monkeypatch.setenv("DIFF_TRANSFORMER_CPU_KERNEL", "0")
+def test_rms_norm_and_its_gradients_match_the_formula(shape, dtype):
+    """rms_norm (in fp32, cast back) against x / sqrt(mean x² + eps) · w in float64 with autograd,
+    forward and both gradients."""
+    from diff_transformer.attention import rms_norm
 
     eps = 1e-5
     x = (torch.randn(shape) * 3).to(dtype).requires_grad_()
@@ -140,10 +135,6 @@ def test_rms_norm_and_its_gradients_match_the_formula(shape, dtype, kernels, mon
     assert torch.allclose(out.double(), expected, rtol=tol, atol=tol)
     assert torch.allclose(x.grad.double(), x64.grad, rtol=tol, atol=tol)
     assert torch.allclose(w.grad.double(), w64.grad, rtol=1e-5, atol=1e-4)  # the weight's gradient is fp32
-    with torch.no_grad():  # the inference path computes the same
-        assert torch.allclose(rms_norm(x, w, eps), out, rtol=tol, atol=tol)
-    args = (torch.randn(shape, dtype=torch.float64, requires_grad=True), w64.detach().requires_grad_(), eps)
-    assert torch.autograd.gradcheck(_RMSNormFunction.apply, args)
 
 
 @pytest.mark.parametrize("b, t", [(1, 1), (8, 1), (2, 32), (5, 13)])  # rows 8 and 64: (W·xᵀ)ᵀ; 1 and 65: x·Wᵀ

@@ -8,7 +8,7 @@ an error the temporary file is removed and the target is untouched. Checkpoint d
 swapped in as a whole by ``checkpoint.py``, which builds on the same rename.
 
 ``cache_root`` is where the project keeps what it builds once and reuses (the default
-corpus's shards, the compiled CPU kernels).
+corpus's shards).
 """
 
 from __future__ import annotations

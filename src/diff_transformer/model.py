@@ -22,12 +22,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import checkpoint
-from .attention import ATTENTION_CLASSES, AttentionTap, Linear, RMSNorm, rope_frequencies
+from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencies
 from .cache import KVCache, StaticKVCache
 from .config import ModelConfig
 from .loss import IGNORE_INDEX, linear_cross_entropy
 from .ops import BACKEND_NAMES
-from .ops.cpu_kernels import cpu_linear, linear_applies
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -35,15 +34,12 @@ if TYPE_CHECKING:
 
 # At most this many rows (tokens) of the LM head are computed as (W·xᵀ)ᵀ on CPU: for a few rows
 # against a large vocabulary that runs 1.4-4x faster than x·Wᵀ at 4 to 64 rows (measured on this
-# project's 2-core machine, 8,192 words, E = 192 and 512; BENCHMARKS.md). Up to
-# cpu_kernels.LINEAR_MAX_ROWS rows without gradients (a decoding step) the linear kernel goes first.
+# project's 2-core machine, 8,192 words, E = 192 and 512; BENCHMARKS.md).
 FEW_HEAD_ROWS = 64
 
 
 def _head_logits(x: Tensor, weight: Tensor) -> Tensor:
     """x (B, T, E) @ weightᵀ -> logits (B, T, V), contiguous."""
-    if linear_applies(x, weight):  # a decoding step's few rows, on CPU without gradients
-        return cpu_linear(x, weight)
     rows = x.shape[0] * x.shape[1]
     if x.device.type == "cpu" and 1 < rows <= FEW_HEAD_ROWS and not torch.compiler.is_compiling():
         return (weight @ x.reshape(rows, -1).t()).t().contiguous().view(*x.shape[:-1], -1)
@@ -53,9 +49,9 @@ def _head_logits(x: Tensor, weight: Tensor) -> Tensor:
 class SwiGLU(nn.Module):
     def __init__(self, d_model: int, hidden: int) -> None:
         super().__init__()
-        self.gate_proj = Linear(d_model, hidden, bias=False)
-        self.up_proj = Linear(d_model, hidden, bias=False)
-        self.down_proj = Linear(hidden, d_model, bias=False)
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
@@ -115,7 +111,7 @@ class LanguageModel(nn.Module):
             self.embed = nn.Embedding(config.vocab_size, config.d_model)
             self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.norm = RMSNorm(config.d_model, config.norm_eps)
-            self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size, bias=False)
+            self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._rope_tables: dict[torch.device, Tensor] = {}  # see _rope_table
         self.set_attention_backend(attn_backend)
         if device.type != "meta":

@@ -112,9 +112,8 @@ def _print_machine(report: dict) -> None:
     machine = report["machine"]
     threads = report["settings"]["threads"] or machine["torch_threads"]
     where = machine.get("gpu") or f"{machine['cpu']} ({machine['cpu_cores']} cores, {threads} torch threads)"
-    kernels = f", fused CPU kernels {machine['cpu_kernels']}" if "cpu_kernels" in machine else ""
     malloc = ", malloc keeps freed memory" if machine.get("keeps_freed_memory") else ""
-    print(f"machine: {where}, torch {machine['torch']}{kernels}{malloc}")
+    print(f"machine: {where}, torch {machine['torch']}{malloc}")
 
 
 def run_attention(args: argparse.Namespace) -> int:

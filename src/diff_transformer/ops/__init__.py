@@ -20,8 +20,7 @@ Backends of ``diff_attention``:
     "triton"      one fused Triton kernel, forward and backward (triton_diff.py); CUDA, or CPU
                   under TRITON_INTERPRET=1 (tests); no attn_mask (a key_padding_mask is fused);
                   d in {16, 32, 64, 96, 128, 256}
-    "decode"      one query per sequence (T = 1) against a KV cache, K1/K2/V read once (decode.py);
-                  on CPU in fp32 without gradients one fused C kernel (cpu_kernels.py)
+    "decode"      one query per sequence (T = 1) against a KV cache, K1/K2/V read once (decode.py)
     "auto"        the best available (:func:`choose_backend`): "decode" for a single query; on
                   CUDA "triton" for fp16/bf16 when its kernels import (Triton installed, not in
                   interpreter mode), no attn_mask is given and d is supported, else "sdpa"
