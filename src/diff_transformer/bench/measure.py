@@ -10,7 +10,6 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..allocator import keeps_freed_memory
 
 
 def synchronize(device: torch.device) -> None:
@@ -95,8 +94,6 @@ def describe_machine(device: torch.device) -> dict[str, object]:
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-    else:
-        info["keeps_freed_memory"] = keeps_freed_memory()  # glibc malloc's thresholds (allocator.py)
     try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]

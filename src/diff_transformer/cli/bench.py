@@ -112,8 +112,7 @@ def _print_machine(report: dict) -> None:
     machine = report["machine"]
     threads = report["settings"]["threads"] or machine["torch_threads"]
     where = machine.get("gpu") or f"{machine['cpu']} ({machine['cpu_cores']} cores, {threads} torch threads)"
-    malloc = ", malloc keeps freed memory" if machine.get("keeps_freed_memory") else ""
-    print(f"machine: {where}, torch {machine['torch']}{malloc}")
+    print(f"machine: {where}, torch {machine['torch']}")
 
 
 def run_attention(args: argparse.Namespace) -> int:
