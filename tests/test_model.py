@@ -166,6 +166,24 @@ def test_forward_shapes_loss_and_gradients(kind):
     assert model(tokens)[1] is None
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_training_step_compiles_into_one_graph_with_the_eager_gradients(kind):
+    """torch.compile(fullgraph=True) traces the training forward and backward ("auto": DIFF on
+    "math", whose backward writes each query tile's gradient without graph breaks) and gives the
+    eager loss and gradients (aot_eager: the traced graph without inductor, fast)."""
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind))
+    tokens = torch.randint(0, model.config.vocab_size, (2, 24))
+    model(tokens, tokens, return_logits=False)[1].backward()
+    eager = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    loss = compiled(tokens, tokens, return_logits=False)[1]
+    loss.backward()
+    assert abs(loss.item() - model(tokens, tokens)[1].item()) < 1e-5
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, eager[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("keep", [1, 3, 20])
 def test_logits_to_keep_gives_the_last_rows(keep):
     """logits_to_keep=N: the last N rows of the full logits (all of them when N >= T); with a cache
