@@ -85,7 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's)")
     m.add_argument(
         "--compile", action="store_true",
-        help="our models decode through torch.compile (compiled in the warm-up; DiffLlama stays eager)",
+        help="also measure our models through torch.compile (training, prefill and decoding, compiled in the "
+        "warm-up), in the same run as eager, with the ratios of both; DiffLlama stays eager",
     )
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     m.set_defaults(run=run_model)
