@@ -26,7 +26,7 @@ from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencie
 from .cache import KVCache, StaticKVCache
 from .config import ModelConfig
 from .loss import IGNORE_INDEX, linear_cross_entropy
-from .ops import BACKEND_NAMES
+from .ops import BACKEND_NAMES, key_padding_to_attn_mask
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -183,7 +183,13 @@ class LanguageModel(nn.Module):
                 raise ValueError(f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}")
             positions = None if cache is None else cache.positions(t)
             rope = table[start : start + t]  # (T, d/2, 2) cos, sin
-            attn_mask = None if padding_mask is None else self._padding_to_attn_mask(padding_mask, t, start + t)
+            attn_mask = None
+            if padding_mask is not None:  # (B, S) -> (B, 1, T, S), once for every layer, by the ops' rule
+                s = start + t
+                if padding_mask.shape[-1] != s or padding_mask.dtype != torch.bool:
+                    got = f"{padding_mask.dtype} {tuple(padding_mask.shape)}"
+                    raise ValueError(f"padding_mask must be bool (batch, {s}), got {got}")
+                attn_mask = key_padding_to_attn_mask(padding_mask, t, s)
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x, rope, cache, attn_mask, positions)
@@ -209,16 +215,6 @@ class LanguageModel(nn.Module):
             positions = torch.arange(self.config.max_seq_len, device=device)
             table = self._rope_tables[device] = rope_frequencies(positions, self.config.head_dim, self.config.rope_theta)
         return table
-
-    @staticmethod
-    def _padding_to_attn_mask(padding_mask: Tensor, t: int, s: int) -> Tensor:
-        """(B, S) real-token flags -> (B, 1, T, S) attention mask; the diagonal stays visible so
-        that a padded query still has one key (its output is ignored, but must stay finite)."""
-        if padding_mask.shape[-1] != s or padding_mask.dtype != torch.bool:
-            raise ValueError(f"padding_mask must be bool (batch, {s}), got {padding_mask.dtype} {tuple(padding_mask.shape)}")
-        keys = torch.arange(s, device=padding_mask.device)
-        diagonal = keys[None, :] == keys[s - t :, None]  # (T, S): query i sits at position S - T + i
-        return padding_mask[:, None, None, :] | diagonal[None, None]
 
     # --- introspection -------------------------------------------------------------------
 

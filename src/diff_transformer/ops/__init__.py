@@ -181,8 +181,9 @@ def _check_mask(attn_mask: Tensor | None, b: int, h: int, t: int, s: int) -> Non
 
 def key_padding_to_attn_mask(key_padding_mask: Tensor, t: int, s: int) -> Tensor:
     """(B, S) bool, True = a real key -> (B, 1, T, S) attn_mask: real keys, plus each query's own
-    position S − T + i, so that a padded query (left padding) still has one key and stays finite
-    (the model's padding rule; the "triton" kernel applies the same rule without this tensor)."""
+    position S − T + i, so that a padded query (left padding) still has one key and stays finite.
+    The one place this mask is built: :func:`diff_attention` and ``LanguageModel.forward`` call it
+    (the "triton" kernel applies the same rule without this tensor)."""
     keys = torch.arange(s, device=key_padding_mask.device)
     own = keys[None, :] == torch.arange(s - t, s, device=keys.device)[:, None]  # (T, S): query i at S − T + i
     return key_padding_mask[:, None, None, :] | own[None, None]
