@@ -98,7 +98,10 @@ class LanguageModel(nn.Module):
     ``to_empty`` and :meth:`init_weights`); any other device allocates and initialises. Without
     ``device``, the ambient default device is used (``with torch.device("meta"): ...`` works).
     ``attn_backend`` is the runtime attention backend (see diff_transformer.ops and
-    :meth:`set_attention_backend`); it is not part of the config or the checkpoint.
+    :meth:`set_attention_backend`); it is not part of the config or the checkpoint. "auto" never
+    runs the fused Triton kernel: ``attn_backend="triton"`` opts in (verified in Triton's
+    interpreter and compiled for sm_90, not yet measured on a GPU; ``diff-transformer bench gpu``
+    checks and times it on yours).
     """
 
     def __init__(

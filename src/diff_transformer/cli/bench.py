@@ -97,7 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="On one CUDA GPU, in about 8 minutes: every differential-attention backend against "
         "the fp32 reference (output and all gradients; fp32 and bf16; MHA, GQA, odd lengths, S > T, "
         "left padding), the attention benchmark (bf16, 1K/4K/16K) and the model benchmark ('small', "
-        "1024 tokens). Writes DIR/gpu_bench.json and DIR/gpu_bench.md; exits 1 if a correctness check "
+        "1024 tokens; on 'auto' and on the opt-in 'triton' backend). The fused Triton kernel is not "
+        "used unless asked for: this is how to check and time it on your GPU, and it prints how to "
+        "turn it on. Writes DIR/gpu_bench.json and DIR/gpu_bench.md; exits 1 if a correctness check "
         "fails, 2 without a CUDA device.",
     )
     g.add_argument("--out", required=True, metavar="DIR", type=output_dir,
@@ -168,4 +170,5 @@ def run_gpu(args: argparse.Namespace) -> int:
     report = run_gpu_bench(GpuBenchSettings())
     json_path, md_path = write_report(args.out, report)
     print(f"wrote {json_path} and {md_path}; correctness {'passed' if report['correctness_passed'] else 'FAILED'}")
+    print(report["triton"]["turn_on"])
     return 0 if report["correctness_passed"] else 1
