@@ -7,10 +7,11 @@ BIN := $(VENV)/bin
 
 .PHONY: install test demo clean
 
-$(BIN)/.installed: pyproject.toml
+# constraints.txt: the exact versions CI uses (torch the local CPU wheel); pyproject.toml has ranges
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 
 install: $(BIN)/.installed
