@@ -105,6 +105,7 @@ def test_model_bench_runs():
         assert r.train_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0
 
 
+@pytest.mark.slow  # torch.compile traces every phase
 def test_model_bench_measures_eager_and_compiled_in_one_run(monkeypatch):
     """With compile, both of our models are measured eager and compiled (training, prefill and
     decoding), DiffLlama once, and both ratio lines are printed. torch.compile is given the

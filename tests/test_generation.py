@@ -12,7 +12,7 @@ KINDS = ["standard", "diff", "diff_v2"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n_kv_heads", [None, 1])
+@pytest.mark.parametrize("n_kv_heads", [None, pytest.param(1, marks=pytest.mark.slow)])  # GQA: the slow tier
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
 @pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
 def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, backend, static):
@@ -76,6 +76,7 @@ def test_an_expanded_static_cache_keeps_the_padding_of_each_row():
             torch.testing.assert_close(got[row, -1], alone[0, -1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # torch.compile traces the decoding step
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiled_decoding_with_a_static_cache_compiles_once(kind):
     """Without dynamic=True: the first one-token step compiles, every later step reuses that graph
@@ -110,6 +111,7 @@ def test_static_cache_errors():
     assert cache.length == 0 and not cache.padded
 
 
+@pytest.mark.slow  # torch.compile traces prefill and steps
 @pytest.mark.parametrize("kind", ["diff", "diff_v2"])
 def test_decoding_under_torch_compile(kind):
     """The whole forward with a cache compiles into one graph per shape (no graph breaks)."""
@@ -125,6 +127,7 @@ def test_decoding_under_torch_compile(kind):
     assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
 
 
+@pytest.mark.slow  # inductor compiles the decoding step
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor needs a C++ compiler on CPU")
 def test_generate_with_compile_matches_eager():
     """compile=True (inductor, real-valued RoPE inside the graph): same greedy tokens, with padding, and

@@ -166,12 +166,12 @@ def test_forward_shapes_loss_and_gradients(kind):
     assert model(tokens)[1] is None
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_training_step_compiles_into_one_graph_with_the_eager_gradients(kind):
-    """torch.compile(fullgraph=True) traces the training forward and backward ("auto": DIFF on
-    "math", whose backward writes each query tile's gradient without graph breaks) and gives the
-    eager loss and gradients (aot_eager: the traced graph without inductor, fast)."""
-    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind))
+@pytest.mark.slow  # torch.compile traces forward and backward
+def test_a_training_step_compiles_into_one_graph_with_the_eager_gradients():
+    """torch.compile(fullgraph=True) traces DIFF's training forward and backward ("auto": the
+    "math" backend, whose backward writes each query tile's gradient without graph breaks) and
+    gives the eager loss and gradients (aot_eager: the traced graph without inductor)."""
+    model = LanguageModel(ModelConfig.from_preset("debug", attention="diff"))
     tokens = torch.randint(0, model.config.vocab_size, (2, 24))
     model(tokens, tokens, return_logits=False)[1].backward()
     eager = {name: p.grad.clone() for name, p in model.named_parameters()}

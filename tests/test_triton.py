@@ -119,6 +119,7 @@ def test_no_grad_forward_and_per_head_lambda_scalar_equivalence():
     torch.testing.assert_close(scalar, ref, atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow  # torch.compile over the interpreted kernel
 @needs_kernels
 def test_under_torch_compile():
     """The autograd.Function over two custom ops traces whole (fullgraph) and gives eager's numbers."""
@@ -617,6 +618,7 @@ def test_interpret_flag_without_triton_knobs(monkeypatch):
     assert td._interpret_mode() is False
 
 
+@pytest.mark.slow  # a fresh interpreter importing Triton
 def test_import_without_triton_knobs_in_a_fresh_process():
     code = textwrap.dedent(
         """
@@ -684,6 +686,7 @@ def test_custom_ops_pass_opcheck_with_key_mask_and_deterministic():
     torch.library.opcheck(td._backward_op, (grad_out, q1, q2, k1, k2, v, lam, out, o2, lse1, lse2, True, 0.25, valid, True))
 
 
+@pytest.mark.slow  # torch.compile over the interpreted kernel
 @needs_kernels
 def test_model_compiles_without_graph_breaks():
     """A debug DIFF model on the "triton" backend under torch.compile(fullgraph=True): traced in
