@@ -1,22 +1,27 @@
-# make test   create .venv, install the package with its dev extra, run the whole test suite
-# make demo   create .venv, install, run the main job: train DIFF and the matched Transformer
-#             side by side on the embedded corpus and write out/compare/report.md
+# make test        create .venv, install the package with its dev extra, run the whole test suite
+# make test-fast   the same install, then the tests not marked slow (every module, in under 150 s on 2 cores)
+# make demo        create .venv, install, run the main job: train DIFF and the matched Transformer
+#                  side by side on the embedded corpus and write out/compare/report.md
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo clean
+.PHONY: install test test-fast demo clean
 
-$(BIN)/.installed: pyproject.toml
+# constraints.txt: the exact versions CI uses (torch the local CPU wheel); pyproject.toml has ranges
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 
 install: $(BIN)/.installed
 
 test: install
 	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 demo: install
 	$(BIN)/diff-transformer compare --out out/compare

@@ -21,7 +21,6 @@ import time
 import torch
 
 from diff_transformer import LanguageModel, ModelConfig
-from diff_transformer.allocator import keep_freed_memory
 from diff_transformer.ops import BACKEND_NAMES
 
 
@@ -73,7 +72,6 @@ def main() -> None:
     p.add_argument("--backends", nargs="+", default=["auto"], choices=BACKEND_NAMES, help="DIFF's backends")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
-    kept = keep_freed_memory()  # as the diff-transformer command does (DIFF_TRANSFORMER_KEEP_MEMORY=0: not)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -89,7 +87,7 @@ def main() -> None:
     seconds = step_seconds(contenders, tokens, args.rounds, args.warmup)
     print(
         f"{args.preset}, batch {args.batch}, {args.length} tokens, {torch.get_num_threads()} threads, "
-        f"{args.rounds} timed rounds after {args.warmup} warm-up, malloc {'keeps freed memory' if kept else 'as is'}"
+        f"{args.rounds} timed rounds after {args.warmup} warm-up"
     )
     print("\n".join(report(seconds, args.batch * args.length)))
 

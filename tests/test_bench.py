@@ -16,7 +16,13 @@ from diff_transformer.bench.attention import (
     visible_pairs,
 )
 from diff_transformer.bench.measure import peak_memory
-from diff_transformer.bench.model import ModelBenchSettings, diffllama_config, model_config, run_model_bench
+from diff_transformer.bench.model import (
+    ModelBenchSettings,
+    diffllama_config,
+    format_table,
+    model_config,
+    run_model_bench,
+)
 from diff_transformer.cli import main
 from diff_transformer.model import LanguageModel
 
@@ -97,6 +103,27 @@ def test_model_bench_runs():
     assert names[:2] == ["DIFF", "Transformer"]
     for r in results:
         assert r.train_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0
+
+
+@pytest.mark.slow  # torch.compile traces every phase
+def test_model_bench_measures_eager_and_compiled_in_one_run(monkeypatch):
+    """With compile, both of our models are measured eager and compiled (training, prefill and
+    decoding), DiffLlama once, and both ratio lines are printed. torch.compile is given the
+    aot_eager backend here: the same tracing, without inductor's minutes of C++ compilation."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, backend="aot_eager"))
+    settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, repeats=1, compile=True)
+    results = run_model_bench(settings, progress=False)
+    rows = [(r.model, r.compiled) for r in results]
+    assert rows[:2] == [("DIFF", False), ("Transformer", False)] and rows[-2:] == [("DIFF", True), ("Transformer", True)]
+    assert ("DiffLlama (transformers)", True) not in rows
+    for r in results:
+        assert r.train_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0
+    table = format_table(settings, results)
+    assert "DIFF vs Transformer (throughput ratio), eager: train" in table
+    assert "DIFF vs Transformer (throughput ratio), compiled: train" in table
+    if ("DiffLlama (transformers)", False) in rows:
+        assert "DIFF vs DiffLlama (throughput ratio; DiffLlama eager), compiled DIFF: train" in table
 
 
 def test_model_bench_settings_errors():

@@ -76,6 +76,9 @@ def test_whole_report_on_cpu_writes_json_and_markdown(tmp_path):
     md = md_path.read_text()
     assert "## Correctness against the fp32 reference" in md and "## Attention backends" in md and "## Models" in md
     assert "| sdpa_split | bfloat16 | gqa-cache |" in md
+    # the fused kernel is opt-in: the report says how to turn it on, and here why it cannot run
+    assert "## The fused Triton kernel" in md and 'attn_backend="triton"' in md and "cannot run here" in md
+    assert "model_triton" not in data  # not timed where it cannot run
 
 
 def test_time_budget_skips_later_phases(tmp_path):

@@ -22,6 +22,7 @@ MODELS = {
 }
 
 
+@pytest.mark.slow  # a learning-rate sweep of both models
 def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(byte_dataset, tmp_path):  # noqa: F811
     config = debug_config(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 3, "eval_every": 3})
     seen = {}
@@ -73,6 +74,7 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
     assert again["models"]["diff"]["final_val_loss"] == metrics["models"]["diff"]["final_val_loss"]
 
 
+@pytest.mark.slow  # both experiments, every seed, the evaluations
 def test_compare_runs_the_evaluations_on_every_seed_into_the_report(byte_dataset, tmp_path):  # noqa: F811
     """What the CLI wires: the config's evaluations on every seed's model, a report section each,
     and the claims table fed by their figures."""

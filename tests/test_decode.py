@@ -8,16 +8,7 @@ import torch
 from diff_transformer.config import ModelConfig
 from diff_transformer.model import LanguageModel
 from diff_transformer.ops import diff_attention, resolve_backend
-from diff_transformer.ops.cpu_kernels import ENV_SWITCH
 from diff_transformer.ops.decode import decode_diff_attention_packed
-
-
-@pytest.fixture(params=["cpu-kernel", "pytorch"])
-def decode_path(request, monkeypatch):
-    """Run a test with the fused CPU kernel (where it builds) and with the PyTorch path it replaces."""
-    if request.param == "pytorch":
-        monkeypatch.setenv(ENV_SWITCH, "0")
-    return request.param
 
 
 def single_query_inputs(b, h, hkv, s, d, *, lam_per_head):
@@ -30,7 +21,7 @@ def single_query_inputs(b, h, hkv, s, d, *, lam_per_head):
 
 @pytest.mark.parametrize("h, hkv", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa2", "mqa"])
 @pytest.mark.parametrize("lam_per_head", [False, True], ids=["lam0d", "lam-per-head"])
-def test_decode_matches_reference(h, hkv, lam_per_head, decode_path):
+def test_decode_matches_reference(h, hkv, lam_per_head):
     inputs = single_query_inputs(2, h, hkv, 37, 16, lam_per_head=lam_per_head)
     got = diff_attention(*inputs, backend="decode")
     want = diff_attention(*inputs, backend="reference")
@@ -40,7 +31,7 @@ def test_decode_matches_reference(h, hkv, lam_per_head, decode_path):
 
 @pytest.mark.parametrize("h, hkv", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa2", "mqa"])
 @pytest.mark.parametrize("lam_per_head", [False, True], ids=["lam0d", "lam-per-head"])
-def test_packed_decode_matches_reference(h, hkv, lam_per_head, decode_path):
+def test_packed_decode_matches_reference(h, hkv, lam_per_head):
     """The model's interleaved layout: sub-heads 2h, 2h+1 of q and 2g, 2g+1 of k."""
     q1, q2, k1, k2, v, lam = single_query_inputs(2, h, hkv, 29, 16, lam_per_head=lam_per_head)
     q = torch.stack([q1, q2], dim=2).flatten(1, 2)  # (B, 2H, 1, d)
@@ -52,7 +43,7 @@ def test_packed_decode_matches_reference(h, hkv, lam_per_head, decode_path):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_decode_with_padding_mask_matches_reference(decode_path):
+def test_decode_with_padding_mask_matches_reference():
     inputs = single_query_inputs(2, 4, 2, 12, 16, lam_per_head=True)
     mask = torch.ones(2, 1, 1, 12, dtype=torch.bool)
     mask[0, ..., :5] = False  # row 0 was left-padded by 5 tokens
@@ -83,7 +74,7 @@ def test_auto_uses_decode_for_a_single_query():
 
 
 @pytest.mark.parametrize("n_kv_heads", [2, 1], ids=["mha", "gqa"])
-def test_token_by_token_decoding_gives_full_forward_logits(n_kv_heads, decode_path):
+def test_token_by_token_decoding_gives_full_forward_logits(n_kv_heads):
     """Feeding a sequence one token at a time through the KV cache with backend "decode" gives
     the logits of one full forward with the reference backend."""
     config = ModelConfig.from_preset("debug", attention="diff", n_kv_heads=n_kv_heads)

@@ -36,6 +36,7 @@ def single_process(byte_dataset, tmp_path_factory):  # noqa: F811
     return out, result
 
 
+@pytest.mark.slow  # torchrun launches of 2 processes
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_processes_follow_the_single_process_curve(parallel, byte_dataset, single_process, tmp_path):  # noqa: F811
     single_out, single_result = single_process

@@ -66,6 +66,7 @@ def test_16_bits_changes_nothing_and_4_bits_changes_something(kind):
     assert (q4 - reference).abs().max() > 1e-3
 
 
+@pytest.mark.slow  # every bit width through both models
 def test_quantization_run_reports_every_bit_width():
     torch.manual_seed(0)
     config = ModelConfig.from_preset("debug", attention="diff", max_seq_len=256)

@@ -127,6 +127,7 @@ def test_constrained_decoding_picks_the_best_label(monkeypatch):
     assert accuracy == 1.0
 
 
+@pytest.mark.slow  # many-shot prompts through every model
 @pytest.mark.parametrize("kind", KINDS)
 def test_icl_run_shapes(kind, tmp_path):
     path = tmp_path / "user.jsonl"

@@ -133,6 +133,7 @@ KILLS = [("inside-write", "written", 4), ("inside-swap", "swapped", 6)] + [
 ]
 
 
+@pytest.mark.slow  # training subprocesses, killed and resumed
 @pytest.mark.parametrize("point, at", [k[1:] for k in KILLS], ids=[k[0] for k in KILLS])
 def test_sigkill_then_resume_matches_an_uninterrupted_run(point, at, dataset, reference, tmp_path):
     """SIGKILL inside the checkpoint write (the new version complete but not in place; the old one
@@ -171,6 +172,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(point, at, dataset, re
 # --- SIGTERM / SIGINT -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # training subprocesses, killed and resumed
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_then_resume_matches(signum, dataset, reference, tmp_path):
     out = tmp_path / "run"

@@ -13,7 +13,11 @@ KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
 KIND_AND_KV_HEADS = [(kind, kv) for kind in KINDS for kv in (None, 1) if not (kind == "diff_symmetric" and kv)]
 
 
-@pytest.mark.parametrize("kind, n_kv_heads", KIND_AND_KV_HEADS)
+# GQA (MQA) cases run in the slow tier
+KIND_AND_KV_HEADS_TIERED = [pytest.param(kind, kv, marks=pytest.mark.slow) if kv else (kind, kv) for kind, kv in KIND_AND_KV_HEADS]
+
+
+@pytest.mark.parametrize("kind, n_kv_heads", KIND_AND_KV_HEADS_TIERED)
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
 @pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
 def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, backend, static):
@@ -77,6 +81,7 @@ def test_an_expanded_static_cache_keeps_the_padding_of_each_row():
             torch.testing.assert_close(got[row, -1], alone[0, -1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # torch.compile traces the decoding step
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiled_decoding_with_a_static_cache_compiles_once(kind):
     """Without dynamic=True: the first one-token step compiles, every later step reuses that graph
@@ -111,6 +116,7 @@ def test_static_cache_errors():
     assert cache.length == 0 and not cache.padded
 
 
+@pytest.mark.slow  # torch.compile traces prefill and steps
 @pytest.mark.parametrize("kind", ["diff", "diff_v2"])
 def test_decoding_under_torch_compile(kind):
     """The whole forward with a cache compiles into one graph per shape (no graph breaks)."""
@@ -126,6 +132,7 @@ def test_decoding_under_torch_compile(kind):
     assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
 
 
+@pytest.mark.slow  # inductor compiles the decoding step
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor needs a C++ compiler on CPU")
 def test_generate_with_compile_matches_eager():
     """compile=True (inductor, real-valued RoPE inside the graph): same greedy tokens, with padding, and

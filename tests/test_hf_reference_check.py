@@ -46,6 +46,7 @@ def config_file(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.slow  # trains transformers' models
 def test_hf_models_train_on_our_batches_with_our_shapes(check, config_file, tmp_path, monkeypatch):
     seen = []  # (HF class, batches) of every training step, in order
     real = check._forward_backward

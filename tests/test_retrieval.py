@@ -148,6 +148,7 @@ def test_attention_allocation_reads_the_last_row_of_p1_minus_lambda_p2():
     assert shares == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.slow  # trains every model and seed
 def test_the_experiment_runs_every_model_and_seed_and_reports_by_difficulty(tmp_path):
     data = {
         "model": {"preset": "debug"},

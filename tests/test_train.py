@@ -126,6 +126,7 @@ def test_data_mix_replaces_samples_by_generated_examples(byte_dataset, tmp_path)
 # --- training, checkpoints, resume ---------------------------------------------------------------
 
 
+@pytest.mark.slow  # three training runs
 def test_resume_continues_exactly_like_a_straight_run(byte_dataset, tmp_path):
     straight = train(debug_config(byte_dataset, tmp_path / "straight"))
     first = train(debug_config(byte_dataset, tmp_path / "split", run={"stop_at_step": 3}))
@@ -140,6 +141,7 @@ def test_resume_continues_exactly_like_a_straight_run(byte_dataset, tmp_path):
     assert losses(tmp_path / "straight", "val").keys() == losses(tmp_path / "split", "val").keys() == {3, 6}
 
 
+@pytest.mark.slow  # trains a BPE tokenizer and a model
 def test_checkpoint_loads_as_a_model_with_its_tokenizer(byte_dataset, tmp_path):
     result = train(debug_config(byte_dataset, tmp_path))
     checkpoint = Path(result.checkpoint)
@@ -172,6 +174,7 @@ def test_the_meter_times_only_what_it_is_told_and_averages_each_log_window():
     assert meter.close_window()["loss"] == 1.0 and meter.window_steps == 0
 
 
+@pytest.mark.slow  # three training runs
 def test_gradient_accumulation_follows_the_full_batch(byte_dataset, tmp_path):
     train(debug_config(byte_dataset, tmp_path / "full"))
     train(debug_config(byte_dataset, tmp_path / "accumulated", data={"micro_batch_size": 2}))
@@ -217,6 +220,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(byte_dataset,
     assert torch.isfinite(LanguageModel.from_pretrained(good).embed.weight).all()
 
 
+@pytest.mark.slow  # two training runs
 def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(byte_dataset, tmp_path, monkeypatch):
     train(debug_config(byte_dataset, tmp_path, run={"steps": 2}))
     before = (tmp_path / "checkpoint" / "model.safetensors").read_bytes()
@@ -235,6 +239,7 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(byte_datase
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".checkpoint.tmp")]
 
 
+@pytest.mark.slow  # a training subprocess
 def test_sigterm_saves_a_checkpoint_before_exiting(byte_dataset, tmp_path):
     out = tmp_path / "run"
     config = tmp_path / "config.yaml"

@@ -35,6 +35,7 @@ def test_rng_states_survive_a_save_and_load(tmp_path):
     assert torch.equal(got[0], expected[0]) and got[1] == expected[1]
 
 
+@pytest.mark.slow  # interrupted and straight training runs
 def test_resume_replays_the_random_streams_bit_for_bit(byte_dataset, tmp_path, monkeypatch):  # noqa: F811
     """A loss that draws from torch's and Python's global RNGs (as dropout would) at every micro-batch:
     a run paused at step 3 and resumed logs exactly the losses of a straight run."""
@@ -116,6 +117,7 @@ def test_compiled_training_on_cpu_follows_eager(byte_dataset, tmp_path):  # noqa
 BF16_TOLERANCE = 0.05  # nats: bf16 keeps 8 bits of mantissa; the debug model's loss is ~5.5
 
 
+@pytest.mark.slow  # a training run under bf16 autocast
 def test_bf16_autocast_training_on_cpu(byte_dataset, tmp_path):  # noqa: F811
     fp32 = train(debug_config(byte_dataset, tmp_path / "fp32", run={"steps": 3, "precision": "fp32"}))
     assert fp32.status == "completed"
@@ -129,6 +131,7 @@ def test_bf16_autocast_training_on_cpu(byte_dataset, tmp_path):  # noqa: F811
     assert LanguageModel.from_pretrained(tmp_path / "bf16" / "checkpoint").embed.weight.dtype == torch.float32
 
 
+@pytest.mark.slow  # two training runs
 def test_resume_after_switching_the_attention_backend(byte_dataset, tmp_path):  # noqa: F811
     """Saved while training on the reference backend, resumed on "auto": the run completes and
     follows a straight run (the backends agree to fp32 rounding)."""

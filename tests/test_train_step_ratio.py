@@ -19,6 +19,7 @@ def load_script():
     return module
 
 
+@pytest.mark.slow  # training steps of two models
 def test_best_steps_and_ratios_follow_the_clock():
     script = load_script()
     contenders = {}

@@ -119,6 +119,7 @@ def test_no_grad_forward_and_per_head_lambda_scalar_equivalence():
     torch.testing.assert_close(scalar, ref, atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow  # torch.compile over the interpreted kernel
 @needs_kernels
 def test_under_torch_compile():
     """The autograd.Function over two custom ops traces whole (fullgraph) and gives eager's numbers."""
@@ -197,21 +198,20 @@ def test_cpu_without_interpreter_is_a_clear_error():
     assert "needs a CUDA GPU" in done.stdout and "TRITON_INTERPRET=1" in done.stdout, done.stdout + done.stderr
 
 
-def test_auto_picks_the_best_available_backend(monkeypatch):
+def test_auto_never_picks_triton(monkeypatch):
+    """"auto" on CUDA is PyTorch's SDPA even where the fused kernel could run: it is opt-in."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_backend("auto", cpu, queries=1) == "decode"
     assert resolve_backend("auto", cuda, queries=1) == "decode"
     assert resolve_backend("auto", cpu, queries=64, head_dim=64) == "sdpa_split"
     monkeypatch.setattr(ops, "_TRITON_INTERPRET", False)
     monkeypatch.setattr(ops, "TRITON_INSTALLED", True)
-    assert resolve_backend("auto", cuda, queries=64, head_dim=64) == "triton"
+    monkeypatch.setattr(ops, "_triton_import", [None])  # as if the kernels imported on a GPU machine
+    assert ops.triton_available()
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert resolve_backend("auto", cuda, queries=64, head_dim=64, dtype=dtype) == "sdpa"
     assert resolve_backend("auto", cuda, queries=64, head_dim=64, masked=True) == "sdpa"
-    assert resolve_backend("auto", cuda, queries=64, head_dim=48) == "sdpa"
-    monkeypatch.setattr(ops, "TRITON_INSTALLED", False)
-    assert resolve_backend("auto", cuda, queries=64, head_dim=64) == "sdpa"
-    monkeypatch.setattr(ops, "TRITON_INSTALLED", True)
-    monkeypatch.setattr(ops, "_TRITON_INTERPRET", True)  # the interpreter is never chosen by "auto"
-    assert resolve_backend("auto", cuda, queries=64, head_dim=64) == "sdpa"
+    assert resolve_backend("triton", cuda, queries=64, head_dim=64) == "triton"  # asked for: used
 
 
 AOT_COMPILE = textwrap.dedent(
@@ -618,6 +618,7 @@ def test_interpret_flag_without_triton_knobs(monkeypatch):
     assert td._interpret_mode() is False
 
 
+@pytest.mark.slow  # a fresh interpreter importing Triton
 def test_import_without_triton_knobs_in_a_fresh_process():
     code = textwrap.dedent(
         """
@@ -638,29 +639,30 @@ def test_import_without_triton_knobs_in_a_fresh_process():
     assert flag == "True" and float(err) < 1e-5, done.stdout
 
 
-def test_auto_falls_back_when_the_kernels_do_not_import(monkeypatch):
-    cuda = torch.device("cuda")
+def test_triton_availability_says_why_not(monkeypatch):
+    """What ``bench gpu`` reports: the kernels not importing, the interpreter, no package."""
     monkeypatch.setattr(ops, "_TRITON_INTERPRET", False)
     monkeypatch.setattr(ops, "TRITON_INSTALLED", True)
     monkeypatch.setattr(ops, "_triton_import", [])
     monkeypatch.setitem(sys.modules, "diff_transformer.ops.triton_diff", None)  # import raises ImportError
-    assert "triton_diff" in ops.triton_import_error()
-    assert resolve_backend("auto", cuda, queries=64, head_dim=64, dtype=torch.bfloat16) == "sdpa"
+    assert "triton_diff" in ops.triton_import_error() and not ops.triton_available()
     monkeypatch.setattr(ops, "_triton_import", [None])
-    assert resolve_backend("auto", cuda, queries=64, head_dim=64, dtype=torch.bfloat16) == "triton"
+    assert ops.triton_import_error() is None and ops.triton_available()
+    monkeypatch.setattr(ops, "_TRITON_INTERPRET", True)  # the interpreter is for tests
+    assert not ops.triton_available()
+    monkeypatch.setattr(ops, "TRITON_INSTALLED", False)
+    assert "not installed" in ops.triton_import_error()
 
 
 def test_choose_backend_routing():
-    """The decision "auto" makes, from device, dtype, shape, mask and availability."""
+    """The decision "auto" makes, from device, dtype and shape; never "triton", whatever triton_ok says."""
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
     fast = dict(queries=128, head_dim=64, triton_ok=True)
-    assert choose_backend("cuda", dtype=bf16, **fast) == "triton"
-    assert choose_backend("cuda", dtype=fp16, **fast) == "triton"
-    assert choose_backend("cuda", dtype=fp32, **fast) == "sdpa"  # the exact-fp32 kernel spills
+    for dtype in (bf16, fp16, fp32):
+        for d in (16, 64, 96, 128, 256, 48):
+            assert choose_backend("cuda", dtype=dtype, **{**fast, "head_dim": d}) == "sdpa"
     assert choose_backend("cuda", dtype=bf16, **{**fast, "triton_ok": False}) == "sdpa"
     assert choose_backend("cuda", dtype=bf16, masked=True, **fast) == "sdpa"
-    for d, want in ((96, "triton"), (256, "triton"), (48, "sdpa"), (512, "sdpa")):
-        assert choose_backend("cuda", dtype=bf16, **{**fast, "head_dim": d}) == want
     assert choose_backend("cpu", dtype=bf16, **fast) == "sdpa_split"
     assert choose_backend("cuda", dtype=bf16, **{**fast, "queries": 1}) == "decode"
     # resolve_backend passes the dtype through; diff_attention passes q1's.
@@ -684,6 +686,7 @@ def test_custom_ops_pass_opcheck_with_key_mask_and_deterministic():
     torch.library.opcheck(td._backward_op, (grad_out, q1, q2, k1, k2, v, lam, out, o2, lse1, lse2, True, 0.25, valid, True))
 
 
+@pytest.mark.slow  # torch.compile over the interpreted kernel
 @needs_kernels
 def test_model_compiles_without_graph_breaks():
     """A debug DIFF model on the "triton" backend under torch.compile(fullgraph=True): traced in

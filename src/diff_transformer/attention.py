@@ -28,17 +28,6 @@ from .ops import (
     reference_attention,
     reference_diff_attention,
 )
-from .ops.cpu_kernels import (
-    cpu_linear,
-    cpu_rms_norm,
-    cpu_rms_norm_backward,
-    cpu_rope,
-    linear_applies,
-    rms_norm_applies,
-    rms_norm_training_applies,
-    rope_applies,
-    rope_training_applies,
-)
 
 if TYPE_CHECKING:
     from .cache import KVCache
@@ -51,38 +40,14 @@ def rope_frequencies(positions: Tensor, head_dim: int, theta: float) -> Tensor:
     return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
 
-class _RopeFunction(torch.autograd.Function):
-    """``apply_rope`` for training on CPU in fp32 with the kernels built: the C rotation forward,
-    and backward the rotation back by the same angles (a rotation's transpose is its inverse):
-    one pass each, where the complex-number product and its views take several, and the output's
-    memory is already the (B, n, T, d) order the attention reads (see ``cpu_rope``)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, rope: Tensor) -> Tensor:
-        ctx.save_for_backward(rope)
-        return cpu_rope(x, rope)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        (rope,) = ctx.saved_tensors
-        return cpu_rope(grad if grad.stride(-1) == 1 else grad.contiguous(), rope, inverse=True), None
-
-
 def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     """Interleaved rotary embedding: rotate each pair (x[2i], x[2i+1]) by the angle of pair i.
 
     x (B, T, n, d); rope (T, d/2, 2) from :func:`rope_frequencies`. Eagerly a pair is one
     complex number and the rotation one complex product (few operator calls, which cost about
     half of a small model's decoding step); under torch.compile the same rotation in real
-    arithmetic, which inductor fuses (it generates no code for complex tensors). On CPU in fp32
-    the fused kernel (ops/cpu_kernels.py) does it in one call, and in training its backward in
-    another; this is their reference.
+    arithmetic, which inductor fuses (it generates no code for complex tensors).
     """
-    if rope_applies(x, rope):
-        return cpu_rope(x, rope)
-    if rope_training_applies(x, rope):
-        return _RopeFunction.apply(x, rope)
     pairs = x.float().unflatten(-1, (-1, 2))  # (B, T, n, d/2, 2)
     if torch.compiler.is_compiling():
         re, im = pairs.unbind(-1)
@@ -92,62 +57,10 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     return torch.view_as_real(rotated).flatten(-2).type_as(x)
 
 
-class _RMSNormFunction(torch.autograd.Function):
-    """x / rms(x) · weight over the last dim with a hand-written backward, for training on CPU.
-
-    Autograd through the composite (pow, mean, add, rsqrt, mul, mul) keeps its intermediates and
-    runs about a dozen kernels backward. In fp32 with the kernels built, forward and backward are
-    one C call each (ops/cpu_kernels.py), keeping only x; otherwise the PyTorch ops below, their
-    reference, keep x̂ = x / rms(x) and 1 / rms(x) and run seven kernels backward. (CUDA has a
-    fused kernel for F.rms_norm, which is used there.)
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        ctx.eps, ctx.fused = eps, rms_norm_training_applies(x, weight)
-        if ctx.fused:
-            ctx.save_for_backward(x, weight)
-            return cpu_rms_norm(x, weight, eps)
-        inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))  # (..., 1)
-        normed = x * inv_rms
-        ctx.save_for_backward(normed, weight, inv_rms)
-        return normed * weight
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        if ctx.fused:
-            x, weight = ctx.saved_tensors
-            grad_x, grad_weight = cpu_rms_norm_backward(x, weight, grad, ctx.eps)
-            return grad_x, grad_weight, None
-        normed, weight, inv_rms = ctx.saved_tensors
-        grad_x = grad_weight = None
-        if ctx.needs_input_grad[0]:
-            # d(x·r)/dx with r = (mean x² + eps)^(-1/2), applied to u = grad·weight: r · (u − x̂ · mean(u·x̂))
-            u = grad * weight
-            grad_x = torch.addcmul(u, normed, (u * normed).mean(-1, keepdim=True), value=-1.0).mul_(inv_rms)
-        if ctx.needs_input_grad[1]:
-            grad_weight = (grad * normed).sum(dim=tuple(range(grad.dim() - 1)))  # no flatten: grad may be strided
-        return grad_x, grad_weight, None
-
-
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """RMSNorm over the last dim, computed in fp32 and cast back to x's dtype. On CPU in fp32
-    without gradients, one fused C kernel (ops/cpu_kernels.py) instead of F.rms_norm's six calls."""
-    if (
-        weight is not None
-        and x.device.type == "cpu"
-        and torch.is_grad_enabled()
-        and (x.requires_grad or weight.requires_grad)
-        and not torch.compiler.is_compiling()  # inductor fuses the composite itself
-    ):
-        if x.dtype == weight.dtype == torch.float32:
-            return _RMSNormFunction.apply(x, weight, eps)
-        return _RMSNormFunction.apply(x.float(), weight.float(), eps).type_as(x)
-    if rms_norm_applies(x, weight):
-        return cpu_rms_norm(x, weight, eps)
+    """RMSNorm over the last dim, computed in fp32 and cast back to x's dtype."""
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # no casts: saves two calls per norm when decoding
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # no casts: two calls fewer per norm when decoding
     w = None if weight is None else weight.float()
     return F.rms_norm(x.float(), (x.shape[-1],), w, eps).type_as(x)
 
@@ -160,17 +73,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)
-
-
-class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state dict) whose products of a few rows without
-    gradients on CPU, a decoding step's, go to the fused kernel (ops/cpu_kernels.py); F.linear,
-    its reference, does everything else."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.bias is None and linear_applies(x, self.weight):
-            return cpu_linear(x, self.weight)
-        return super().forward(x)
 
 
 class AttentionTap:
@@ -206,10 +108,10 @@ class Attention(nn.Module):
         self.layer_index = layer_index
         self.head_dim = d
         self.value_width = value_width  # width of one value head: d, or 2d for DIFF
-        self.q_proj = Linear(e, q_heads * d, bias=False)
-        self.k_proj = Linear(e, k_heads * d, bias=False)
-        self.v_proj = Linear(e, config.n_kv_heads * value_width, bias=False)
-        self.o_proj = Linear(out_heads * value_width, e, bias=False)
+        self.q_proj = nn.Linear(e, q_heads * d, bias=False)
+        self.k_proj = nn.Linear(e, k_heads * d, bias=False)
+        self.v_proj = nn.Linear(e, config.n_kv_heads * value_width, bias=False)
+        self.o_proj = nn.Linear(out_heads * value_width, e, bias=False)
         self.head_norm = RMSNorm(value_width, eps=1e-5) if config.head_norm else None
         self.out_scale = 1.0  # a constant on the normed heads (DIFF: 1 − λ_init)
         self.backend = "auto"  # runtime choice (see diff_transformer.ops); not part of the checkpoint
@@ -393,7 +295,7 @@ class DiffV2Attention(Attention):
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
         super().__init__(config, layer_index, q_heads=2 * h, k_heads=hkv, value_width=d, out_heads=h)
-        self.lambda_proj = Linear(config.d_model, h, bias=False)
+        self.lambda_proj = nn.Linear(config.d_model, h, bias=False)
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:

@@ -23,7 +23,7 @@ permission), including the failures torch, safetensors and tokenizers report in 
 exception types, reaches the caller as an :class:`OSError` naming the file it was writing.
 
 ``cache_root`` is where the project keeps what it builds once and reuses (the default
-corpus's shards, the compiled CPU kernels).
+corpus's shards).
 """
 
 from __future__ import annotations

@@ -22,12 +22,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import checkpoint
-from .attention import ATTENTION_CLASSES, AttentionTap, Linear, RMSNorm, rope_frequencies
+from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencies
 from .cache import KVCache, StaticKVCache
 from .config import ModelConfig
 from .loss import IGNORE_INDEX, linear_cross_entropy
-from .ops import BACKEND_NAMES
-from .ops.cpu_kernels import cpu_linear, linear_applies
+from .ops import BACKEND_NAMES, key_padding_to_attn_mask
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -35,15 +34,12 @@ if TYPE_CHECKING:
 
 # At most this many rows (tokens) of the LM head are computed as (W·xᵀ)ᵀ on CPU: for a few rows
 # against a large vocabulary that runs 1.4-4x faster than x·Wᵀ at 4 to 64 rows (measured on this
-# project's 2-core machine, 8,192 words, E = 192 and 512; BENCHMARKS.md). Up to
-# cpu_kernels.LINEAR_MAX_ROWS rows without gradients (a decoding step) the linear kernel goes first.
+# project's 2-core machine, 8,192 words, E = 192 and 512; BENCHMARKS.md).
 FEW_HEAD_ROWS = 64
 
 
 def _head_logits(x: Tensor, weight: Tensor) -> Tensor:
     """x (B, T, E) @ weightᵀ -> logits (B, T, V), contiguous."""
-    if linear_applies(x, weight):  # a decoding step's few rows, on CPU without gradients
-        return cpu_linear(x, weight)
     rows = x.shape[0] * x.shape[1]
     if x.device.type == "cpu" and 1 < rows <= FEW_HEAD_ROWS and not torch.compiler.is_compiling():
         return (weight @ x.reshape(rows, -1).t()).t().contiguous().view(*x.shape[:-1], -1)
@@ -53,9 +49,9 @@ def _head_logits(x: Tensor, weight: Tensor) -> Tensor:
 class SwiGLU(nn.Module):
     def __init__(self, d_model: int, hidden: int) -> None:
         super().__init__()
-        self.gate_proj = Linear(d_model, hidden, bias=False)
-        self.up_proj = Linear(d_model, hidden, bias=False)
-        self.down_proj = Linear(hidden, d_model, bias=False)
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
@@ -102,7 +98,10 @@ class LanguageModel(nn.Module):
     ``to_empty`` and :meth:`init_weights`); any other device allocates and initialises. Without
     ``device``, the ambient default device is used (``with torch.device("meta"): ...`` works).
     ``attn_backend`` is the runtime attention backend (see diff_transformer.ops and
-    :meth:`set_attention_backend`); it is not part of the config or the checkpoint.
+    :meth:`set_attention_backend`); it is not part of the config or the checkpoint. "auto" never
+    runs the fused Triton kernel: ``attn_backend="triton"`` opts in (verified in Triton's
+    interpreter and compiled for sm_90, not yet measured on a GPU; ``diff-transformer bench gpu``
+    checks and times it on yours).
     """
 
     def __init__(
@@ -115,7 +114,7 @@ class LanguageModel(nn.Module):
             self.embed = nn.Embedding(config.vocab_size, config.d_model)
             self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.norm = RMSNorm(config.d_model, config.norm_eps)
-            self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size, bias=False)
+            self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._rope_tables: dict[torch.device, Tensor] = {}  # see _rope_table
         self.set_attention_backend(attn_backend)
         if device.type != "meta":
@@ -192,7 +191,13 @@ class LanguageModel(nn.Module):
                 raise ValueError(f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}")
             positions = None if cache is None else cache.positions(t)
             rope = table[start : start + t]  # (T, d/2, 2) cos, sin
-            attn_mask = None if padding_mask is None else self._padding_to_attn_mask(padding_mask, t, start + t)
+            attn_mask = None
+            if padding_mask is not None:  # (B, S) -> (B, 1, T, S), once for every layer, by the ops' rule
+                s = start + t
+                if padding_mask.shape[-1] != s or padding_mask.dtype != torch.bool:
+                    got = f"{padding_mask.dtype} {tuple(padding_mask.shape)}"
+                    raise ValueError(f"padding_mask must be bool (batch, {s}), got {got}")
+                attn_mask = key_padding_to_attn_mask(padding_mask, t, s)
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x, rope, cache, attn_mask, positions)
@@ -246,16 +251,6 @@ class LanguageModel(nn.Module):
             positions = torch.arange(self.config.max_seq_len, device=device)
             table = self._rope_tables[device] = rope_frequencies(positions, self.config.head_dim, self.config.rope_theta)
         return table
-
-    @staticmethod
-    def _padding_to_attn_mask(padding_mask: Tensor, t: int, s: int) -> Tensor:
-        """(B, S) real-token flags -> (B, 1, T, S) attention mask; the diagonal stays visible so
-        that a padded query still has one key (its output is ignored, but must stay finite)."""
-        if padding_mask.shape[-1] != s or padding_mask.dtype != torch.bool:
-            raise ValueError(f"padding_mask must be bool (batch, {s}), got {padding_mask.dtype} {tuple(padding_mask.shape)}")
-        keys = torch.arange(s, device=padding_mask.device)
-        diagonal = keys[None, :] == keys[s - t :, None]  # (T, S): query i sits at position S - T + i
-        return padding_mask[:, None, None, :] | diagonal[None, None]
 
     # --- introspection -------------------------------------------------------------------
 

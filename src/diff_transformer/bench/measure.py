@@ -10,8 +10,6 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..allocator import keeps_freed_memory
-from ..ops.cpu_kernels import kernels_status
 
 
 def synchronize(device: torch.device) -> None:
@@ -96,9 +94,6 @@ def describe_machine(device: torch.device) -> dict[str, object]:
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-    else:
-        info["cpu_kernels"] = kernels_status()  # the fused decode / RMSNorm kernels (ops/cpu_kernels.py)
-        info["keeps_freed_memory"] = keeps_freed_memory()  # glibc malloc's thresholds (allocator.py)
     try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]

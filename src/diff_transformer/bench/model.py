@@ -13,13 +13,18 @@ Measured:
     decode    B tokens / the time of one generation step (forward of one token through the KV
               cache + greedy choice) after a prompt of length L: each of the N − 1 steps after
               the first is timed from inside generation (our ``stream``; a logits processor for
-              transformers' ``generate``), so the prefill is left out; with ``compile`` our
-              models' one-token step runs through torch.compile (DiffLlama stays eager: its
-              static-cache generate compiles only on CUDA)
+              transformers' ``generate``), so the prefill is left out
+
+With ``compile`` our two models are measured twice in the same run, eager and through
+torch.compile: the training step's forward and backward and the prefill's forward by
+``torch.compile(model)`` (as ``run.compile`` trains), every decoding step by
+``generate(..., compile=True)`` (a static KV cache, one graph). DiffLlama stays eager (its
+static-cache ``generate`` compiles only on CUDA), so its ratios compare compiled with eager code.
 
 Every figure is the best of ``repeats`` runs (of the N − 1 steps for decode) after ``warmup``
-untimed ones: on a shared machine the least disturbed run (see measure.time_call). The models
-take turns within every repeat, so that a change in the machine's load hits them alike.
+untimed ones (which compile): on a shared machine the least disturbed run (see
+measure.time_call). The models take turns within every repeat, so that a change in the machine's
+load hits them alike, and the ratios printed come from the same run.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class ModelBenchSettings:
     repeats: int = 3
     compare_hf: bool = True  # also measure transformers' DiffLlama when transformers is installed
     threads: int | None = None  # torch CPU threads while measuring; None = leave as is
-    compile: bool = False  # our models decode through torch.compile (compiled during the warm-up)
+    compile: bool = False  # also measure our models through torch.compile (compiled during the warm-up)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -79,6 +84,7 @@ class ModelBenchResult:
     train_tokens_per_s: float
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
+    compiled: bool = False  # measured through torch.compile
 
 
 @dataclass
@@ -90,6 +96,11 @@ class Contender:
     train_step: Callable[[Tensor], None]  # forward + backward + AdamW step
     prefill: Callable[[Tensor], None]  # one forward filling the KV cache, no grad
     decode_steps: Callable[[Tensor, int], list[float]]  # generate N tokens -> N − 1 step times (s)
+    compiled: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.name} (compiled)" if self.compiled else self.name
 
 
 def model_config(settings: ModelBenchSettings, attention: str) -> ModelConfig:
@@ -111,17 +122,16 @@ def diffllama_config(config: ModelConfig):
 
 
 def _ours(
-    name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype, compile: bool, backend: str
+    name: str, model: LanguageModel, optimizer: torch.optim.Optimizer, device: torch.device, compile: bool
 ) -> Contender:
-    """This project's model."""
+    """This project's model, eager or through torch.compile (the same weights and optimizer either way)."""
     from ..generation import stream
 
-    model = LanguageModel(config, device=device, attn_backend=backend).to(dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    forward = torch.compile(model) if compile else model
 
     def train_step(tokens):
         model.train()
-        _, loss = model(tokens, tokens, return_logits=False)  # as the trainer: the fused head and loss
+        _, loss = forward(tokens, tokens, return_logits=False)  # as the trainer (eagerly the fused head and loss)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -129,7 +139,7 @@ def _ours(
     @torch.no_grad()
     def prefill(tokens):
         model.eval()
-        model(tokens, cache=model.new_cache(tokens.shape[0], tokens.shape[1]))
+        forward(tokens, cache=model.new_cache(tokens.shape[0], tokens.shape[1]))
 
     def decode_steps(tokens, n):
         model.eval()
@@ -139,7 +149,7 @@ def _ours(
             times.append(time.perf_counter())
         return [b - a for a, b in zip(times, times[1:])]
 
-    return Contender(name, model, train_step, prefill, decode_steps)
+    return Contender(name, model, train_step, prefill, decode_steps, compiled=compile)
 
 
 def _diffllama(name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Contender:
@@ -216,18 +226,21 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
         torch.set_num_threads(settings.threads)
     torch.manual_seed(0)
     diff_config = model_config(settings, "diff")
-    contenders = [
-        _ours("DIFF", diff_config, device, dtype, settings.compile, settings.backend),
-        _ours("Transformer", model_config(settings, "standard"), device, dtype, settings.compile, settings.backend),
-    ]
+    ours = {}  # name -> (model, optimizer)
+    for name, config in (("DIFF", diff_config), ("Transformer", model_config(settings, "standard"))):
+        model = LanguageModel(config, device=device, attn_backend=settings.backend).to(dtype)
+        ours[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-5))
+    contenders = [_ours(name, *pair, device, compile=False) for name, pair in ours.items()]
     if settings.compare_hf and hf_available():
         contenders.append(_diffllama("DiffLlama (transformers)", diff_config, device, dtype))
+    if settings.compile:
+        contenders += [_ours(name, *pair, device, compile=True) for name, pair in ours.items()]
     tokens = torch.randint(0, diff_config.vocab_size, (settings.batch, settings.length), device=device)
     n = settings.decode_tokens
     phases = {
-        "train": {c.name: (lambda c=c: c.train_step(tokens)) for c in contenders},
-        "prefill": {c.name: (lambda c=c: c.prefill(tokens)) for c in contenders},
-        "decode": {c.name: (lambda c=c: c.decode_steps(tokens, n)) for c in contenders},
+        "train": {c.key: (lambda c=c: c.train_step(tokens)) for c in contenders},
+        "prefill": {c.key: (lambda c=c: c.prefill(tokens)) for c in contenders},
+        "decode": {c.key: (lambda c=c: c.decode_steps(tokens, n)) for c in contenders},
     }
     try:
         best = {phase: _best_times(calls, device, settings) for phase, calls in tqdm(
@@ -240,12 +253,19 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
         ModelBenchResult(
             model=c.name,
             parameters=sum(p.numel() for p in c.model.parameters()),
-            train_tokens_per_s=tokens_in / best["train"][c.name],
-            prefill_tokens_per_s=tokens_in / best["prefill"][c.name],
-            decode_tokens_per_s=settings.batch / best["decode"][c.name],
+            train_tokens_per_s=tokens_in / best["train"][c.key],
+            prefill_tokens_per_s=tokens_in / best["prefill"][c.key],
+            decode_tokens_per_s=settings.batch / best["decode"][c.key],
+            compiled=c.compiled,
         )
         for c in contenders
     ]
+
+
+def _ratios(a: ModelBenchResult, b: ModelBenchResult) -> str:
+    return (f"train {a.train_tokens_per_s / b.train_tokens_per_s:.3f}, "
+            f"prefill {a.prefill_tokens_per_s / b.prefill_tokens_per_s:.3f}, "
+            f"decode {a.decode_tokens_per_s / b.decode_tokens_per_s:.3f}")
 
 
 def format_table(settings: ModelBenchSettings, results: list[ModelBenchResult]) -> str:
@@ -253,26 +273,23 @@ def format_table(settings: ModelBenchSettings, results: list[ModelBenchResult]) 
         f"preset {settings.preset}, length {settings.length}, batch {settings.batch}, {settings.dtype} on "
         f"{settings.device}, {settings.decode_tokens} decoded tokens, attention backend {settings.backend!r}, "
         f"{settings.threads or torch.get_num_threads()} torch threads"
-        + (", our decoding step compiled" if settings.compile else ""),
-        f"{'model':<26} {'params':>12} {'train tok/s':>12} {'prefill tok/s':>14} {'decode tok/s':>13}",
+        + (", our models eager and through torch.compile (DiffLlama eager)" if settings.compile else ""),
+        f"{'model':<26} {'mode':<9} {'params':>12} {'train tok/s':>12} {'prefill tok/s':>14} {'decode tok/s':>13}",
     ]
     for r in results:
         lines.append(
-            f"{r.model:<26} {r.parameters:>12,} {r.train_tokens_per_s:>12.1f} {r.prefill_tokens_per_s:>14.1f} "
-            f"{r.decode_tokens_per_s:>13.1f}"
+            f"{r.model:<26} {'compiled' if r.compiled else 'eager':<9} {r.parameters:>12,} "
+            f"{r.train_tokens_per_s:>12.1f} {r.prefill_tokens_per_s:>14.1f} {r.decode_tokens_per_s:>13.1f}"
         )
-    by_name = {r.model: r for r in results}
-    if "DIFF" in by_name and "Transformer" in by_name:
-        diff, std = by_name["DIFF"], by_name["Transformer"]
-        lines.append(
-            "DIFF vs Transformer (throughput ratio): "
-            f"train {diff.train_tokens_per_s / std.train_tokens_per_s:.3f}, "
-            f"prefill {diff.prefill_tokens_per_s / std.prefill_tokens_per_s:.3f}, "
-            f"decode {diff.decode_tokens_per_s / std.decode_tokens_per_s:.3f}"
-        )
-    hf = by_name.get("DiffLlama (transformers)")
-    if hf is not None and "DIFF" in by_name:
-        lines.append(f"DIFF decode vs DiffLlama generate: {by_name['DIFF'].decode_tokens_per_s / hf.decode_tokens_per_s:.2f}x")
+    by_name = {(r.model, r.compiled): r for r in results}
+    hf = by_name.get(("DiffLlama (transformers)", False))
+    for compiled in (False, True):
+        mode = "compiled" if compiled else "eager"
+        diff, std = by_name.get(("DIFF", compiled)), by_name.get(("Transformer", compiled))
+        if diff and std:
+            lines.append(f"DIFF vs Transformer (throughput ratio), {mode}: {_ratios(diff, std)}")
+        if diff and hf:
+            lines.append(f"DIFF vs DiffLlama (throughput ratio; DiffLlama eager), {mode} DIFF: {_ratios(diff, hf)}")
     return "\n".join(lines)
 
 

@@ -7,9 +7,6 @@ Errors are answered here, for every command: a bad option value is refused by th
 ``error: <what> (<why>)`` goes to stderr and the exit status is 2. Anything else is a bug: one
 ``error: unexpected ...`` line and exit status 1. ``--debug`` (or DIFF_TRANSFORMER_DEBUG=1)
 shows the traceback instead.
-
-Every command first asks glibc's malloc to keep freed memory for reuse (:mod:`..allocator`):
-on CPU that removes the page faults a training step otherwise pays for every tensor it frees.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ import importlib
 import os
 import sys
 
-from ..allocator import keep_freed_memory
 from .args import Parser, UsageError
 
 COMMANDS = ["generate", "info", "hf", "data", "evaluate", "train", "bench"]
@@ -55,7 +51,6 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _debugging(argv)
-    keep_freed_memory()
     try:
         args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)

@@ -19,13 +19,12 @@ Backends of ``diff_attention``:
                   products with V, memory O(T·S) (the causal half)
     "triton"      one fused Triton kernel, forward and backward (triton_diff.py); CUDA, or CPU
                   under TRITON_INTERPRET=1 (tests); no attn_mask (a key_padding_mask is fused);
-                  d in {16, 32, 64, 96, 128, 256}
-    "decode"      one query per sequence (T = 1) against a KV cache, K1/K2/V read once (decode.py);
-                  on CPU in fp32 without gradients one fused C kernel (cpu_kernels.py)
-    "auto"        the best available (:func:`choose_backend`): "decode" for a single query; on
-                  CUDA "triton" for fp16/bf16 when its kernels import (Triton installed, not in
-                  interpreter mode), no attn_mask is given and d is supported, else "sdpa"
-                  (fp32 too: the exact-fp32 kernel is for tests, it spills); on CPU "math" for
+                  d in {16, 32, 64, 96, 128, 256}. Opt-in only: verified in Triton's interpreter
+                  and compiled for sm_90, not yet measured on a GPU (``diff-transformer bench gpu``
+                  checks and times it on yours)
+    "decode"      one query per sequence (T = 1) against a KV cache, K1/K2/V read once (decode.py)
+    "auto"        (:func:`choose_backend`) "decode" for a single query; on CUDA "sdpa" (PyTorch
+                  picks flash / cuDNN / memory-efficient), never "triton"; on CPU "math" for
                   fp32 up to MATH_MAX_KEYS keys (measured faster than "sdpa_split" there,
                   BENCHMARKS.md), else "sdpa_split"
 
@@ -64,13 +63,10 @@ __all__ = [
     "resolve_backend",
 ]
 
-# Read once at import: "auto" never picks the Triton interpreter, which is for tests only.
-TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
-_TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # read once at import
+_TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # Triton's test-only CPU mode
 TRITON_HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # d the fused kernel takes (96: padded to 128 inside)
 
-
-_AUTO_TRITON_DTYPES = (torch.float16, torch.bfloat16)  # "auto" sends fp32 elsewhere
 # Longest keys for which "auto" picks "math" on CPU: at the tiny model's shapes (batch 8), in
 # forward + backward, it is 2.3–2.5x faster than "sdpa_split" up to 512 keys, 1.2–1.7x at 1,024
 # and slower at 2,048, where its query tiles get short (BENCHMARKS.md). It keeps the causal half
@@ -87,7 +83,7 @@ def triton_import_error() -> str | None:
     if not _triton_import:
         try:
             importlib.import_module(f"{__name__}.triton_diff")
-        except Exception as e:  # any failure means: not usable, fall back
+        except Exception as e:  # any failure means: not usable
             _triton_import.append(f"{type(e).__name__}: {e}")
         else:
             _triton_import.append(None)
@@ -95,7 +91,8 @@ def triton_import_error() -> str | None:
 
 
 def triton_available() -> bool:
-    """Whether "auto" may pick the fused kernel: installed, not the interpreter, and it imports."""
+    """Whether backend="triton" can run on a GPU here: installed, not the interpreter, and it
+    imports (``bench gpu`` reports it; "auto" never picks the kernel)."""
     return TRITON_INSTALLED and not _TRITON_INTERPRET and triton_import_error() is None
 
 
@@ -134,17 +131,18 @@ def choose_backend(
 ) -> str:
     """What "auto" means, as a pure function (testable without CUDA).
 
-    device_type "cuda"/"cpu"/...; dtype of q (None = not known: treated as half precision);
-    queries T (1 = decoding); keys S (None = not known); masked: an attn_mask is given (a key_padding_mask is not one);
-    triton_ok: the fused kernels are usable (:func:`triton_available`).
+    device_type "cuda"/"cpu"/...; dtype of q; queries T (1 = decoding); keys S (None = not known).
+    ``masked``, ``head_dim`` and ``triton_ok`` are accepted for callers and change nothing: "auto"
+    never picks "triton", whose kernel has not been measured on a GPU yet (it is opt-in,
+    ``backend="triton"``); on CUDA it picks "sdpa", where PyTorch chooses flash, cuDNN or
+    memory-efficient attention.
     """
     if queries == 1:
         return "decode"
-    if device_type != "cuda":
-        short = keys is not None and keys <= MATH_MAX_KEYS
-        return "math" if short and dtype == torch.float32 else "sdpa_split"
-    half = dtype is None or dtype in _AUTO_TRITON_DTYPES
-    return "triton" if triton_ok and half and not masked and head_dim in TRITON_HEAD_DIMS else "sdpa"
+    if device_type == "cuda":
+        return "sdpa"
+    short = keys is not None and keys <= MATH_MAX_KEYS
+    return "math" if short and dtype == torch.float32 else "sdpa_split"
 
 
 def resolve_backend(
@@ -159,10 +157,7 @@ def resolve_backend(
 ) -> str:
     """Map "auto" to a concrete backend (:func:`choose_backend`); check any other name exists."""
     if backend == "auto":
-        triton_ok = device.type == "cuda" and queries != 1 and triton_available()
-        return choose_backend(
-            device.type, dtype=dtype, queries=queries, keys=keys, masked=masked, head_dim=head_dim, triton_ok=triton_ok
-        )
+        return choose_backend(device.type, dtype=dtype, queries=queries, keys=keys, masked=masked, head_dim=head_dim)
     if backend not in DIFF_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
     return backend
@@ -183,8 +178,9 @@ def _check_mask(attn_mask: Tensor | None, b: int, h: int, t: int, s: int) -> Non
 
 def key_padding_to_attn_mask(key_padding_mask: Tensor, t: int, s: int) -> Tensor:
     """(B, S) bool, True = a real key -> (B, 1, T, S) attn_mask: real keys, plus each query's own
-    position S − T + i, so that a padded query (left padding) still has one key and stays finite
-    (the model's padding rule; the "triton" kernel applies the same rule without this tensor)."""
+    position S − T + i, so that a padded query (left padding) still has one key and stays finite.
+    The one place this mask is built: :func:`diff_attention` and ``LanguageModel.forward`` call it
+    (the "triton" kernel applies the same rule without this tensor)."""
     keys = torch.arange(s, device=key_padding_mask.device)
     own = keys[None, :] == torch.arange(s - t, s, device=keys.device)[:, None]  # (T, S): query i at S − T + i
     return key_padding_mask[:, None, None, :] | own[None, None]

@@ -6,8 +6,7 @@
 Each cached K1, K2 and V is read once per token: the query heads that share a KV head (GQA)
 become the rows of one matrix product instead of repeating the cache, and V is multiplied once
 by the combined map rather than once per map. Plain PyTorch: it runs on any device and under
-torch.compile. On CPU in fp32 without gradients both entry points hand the call to a fused C
-kernel instead (cpu_kernels.py), which computes the same thing in one pass; this file is its reference.
+torch.compile.
 
 Two entry points share the softmax-combine-V tail: :func:`decode_diff_attention` takes the op's
 separate q1, q2, k1, k2; :func:`decode_diff_attention_packed` takes the model's own layout
@@ -20,8 +19,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from .cpu_kernels import cpu_decode_diff_attention, cpu_decode_diff_attention_packed, decode_applies
 
 
 def _combine_maps_and_read_v(
@@ -74,8 +71,6 @@ def decode_diff_attention(
     """
     b, h, t, d = q1.shape
     _check_single_query(t)
-    if decode_applies(lam, q1, q2, k1, k2, v) and q2.stride() == q1.stride() and k2.stride() == k1.stride():
-        return cpu_decode_diff_attention(q1, q2, k1, k2, v, lam, attn_mask=attn_mask, scale=scale)
     hkv = k1.shape[1]
     # (B, H, 1, d) -> (B, Hkv, n_rep, d): query head h = g * n_rep + r reads KV head g.
     logits1 = torch.matmul(q1.reshape(b, hkv, h // hkv, d), k1.transpose(-1, -2))  # (B, Hkv, n_rep, S)
@@ -91,8 +86,6 @@ def decode_diff_attention_packed(
     k (B, 2Hkv, S, d) with K1, K2 of group g at 2g, 2g+1; v (B, Hkv, S, 2d) -> (B, H, 1, 2d)."""
     b, two_h, t, d = q.shape
     _check_single_query(t)
-    if decode_applies(lam, q, k, v):
-        return cpu_decode_diff_attention_packed(q, k, v, lam, attn_mask=attn_mask, scale=scale)
     hkv, s = k.shape[1] // 2, k.shape[2]
     n_rep = two_h // (2 * hkv)
     # (B, 2H, 1, d) -> (B·Hkv·2, n_rep, d): batch (b, g, c) holds sub-head c of heads g·n_rep + r;

@@ -1,5 +1,8 @@
 """Fused differential flash attention in Triton: the "triton" backend of ``diff_attention``.
 
+Opt-in only ("auto" never picks it): verified in Triton's interpreter and compiled for sm_90,
+not yet measured on a GPU; ``diff-transformer bench gpu`` checks and times it on yours.
+
     out = softmax(q1 k1ᵀ s) v − λ · softmax(q2 k2ᵀ s) v        q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, 2d)
 
 Forward (one program per block of BLOCK_M queries of one head): Q1 and Q2 are loaded once; one

@@ -192,7 +192,7 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda"
     precision: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU; or "fp32", "bf16"
     compile: bool = False  # torch.compile the model
-    attn_backend: str = "auto"  # attention backend of every layer (see diff_transformer.ops); not saved with the model
+    attn_backend: str = "auto"  # attention backend of every layer (see diff_transformer.ops; "triton" opts in); not saved
     parallel: str = "ddp"  # under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard per block)
     tensorboard: bool = True  # also write TensorBoard event files in out_dir/tensorboard
     progress: bool = True  # tqdm progress bar (rank 0)

@@ -1,0 +1,41 @@
+"""The documentation runs: every Python code block of README.md and docs/*.md is executed, the
+blocks of one file in order in one namespace (as a reader would paste them), in an empty
+temporary directory; and every command line the README's first lines give exists in the Makefile."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def python_blocks(path: Path) -> list[str]:
+    return BLOCK.findall(path.read_text(encoding="utf-8"))
+
+
+def test_the_block_finder_sees_every_block(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("text\n```python\na = 1\n```\n```bash\nls\n```\n```python\nb = a + 1\n```\n")
+    assert python_blocks(page) == ["a = 1\n", "b = a + 1\n"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in DOCS if python_blocks(p)], ids=lambda p: p.name)
+def test_python_blocks_run(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": f"docs.{path.stem}"}
+    for i, block in enumerate(python_blocks(path)):
+        exec(compile(block, f"{path.relative_to(REPO)} (python block {i + 1})", "exec"), namespace)
+
+
+def test_readme_opens_with_the_two_commands_a_fresh_machine_needs():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()[:12]
+    targets = set(re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), re.MULTILINE))
+    commands = [line.split("#")[0].split() for line in lines if line.startswith("make ")]
+    assert [c[1] for c in commands][:2] == ["demo", "test"] and {"demo", "test"} <= targets
+    assert "make test" in (REPO / ".ci" / "run").read_text()
