@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from functools import partial
@@ -22,12 +23,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train one model of a config. Runs unchanged under "
         "`torchrun --nproc_per_node K -m diff_transformer train ...` (DDP, or FSDP2 with --set run.parallel=fsdp). "
         "Writes metrics.jsonl, tensorboard/, summary.json and checkpoint/ into run.out_dir. "
-        "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly.",
+        "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly. "
+        "--init-from starts a new run from another checkpoint's weights, e.g. to extend its context: "
+        "--init-from RUN/checkpoint --set model.max_seq_len=1024 --set model.rope_theta=80000 --set data.seq_len=1024.",
     )
     p.add_argument("--config", default="tiny", help=CONFIG_HELP)
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in run.checkpoint_dir")
+    p.add_argument("--init-from", metavar="CHECKPOINT", type=types.checkpoint_dir,
+                   help="start a new run from this checkpoint's weights (a fresh optimizer, schedule and step count; "
+                   "sets run.init_from). The model must be the checkpoint's but for model.max_seq_len and "
+                   "model.rope_theta; data, optim and run settings are free. Not with --resume")
     p.set_defaults(run=run_train)
 
     c = subparsers.add_parser(
@@ -68,7 +75,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from ..train import load_config, train
 
-    config = load_config(args.config, args.overrides)
+    if args.init_from and args.resume:
+        raise types.UsageError("--init-from starts a new run from a checkpoint's weights and --resume continues "
+                               "this run from its own checkpoint: give one of them")
+    overrides = list(args.overrides)
+    if args.init_from:  # YAML-quoted: a path is a string whatever it looks like
+        overrides.append(f"run.init_from={json.dumps(args.init_from)}")
+    config = load_config(args.config, overrides)
     result = train(config, args.model, resume=args.resume)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for all
         return {"completed": 0, "paused": 0, "interrupted": 0}.get(result.status, 1)

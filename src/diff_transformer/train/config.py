@@ -87,8 +87,20 @@ class DataConfig:
     micro_batch_size: int | None = None  # sequences per forward pass and process; None = batch_size / processes
     mix: dict[str, float] = field(default_factory=dict)  # generator name -> fraction of training sequences
     eval_sequences: int = 64  # validation sequences scored at every evaluation (the same ones each time)
+    # Long-context training: windows (training and validation) that never cross a document boundary,
+    # taken from the documents of at least seq_len + 1 tokens; see diff_transformer.data.shards.
+    within_documents: bool = False
+    long_document_tokens: int | None = None  # documents of at least this many tokens are "long"
+    long_document_weight: float = 1.0  # a long document's windows are drawn this many times as often (> 1: up-sampled)
 
     def __post_init__(self) -> None:
+        if self.long_document_tokens is not None and self.long_document_tokens <= 0:
+            raise ConfigError(f"data.long_document_tokens must be positive, got {self.long_document_tokens}")
+        if not self.long_document_weight > 0:
+            raise ConfigError(f"data.long_document_weight must be positive, got {self.long_document_weight}")
+        if self.long_document_weight != 1.0 and not (self.within_documents and self.long_document_tokens):
+            raise ConfigError("data.long_document_weight up-samples long documents when sampling within documents: "
+                              "set data.within_documents: true and data.long_document_tokens")
         if self.seq_len is not None and self.seq_len <= 0:
             raise ConfigError(f"data.seq_len must be positive, got {self.seq_len}")
         if self.batch_size <= 0:
@@ -165,6 +177,10 @@ class RunConfig:
     #                                  still spans `steps`): time-sliced jobs, continued with --resume
     out_dir: str = "out/train"  # metrics.jsonl, tensorboard/, summary.json
     checkpoint_dir: str | None = None  # the training checkpoint; None = out_dir/checkpoint
+    # A checkpoint whose weights start this run (a training or save_pretrained checkpoint of the same
+    # model, which may differ in max_seq_len and rope_theta only): a fresh optimizer, schedule and step
+    # count. Ignored by --resume, which continues from the run's own checkpoint.
+    init_from: str | None = None
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda"
     precision: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU; or "fp32", "bf16"
     compile: bool = False  # torch.compile the model

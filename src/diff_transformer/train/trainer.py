@@ -45,7 +45,8 @@ from .config import ModelEntry, OptimConfig, TrainConfig
 from .distributed import Environment, all_reduce_sum, parallelize, setup, teardown, unwrap
 from .optim import WarmupLinearSchedule, build_optimizer
 from .state import (
-    Progress, check_resumable, find_checkpoint, load_training_checkpoint, save_training_checkpoint, saved_step,
+    Progress, check_initializable, check_resumable, find_checkpoint, load_training_checkpoint, load_weights,
+    save_training_checkpoint, saved_step,
 )
 
 METRICS_FILE = "metrics.jsonl"
@@ -82,6 +83,7 @@ class TrainResult:
     world_size: int
     checkpoint: str | None
     message: str = ""
+    init_from: str | None = None  # the checkpoint whose weights started the run (run.init_from), if any
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -96,8 +98,10 @@ class DataPlan:
         data = config.data
         directory = default_dataset(data.cache_dir, progress=env.is_main) if data.dataset == "default" else Path(data.dataset)
         try:
-            shards = TokenShards(directory, "train")
-            self.validation = TokenShards(directory, "val")
+            shards = TokenShards(directory, "train", within_documents=data.within_documents,
+                                 long_document_tokens=data.long_document_tokens,
+                                 long_document_weight=data.long_document_weight)
+            self.validation = TokenShards(directory, "val", within_documents=data.within_documents)
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError(f"data.dataset: {exc}") from None
         self.directory = directory
@@ -324,6 +328,7 @@ def _train(config: TrainConfig, entry: ModelEntry, model_config, env: Environmen
         world_size=env.world_size,
         checkpoint=str(saved) if saved is not None else None,
         message=message,
+        init_from=config.run.init_from,
     )
     if env.is_main:
         write_text_atomically(run.out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
@@ -361,12 +366,23 @@ class _Run:
         seq_len = data.seq_len or model_config.max_seq_len
         if seq_len > model_config.max_seq_len:
             raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
+        # A resumed run continues from its own checkpoint: run.init_from only starts a new one.
+        init_from = None if resume else run.init_from
+        if init_from is not None:
+            check_initializable(init_from, model_config)  # before the data: name a missing checkpoint first
+            source, target = Path(init_from).resolve(), checkpoint_dir.resolve()
+            if target == source or target in source.parents:
+                raise ConfigError(f"run.init_from: {init_from} is this run's checkpoint directory {checkpoint_dir} "
+                                  f"or inside it, which the run would replace; choose another run.out_dir / "
+                                  f"run.checkpoint_dir")
         plan = DataPlan(config, seq_len, env)
         if plan.vocab_size > model_config.vocab_size:
             raise ConfigError(
                 f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
                 f"vocab_size={model_config.vocab_size}"
             )
+        if init_from is not None:
+            check_initializable(init_from, model_config, plan.tokenizer)
         existing = find_checkpoint(checkpoint_dir)
         if resume and existing is None:
             raise TrainingError(f"--resume: no training checkpoint at {checkpoint_dir}")
@@ -377,13 +393,18 @@ class _Run:
             )
         # Neither directory may hold anything the project did not write (nor be the data it reads).
         elsewhere = "choose another run.out_dir / run.checkpoint_dir"
-        check_output_dir(out_dir, "train-run", reuse=True, reading=[plan.directory], hint=elsewhere)
+        reading = [plan.directory] + ([init_from] if init_from is not None else [])
+        check_output_dir(out_dir, "train-run", reuse=True, reading=reading, hint=elsewhere)
         if existing is None:
-            check_output_dir(checkpoint_dir, "checkpoint", reading=[plan.directory], hint=elsewhere)
+            check_output_dir(checkpoint_dir, "checkpoint", reading=reading, hint=elsewhere)
 
         build = lambda device: LanguageModel(model_config, device=device, attn_backend=run.attn_backend)  # noqa: E731
         model = parallelize(build, env, run.parallel, run.seed)
         raw_model = unwrap(model)
+        if init_from is not None:
+            load_weights(init_from, raw_model, env)
+            if env.is_main:
+                print(f"starting from the weights of {init_from}", file=sys.stderr)
         optim = config.optim_for(entry.name)  # the optim section with the model's own fields (its lr) over it
         optimizer = build_optimizer(raw_model, optim, env.device)
         schedule = WarmupLinearSchedule(optimizer, optim, run.steps)
