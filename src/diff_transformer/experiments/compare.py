@@ -148,6 +148,11 @@ def compare(
     With ``resume``, runs that finished are reused and interrupted ones continue from their
     checkpoint; without it, earlier runs of the same models in ``out_dir`` are replaced.
     """
+    if config.long_context.enabled:  # a config with a long_context section: that experiment instead
+        from .long_context import run_long_context
+
+        return run_long_context(config, out_dir, models=models, seeds=seeds, lr_grid=lr_grid, retrieval=retrieval,
+                                resume=resume, nproc=nproc, progress=progress)
     start = time.perf_counter()
     out_dir = Path(out_dir)
     names = models or select_models(config, None)
