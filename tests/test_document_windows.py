@@ -91,6 +91,25 @@ def test_long_documents_are_up_sampled_in_the_proportions_asked(documents):
     assert abs(float((document == 4).mean()) - 969 / 1316) < 4 * math.sqrt(0.25 / n)  # weight 1: by window starts
 
 
+def test_long_documents_are_up_sampled_across_documents_too(documents):
+    """Windows across documents (packed), long documents up-sampled: a window starts anywhere it fits in
+    the split (start ≤ N − T − 1), in document d with probability w_d · (its starts) / Σ, by hand."""
+    shards = TokenShards(documents, "train", long_document_tokens=300, long_document_weight=3)
+    n = 40_000
+    starts = shards.window_starts(range(n), SEQ_LEN, seed=0)
+    ends = np.array(by_hand_ends())  # 10, 51, 152, 453, 1454, 1475
+    assert starts.max() <= 1475 - SEQ_LEN - 1
+    document = np.searchsorted(ends, starts, side="right")
+    # Starts per document: 10, 41, 101, 301, 1443 − 453 = 990 (the rest would run past the split's end),
+    # none in the last; the documents of 301 and 1001 tokens weigh 3.
+    weighted = {0: 10, 1: 41, 2: 101, 3: 301 * 3, 4: 990 * 3}
+    total = sum(weighted.values())  # 4,025
+    for d, weight in weighted.items():
+        p = weight / total
+        assert abs(float((document == d).mean()) - p) < 4 * math.sqrt(p * (1 - p) / n), d
+    assert (shards.get_batch(range(200), SEQ_LEN, seed=0)[0] == EOS).any()  # windows run across documents
+
+
 def test_the_draw_depends_on_the_seed_and_the_sample_index_alone(documents):
     shards = TokenShards(documents, "train", within_documents=True, long_document_tokens=300, long_document_weight=2)
     whole = shards.get_batch(range(100, 116), SEQ_LEN, seed=1)[0]
@@ -110,7 +129,7 @@ def test_no_document_long_enough_is_a_clear_error(documents):
 @pytest.mark.parametrize(
     "options, named",
     [
-        (dict(long_document_weight=2.0), "long_document_weight"),
+        (dict(long_document_weight=2.0), "long_document_tokens"),
         (dict(within_documents=True, long_document_weight=2.0), "long_document_tokens"),
         (dict(long_document_tokens=0), "long_document_tokens"),
         (dict(within_documents=True, long_document_tokens=10, long_document_weight=0.0), "long_document_weight"),

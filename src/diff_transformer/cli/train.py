@@ -11,7 +11,8 @@ from functools import partial
 from . import args as types
 
 CONFIG_HELP = (
-    "a YAML config file, or the name of a shipped one (tiny, ablation-1.4b, paper-3b); default: tiny"
+    "a YAML config file, or the name of a shipped one (tiny, long-context, ablation-1.4b, paper-3b, paper-3b-64k); "
+    "default: tiny"
 )
 SET_HELP = "override a config value, e.g. --set optim.lr=1e-3 --set run.steps=100 (repeatable; values are YAML)"
 

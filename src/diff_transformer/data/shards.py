@@ -17,7 +17,9 @@ included) give windows, and sample i draws one independently, from (seed, i) alo
 with probability proportional to weight × its number of window starts (length − seq_len), then
 a start uniformly among those. The weight is ``long_document_weight`` for documents of at least
 ``long_document_tokens`` tokens and 1 for the others, so a weight above 1 up-samples long
-documents. Where each document ends is stored beside the shards (DIR/<split>.document_ends.npy).
+documents. Up-sampling works on windows across documents too: a window then starts anywhere it
+fits in the split, in document d with probability proportional to weight × the starts in d.
+Where each document ends is stored beside the shards (DIR/<split>.document_ends.npy).
 """
 
 from __future__ import annotations
@@ -73,20 +75,20 @@ def keyed_uniform(*words) -> np.ndarray:
 
 
 def document_windows(document_ends: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The documents that hold a window of ``seq_len + 1`` tokens: (index, first token, number of
-    window starts = length − seq_len), each an int64 array over those documents, in order."""
+    """The documents that hold a window of ``seq_len + 1`` tokens: (first token, number of window
+    starts = length − seq_len, length), each an int64 array over those documents, in order."""
     ends = np.asarray(document_ends, dtype=np.int64)
     firsts = np.concatenate([[0], ends[:-1]])
     counts = ends - firsts - seq_len
-    fits = np.flatnonzero(counts > 0)
-    return fits, firsts[fits], counts[fits]
+    fits = counts > 0
+    return firsts[fits], counts[fits], (ends - firsts)[fits]
 
 
 def spread_document_windows(document_ends: np.ndarray, seq_len: int, n: int) -> np.ndarray:
     """``n`` window starts evenly spaced over every start of a ``seq_len + 1`` window that lies within
     one document (all of them, documents in order, counted together), deterministic: fixed
     evaluation windows. A ValueError if no document is long enough."""
-    _, firsts, counts = document_windows(document_ends, seq_len)
+    firsts, counts, _ = document_windows(document_ends, seq_len)
     if not len(counts):
         longest = int(np.diff(np.concatenate([[0], np.asarray(document_ends, dtype=np.int64)])).max(initial=0))
         raise ValueError(f"no document holds a window of seq_len {seq_len} (+1 target): the longest has "
@@ -149,9 +151,9 @@ class TokenShards:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if not long_document_weight > 0:
             raise ValueError(f"long_document_weight must be positive, got {long_document_weight}")
-        if long_document_weight != 1.0 and (not within_documents or long_document_tokens is None):
-            raise ValueError("long_document_weight up-samples long documents when sampling within documents: "
-                             "it needs within_documents and long_document_tokens")
+        if long_document_weight != 1.0 and long_document_tokens is None:
+            raise ValueError("long_document_weight up-samples the long documents: it needs long_document_tokens "
+                             "(how many tokens make a document long)")
         if long_document_tokens is not None and long_document_tokens <= 0:
             raise ValueError(f"long_document_tokens must be positive, got {long_document_tokens}")
         self.directory, self.split = Path(directory), split
@@ -172,9 +174,10 @@ class TokenShards:
             )
         # np.memmap cannot map an empty file (a split of 0 tokens, e.g. --val-fraction 0).
         self.tokens = np.memmap(path, dtype=self.dtype, mode="r") if self.num_tokens else np.zeros(0, self.dtype)
-        if within_documents and self.document_ends is None:
+        if (within_documents or long_document_weight != 1.0) and self.document_ends is None:
             raise ValueError(f"{self.directory} records no document boundaries (it was prepared by an earlier "
-                             f"version of diff-transformer): prepare it again to sample windows within documents")
+                             f"version of diff-transformer): prepare it again to sample windows within documents "
+                             f"or to up-sample long documents")
         self._samplers: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # seq_len -> see _document_sampler
 
     @functools.cached_property
@@ -224,17 +227,27 @@ class TokenShards:
         return self._epoch_layout(seq_len)[0]
 
     def _document_sampler(self, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(first token, window starts, cumulative weight of the starts) of the documents that hold a
-        window, for sampling within documents at this ``seq_len``."""
+        """(first token, number of window starts, cumulative weight of the starts) per document that
+        holds one, for the weighted draw at this ``seq_len``: starts that keep the window inside the
+        document (within documents), or any start that fits in the split (windows across documents,
+        long documents up-sampled)."""
         if seq_len not in self._samplers:
             if seq_len < 1:
                 raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-            _, firsts, counts = document_windows(self.document_ends, seq_len)
-            if not len(counts):
-                longest = int(np.diff(self.document_ends, prepend=0).max(initial=0))
-                raise ValueError(f"no document of the {self.split} split of {self.directory} holds a window of "
-                                 f"seq_len {seq_len} (+1 target): the longest has {longest} tokens")
-            long = counts + seq_len >= self.long_document_tokens if self.long_document_tokens else np.zeros(len(counts), bool)
+            if self.within_documents:
+                firsts, counts, lengths = document_windows(self.document_ends, seq_len)
+                if not len(counts):
+                    longest = int(np.diff(self.document_ends, prepend=0).max(initial=0))
+                    raise ValueError(f"no document of the {self.split} split of {self.directory} holds a window of "
+                                     f"seq_len {seq_len} (+1 target): the longest has {longest} tokens")
+            else:
+                self._epoch_layout(seq_len)  # the split holds a window: else its error
+                ends = self.document_ends
+                firsts = np.concatenate([[0], ends[:-1]])
+                counts, lengths = np.minimum(ends, self.num_tokens - seq_len) - firsts, ends - firsts
+                fits = counts > 0
+                firsts, counts, lengths = firsts[fits], counts[fits], lengths[fits]
+            long = lengths >= self.long_document_tokens if self.long_document_tokens else np.zeros(len(counts), bool)
             weights = np.where(long, self.long_document_weight, 1.0)
             self._samplers[seq_len] = firsts, counts, np.cumsum(counts * weights)
         return self._samplers[seq_len]
@@ -242,7 +255,7 @@ class TokenShards:
     def window_starts(self, sample_indices, seq_len: int, *, seed: int) -> np.ndarray:
         """The first token position of each sample's window (see the module docstring)."""
         indices = as_sample_indices(sample_indices)
-        if self.within_documents:
+        if self.within_documents or self.long_document_weight != 1.0:
             firsts, counts, cumulative = self._document_sampler(seq_len)
             drawn = keyed_uniform(seed_word(seed), STREAM_DOCUMENT, indices) * cumulative[-1]
             document = np.minimum(np.searchsorted(cumulative, drawn, side="right"), len(counts) - 1)

@@ -87,8 +87,9 @@ class DataConfig:
     micro_batch_size: int | None = None  # sequences per forward pass and process; None = batch_size / processes
     mix: dict[str, float] = field(default_factory=dict)  # generator name -> fraction of training sequences
     eval_sequences: int = 64  # validation sequences scored at every evaluation (the same ones each time)
-    # Long-context training: windows (training and validation) that never cross a document boundary,
-    # taken from the documents of at least seq_len + 1 tokens; see diff_transformer.data.shards.
+    # Long-context training (see diff_transformer.data.shards): windows (training and validation) that
+    # never cross a document boundary, from the documents of at least seq_len + 1 tokens; and long
+    # documents up-sampled, within documents or across them.
     within_documents: bool = False
     long_document_tokens: int | None = None  # documents of at least this many tokens are "long"
     long_document_weight: float = 1.0  # a long document's windows are drawn this many times as often (> 1: up-sampled)
@@ -98,9 +99,9 @@ class DataConfig:
             raise ConfigError(f"data.long_document_tokens must be positive, got {self.long_document_tokens}")
         if not self.long_document_weight > 0:
             raise ConfigError(f"data.long_document_weight must be positive, got {self.long_document_weight}")
-        if self.long_document_weight != 1.0 and not (self.within_documents and self.long_document_tokens):
-            raise ConfigError("data.long_document_weight up-samples long documents when sampling within documents: "
-                              "set data.within_documents: true and data.long_document_tokens")
+        if self.long_document_weight != 1.0 and self.long_document_tokens is None:
+            raise ConfigError("data.long_document_weight up-samples the long documents: set data.long_document_tokens "
+                              "(how many tokens make a document long)")
         if self.seq_len is not None and self.seq_len <= 0:
             raise ConfigError(f"data.seq_len must be positive, got {self.seq_len}")
         if self.batch_size <= 0:

@@ -3,6 +3,8 @@
     diff-transformer train --config tiny --model diff                        # one process
     torchrun --nproc_per_node 4 -m diff_transformer train --config tiny --model diff
     diff-transformer train --config tiny --model diff --resume               # continue a run
+    diff-transformer train --config tiny --model diff --init-from RUN/checkpoint --set model.max_seq_len=1024 ...
+                                          # a new run from another's weights (a longer context, another RoPE θ)
 
     from diff_transformer.train import load_config, train
     result = train(load_config("tiny", ["run.steps=100"]), "diff")
