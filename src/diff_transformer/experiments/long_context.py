@@ -88,6 +88,7 @@ def run_long_context(
     short_config = dataclasses.replace(config, long_context=LongContextConfig(enabled=False))
     short = compare(short_config, out_dir / "short", models=names, seeds=n_seeds, lr_grid=lr_grid, retrieval=False,
                     resume=resume, nproc=nproc, progress=progress)
+    seconds = {"short": time.perf_counter() - start}
     short_checkpoints = {
         name: {seed: out_dir / "short" / "runs" / name / f"lr-{short['lr_sweep'][name]['best']:g}" / f"seed-{seed}"
                / "checkpoint" for seed in seed_values}
@@ -95,10 +96,13 @@ def run_long_context(
     }
 
     # 2. Extension: every model, seed and extension lr, each from its own seed's short checkpoint.
+    mark = time.perf_counter()
     extension = _extend(config, names, seed_values, short_checkpoints, out_dir / "extend", resume=resume, nproc=nproc,
                         progress=progress)
+    seconds["extension"] = time.perf_counter() - mark
 
     # 3. Position-NLL before and after, on the same held-out windows.
+    mark = time.perf_counter()
     position_nll = {}
     for name in names:
         before = [position_nll_curve(short_checkpoints[name][seed], config, settings.seq_len)
@@ -111,11 +115,15 @@ def run_long_context(
                   f"{statistics.fmean(c[-1] for c in before):.4f}, after {statistics.fmean(c[-1] for c in after):.4f}",
                   file=sys.stderr, flush=True)
 
+    seconds["position_nll"] = time.perf_counter() - mark
+
     # 4. Retrieval by length.
+    mark = time.perf_counter()
     by_length = None
     if retrieval if retrieval is not None else config.retrieval.enabled:
         by_length = retrieval_by_length(config, names, seed_values, out_dir / "retrieval", resume=resume,
                                         progress=progress)
+    seconds["retrieval"] = time.perf_counter() - mark
 
     metrics = {
         "config": config.name,
@@ -137,6 +145,7 @@ def run_long_context(
     }
     metrics["claims"] = long_context_claims(metrics)
     metrics["wall_seconds"] = time.perf_counter() - start
+    metrics["phase_seconds"] = seconds  # of this invocation (a resumed one reuses finished runs)
     metrics["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     write_plots(metrics, out_dir)
     write_text_atomically(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
@@ -303,7 +312,7 @@ def retrieval_run(config: TrainConfig, name: str, seed: int, extension_lrs: Sequ
     start = time.perf_counter()
     train_model(model, settings, short_lr)
     result = {"seed": seed, "short_lr": short_lr, "short_seconds": time.perf_counter() - start,
-              "before": measure_at_lengths(model, settings, lc.retrieval_lengths), "after": {}}
+              "before": measure_at_lengths(model, settings, lc.retrieval_lengths), "after": {}, "extension_seconds": {}}
     # The extension: the same weights, θ raised, trained on examples of retrieval_seq_len tokens with a
     # tenth of the steps as warmup (as the retrieval experiment's own 40 of 400).
     extended_settings = dataclasses.replace(settings, length=lc.retrieval_seq_len, steps=lc.retrieval_steps,
@@ -313,15 +322,15 @@ def retrieval_run(config: TrainConfig, name: str, seed: int, extension_lrs: Sequ
         extended.load_state_dict(model.state_dict())
         start = time.perf_counter()
         train_model(extended, extended_settings, lr)
-        result["after"][f"{lr:g}"] = {"seconds": time.perf_counter() - start,
-                                      **measure_at_lengths(extended, settings, lc.retrieval_lengths)}
+        result["extension_seconds"][f"{lr:g}"] = time.perf_counter() - start
+        result["after"][f"{lr:g}"] = measure_at_lengths(extended, settings, lc.retrieval_lengths)
     return result
 
 
 def retrieval_by_length(config: TrainConfig, names: Sequence[str], seeds: Sequence[int], out_dir: Path, *,
                         resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """Every model and seed (:func:`retrieval_run`); each model's extension reported at the lr with the
-    highest mean accuracy (both tasks) at the extension length, over seeds. OUT/<model>/seed-<s>.json
+    highest mean accuracy (both tasks, every test length) over seeds. OUT/<model>/seed-<s>.json
     holds each run; with ``resume`` a result already there for the same lrs is reused."""
     lc = config.long_context
     models = {}
@@ -341,9 +350,9 @@ def retrieval_by_length(config: TrainConfig, names: Sequence[str], seeds: Sequen
                     f"{length}: " + ", ".join(f"{t} {result['before'][length]['mean_accuracy'][t]:.2f}" for t in TASKS)
                     for length in result["before"]) + " before the extension", file=sys.stderr, flush=True)
 
-        def score(lr: str) -> float:
-            return statistics.fmean(statistics.fmean(r["after"][lr][str(lc.retrieval_seq_len)]["mean_accuracy"].values())
-                                    for r in runs)
+        def score(lr: str) -> float:  # mean accuracy over the tasks and test lengths, then the seeds
+            return statistics.fmean(statistics.fmean(at["mean_accuracy"][task] for at in r["after"][lr].values()
+                                                     for task in TASKS) for r in runs)
 
         best = max((f"{lr:g}" for lr in lrs), key=score)
         models[name] = {
@@ -519,8 +528,10 @@ def render_report(metrics: dict) -> str:
         + (f", documents of {s['long_document_tokens']:,}+ tokens ×{s['long_document_weight']:g}"
            if s["long_document_weight"] != 1 else "")
         + f"), {len(seeds)} seeds ({', '.join(map(str, seeds))}), the same data and schedule for every model, each at "
-        f"its own best learning rate. Wall time {minutes:.1f} min for this command"
-        + (f" (load average at the end {load[0]:.1f} on {metrics['environment']['cpu_count']} cores)" if load else "")
+        f"its own best learning rate. Wall time {minutes:.1f} min for this command ("
+        + ", ".join(f"{what.replace('_', '-')} {sec / 60:.1f}" for what, sec in metrics["phase_seconds"].items())
+        + " min)"
+        + (f", load average at the end {load[0]:.1f} on {metrics['environment']['cpu_count']} cores" if load else "")
         + f"; device {metrics['environment']['device']}, torch {metrics['environment']['torch']}.",
         "",
         *([f"**The budget.** {metrics['budget_note']}", ""] if metrics.get("budget_note") else []),
