@@ -477,7 +477,8 @@ def write_plots(metrics: dict, out_dir: Path) -> list[Path]:
                     values = [[r[str(n)]["mean_accuracy"][task] for r in m[phase]] for n in by_length["lengths"]]
                     ax.errorbar(by_length["lengths"], [statistics.fmean(v) for v in values],
                                 yerr=[statistics.stdev(v) if len(v) > 1 else 0.0 for v in values], fmt="o" + style,
-                                color=f"C{i}", capsize=3, label=f"{metrics['labels'][name]}, {phase} the extension")
+                                color=f"C{i}", mfc="white" if phase == "before" else f"C{i}", capsize=3,
+                                label=f"{metrics['labels'][name]}, {phase} the extension")
             ax.axhline(by_length["chance"], color="grey", linestyle=":", label="chance")
             ax.axvline(by_length["train_length"], color="grey", linestyle="--", alpha=0.4)
             ax.set_xscale("log", base=2)
