@@ -114,7 +114,6 @@ def run_long_context(
             print(f"[position-nll] {name}: C({settings.seq_len}) before "
                   f"{statistics.fmean(c[-1] for c in before):.4f}, after {statistics.fmean(c[-1] for c in after):.4f}",
                   file=sys.stderr, flush=True)
-
     seconds["position_nll"] = time.perf_counter() - mark
 
     # 4. Retrieval by length.
@@ -615,22 +614,24 @@ def _retrieval_lines(by_length: dict, labels: dict[str, str]) -> list[str]:
             for phase in ("before", "after"):
                 cells = [_cell([r[str(n)]["mean_accuracy"][task] for r in m[phase]], 3) for n in lengths]
                 lines.append(f"| {labels[name]} | {task} | {phase} | " + " | ".join(cells) + " |")
+    # One layer per length for every model and phase: the deepest whose answer rows are measurable in
+    # every run (a DIFF layer with λ near 1 has rows summing to ~0), as the claims read it.
+    layers = {n: _deepest_measured_layer([{"attention": r[str(n)]["attention"]} for m in by_length["models"].values()
+                                          for phase in ("before", "after") for r in m[phase]]) for n in lengths}
     lines += ["", "Where the answer row looks at each length (the hardest needle cells, every depth; head mean, "
-              "divided by the row sum; the last layer whose rows are measurable in every run):", "",
-              "| Model | | " + " | ".join(f"{n}: answer / noise" for n in lengths) + " |",
+              "divided by the row sum; at each length the deepest layer measurable in every run, the one the "
+              "claims read):", "",
+              "| Model | | " + " | ".join(f"{n} tokens (layer {layers[n]}): answer / noise" for n in lengths) + " |",
               "|---|---|" + "---:|" * len(lengths)]
     for name, m in by_length["models"].items():
         for phase in ("before", "after"):
             cells = []
             for n in lengths:
-                runs = [{"attention": r[str(n)]["attention"]} for r in m[phase]]
-                layer = _deepest_measured_layer(runs)
-                if layer is None:
+                if layers[n] is None:
                     cells.append("–")
                     continue
-                answer = _cell([r["attention"][layer]["answer"] for r in runs], 3)
-                noise = _cell([r["attention"][layer]["noise"] for r in runs], 3)
-                cells.append(f"{answer} / {noise} (layer {layer})")
+                shares = [r[str(n)]["attention"][layers[n]] for r in m[phase]]
+                cells.append(f"{_cell([x['answer'] for x in shares], 3)} / {_cell([x['noise'] for x in shares], 3)}")
             lines.append(f"| {labels[name]} | {phase} | " + " | ".join(cells) + " |")
     lines += ["", "![retrieval accuracy by length](retrieval_length.png)", ""]
     return lines
