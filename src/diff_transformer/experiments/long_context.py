@@ -397,14 +397,14 @@ def long_context_claims(metrics: dict) -> list[dict[str, Any]]:
     diff_name, base_name = pair
     seq_len, short_len = metrics["settings"]["seq_len"], metrics["short"]["seq_len"]
     nll = metrics["position_nll"]
+    far = {n: [far_nll(c, short_len) for c in nll[n]["after"]] for n in pair}
     rows = [
         _row("Long-context language modelling", f"cumulative average NLL over {seq_len:,} tokens after the extension",
              "lower", [c[-1] for c in nll[diff_name]["after"]], [c[-1] for c in nll[base_name]["after"]],
              "lower at every position up to 64K (Fig. 4)", -1),
         _row("Use of the longer context", f"mean NLL at positions {short_len + 1:,}–{seq_len:,} (beyond the short "
              "training length) after the extension", "lower",
-             [far_nll(c, short_len) for c in nll[diff_name]["after"]], [far_nll(c, short_len) for c in nll[base_name]["after"]],
-             "lower at every position up to 64K (Fig. 4)", -1),
+             far[diff_name], far[base_name], "lower at every position up to 64K (Fig. 4)", -1),
     ]
     by_length = metrics.get("retrieval_by_length")
     if by_length:
@@ -423,13 +423,14 @@ def long_context_claims(metrics: dict) -> list[dict[str, Any]]:
         layer = _deepest_measured_layer(attention)
         if layer is not None:
             where = "last layer" if layer == len(attention[0]["attention"]) - 1 else f"layer {layer}"
-            for group, better, sign in (("answer", "higher", +1), ("noise", "lower", -1)):
+            for claim, group, columns, better, sign in (
+                ("Attention to the answer", "answer", "the queried needle", "higher", +1),
+                ("Attention noise", "noise", "noise and distractors", "lower", -1),
+            ):
                 per = {n: [r[longest]["attention"][layer][group] for r in runs[n]] for n in pair}
                 table3 = statistics.fmean(ATTENTION_TABLE3["diff"][group]) - statistics.fmean(ATTENTION_TABLE3["standard"][group])
-                rows.append(_row("Attention to the answer" if group == "answer" else "Attention noise",
-                                 f"share of the answer row on {'the queried needle' if group == 'answer' else 'noise and distractors'}"
-                                 f" at {longest} tokens, {where}", better, per[diff_name], per[base_name],
-                                 f"{table3:+.2f} (Table 3, 4K)", sign))
+                rows.append(_row(claim, f"share of the answer row on {columns} at {longest} tokens, {where}", better,
+                                 per[diff_name], per[base_name], f"{table3:+.2f} (Table 3, 4K)", sign))
     return rows
 
 

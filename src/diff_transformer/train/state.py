@@ -216,12 +216,11 @@ def check_resumable(directory: str | Path, config, model_config) -> None:
 INIT_CHANGEABLE = ("max_seq_len", "rope_theta")
 
 
-def check_initializable(directory: str | Path, model_config, tokenizer=None) -> None:
+def check_initializable(directory: str | Path, model_config) -> None:
     """A ConfigError naming the problem unless the weights of checkpoint ``directory`` (a training
     checkpoint or a ``save_pretrained`` one) can start a run of ``model_config``: the same model
-    but for :data:`INIT_CHANGEABLE`, and, when the checkpoint holds a tokenizer, the same tokenizer
-    as ``tokenizer`` (the dataset's)."""
-    from ..checkpoint import load_checkpoint_tokenizer, read_config
+    but for :data:`INIT_CHANGEABLE`."""
+    from ..checkpoint import read_config
     from ..config import ConfigError
 
     path = Path(directory)
@@ -239,15 +238,22 @@ def check_initializable(directory: str | Path, model_config, tokenizer=None) -> 
     if differing:
         raise ConfigError(f"run.init_from: {directory} holds another model (" + "; ".join(differing) + "); "
                           f"a run started from a checkpoint may change only {' and '.join(INIT_CHANGEABLE)}")
-    if tokenizer is not None:
-        try:
-            saved_tokenizer = load_checkpoint_tokenizer(path)
-        except CheckpointError as exc:
-            raise ConfigError(f"run.init_from: {exc}") from None
-        if saved_tokenizer is not None and not same_tokenizer(saved_tokenizer, tokenizer):
-            raise ConfigError(f"run.init_from: {directory} was trained with another tokenizer than the dataset's "
-                              f"({type(saved_tokenizer).__name__} of {saved_tokenizer.vocab_size} tokens against "
-                              f"{type(tokenizer).__name__} of {tokenizer.vocab_size}, or other merges)")
+
+
+def check_initial_tokenizer(directory: str | Path, tokenizer) -> None:
+    """A ConfigError if checkpoint ``directory`` holds a tokenizer other than ``tokenizer`` (the
+    dataset's): its weights would read other tokens."""
+    from ..checkpoint import load_checkpoint_tokenizer
+    from ..config import ConfigError
+
+    try:
+        saved = load_checkpoint_tokenizer(directory)
+    except CheckpointError as exc:
+        raise ConfigError(f"run.init_from: {exc}") from None
+    if saved is not None and not same_tokenizer(saved, tokenizer):
+        raise ConfigError(f"run.init_from: {directory} was trained with another tokenizer than the dataset's "
+                          f"({type(saved).__name__} of {saved.vocab_size} tokens against "
+                          f"{type(tokenizer).__name__} of {tokenizer.vocab_size}, or other merges)")
 
 
 _TOKENIZER_PROBE = "The quick brown fox, 1234 — naïve café; ROMEO. O, she doth teach the torches to burn bright!\n"

@@ -47,8 +47,8 @@ from .config import ModelEntry, OptimConfig, TrainConfig
 from .distributed import Environment, all_reduce_sum, parallelize, setup, teardown, unwrap
 from .optim import WarmupLinearSchedule, build_optimizer
 from .state import (
-    Progress, check_initializable, check_resumable, find_checkpoint, load_training_checkpoint, load_weights,
-    save_training_checkpoint, saved_step,
+    Progress, check_initial_tokenizer, check_initializable, check_resumable, find_checkpoint, load_training_checkpoint,
+    load_weights, save_training_checkpoint, saved_step,
 )
 
 METRICS_FILE = "metrics.jsonl"
@@ -371,7 +371,7 @@ class _Run:
         # A resumed run continues from its own checkpoint: run.init_from only starts a new one.
         init_from = None if resume else run.init_from
         if init_from is not None:
-            check_initializable(init_from, model_config)  # before the data: name a missing checkpoint first
+            check_initializable(init_from, model_config)  # before the data: a missing checkpoint is named first
             source, target = Path(init_from).resolve(), checkpoint_dir.resolve()
             if target == source or target in source.parents:
                 raise ConfigError(f"run.init_from: {init_from} is this run's checkpoint directory {checkpoint_dir} "
@@ -384,7 +384,7 @@ class _Run:
                 f"vocab_size={model_config.vocab_size}"
             )
         if init_from is not None:
-            check_initializable(init_from, model_config, plan.tokenizer)
+            check_initial_tokenizer(init_from, plan.tokenizer)
         existing = find_checkpoint(checkpoint_dir)
         if resume and existing is None:
             raise TrainingError(f"--resume: no training checkpoint at {checkpoint_dir}")
