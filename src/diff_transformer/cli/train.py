@@ -48,7 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "experiment (small models trained on generated multi-needle and MQAR tasks: accuracy by difficulty, "
         "attention to the answer); then the evaluations of compare.evaluations on every seed's model (JSON and "
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
-        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff).",
+        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff). "
+        "A config with a long_context section (--config long-context) runs the long-context experiment instead: "
+        "the models trained short, each seed extended (run.init_from) to a longer context and a larger RoPE θ, "
+        "cumulative NLL by position and retrieval by length before and after (docs/training.md, "
+        "\"Extending the context\").",
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
     c.add_argument(
