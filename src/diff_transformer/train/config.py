@@ -280,7 +280,7 @@ class LongContextConfig:
     enabled: bool = True
     # The language models' extension: model.max_seq_len and data.seq_len, RoPE θ, budget and schedule.
     seq_len: int = 1024
-    rope_theta: float = 80_000.0
+    rope_theta: float = 226_000.0  # 10,000 × (1,024 / 128)^1.5, as the paper grows θ with the length
     steps: int = 16
     batch_size: int = 4  # sequences of seq_len tokens per step
     warmup_steps: int = 2
@@ -296,7 +296,7 @@ class LongContextConfig:
     # extended to retrieval_seq_len tokens with θ retrieval_rope_theta.
     retrieval_lengths: list[int] = field(default_factory=lambda: [48, 96, 192])
     retrieval_seq_len: int = 96
-    retrieval_rope_theta: float = 40_000.0
+    retrieval_rope_theta: float = 28_000.0  # 10,000 × (96 / 48)^1.5
     retrieval_steps: int = 150
     retrieval_lr: dict[str, float] = field(default_factory=dict)  # model name -> extension lr; absent: its retrieval lr
     retrieval_lr_grid: list[float] = field(default_factory=list)
