@@ -139,6 +139,9 @@ CASES = [
     ("train-set-syntax", ["train", "--config", "tiny", "--set", "run.steps"], "run.steps"),
     ("train-set-key", ["train", "--config", "tiny", "--set", "run.bogus=1"], "bogus"),
     ("train-set-value", ["train", "--config", "tiny", "--set", "data.batch_size=-4"], "data.batch_size must be positive"),
+    ("train-init-from", ["train", "--config", "tiny", "--init-from", "{root}/none"], "--init-from: {root}/none: not a checkpoint directory"),
+    ("train-init-from-resume", ["train", "--config", "tiny", "--init-from", "{ckpt}", "--resume"], "give one of them"),
+    ("train-init-from-model", ["train", "--config", "tiny", "--model", "diff", "--init-from", "{ckpt}"], "run.init_from: {ckpt} holds another model"),
     # compare
     ("compare-config", ["compare", "--config", "{root}/none.yaml"], "none.yaml"),
     ("compare-attention", ["compare", "--attention", "mamba", "--out", "{root}/cmp"], "mamba"),

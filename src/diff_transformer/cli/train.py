@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -11,7 +12,8 @@ from functools import partial
 from . import args as types
 
 CONFIG_HELP = (
-    "a YAML config file, or the name of a shipped one (tiny, ablation-1.4b, paper-3b); default: tiny"
+    "a YAML config file, or the name of a shipped one (tiny, long-context, ablation-1.4b, paper-3b, paper-3b-64k); "
+    "default: tiny"
 )
 SET_HELP = (
     "override a config value, e.g. --set optim.lr=1e-3 --set run.steps=100 (repeatable; values are YAML). "
@@ -34,13 +36,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`torchrun --nproc_per_node K -m diff_transformer train ...` (DDP, or FSDP2 with --set run.parallel=fsdp). "
         "Writes metrics.jsonl, tensorboard/, summary.json and checkpoint/ into run.out_dir; while it runs, "
         "run.out_dir/.lock names its pid, and a second run on the same directory is refused. "
-        "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly.",
+        "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly. "
+        "--init-from starts a new run from another checkpoint's weights, e.g. to extend its context: "
+        "--init-from RUN/checkpoint --set model.max_seq_len=1024 --set model.rope_theta=80000 --set data.seq_len=1024.",
         epilog=TRAIN_EXIT_STATUSES,
     )
     p.add_argument("--config", default="tiny", help=CONFIG_HELP)
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in run.checkpoint_dir")
+    p.add_argument("--init-from", metavar="CHECKPOINT", type=types.checkpoint_dir,
+                   help="start a new run from this checkpoint's weights (a fresh optimizer, schedule and step count; "
+                   "sets run.init_from). The model must be the checkpoint's but for model.max_seq_len and "
+                   "model.rope_theta; data, optim and run settings are free. Not with --resume")
     p.set_defaults(run=run_train)
 
     c = subparsers.add_parser(
@@ -54,7 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "attention to the answer); then the evaluations of compare.evaluations on every seed's model (JSON and "
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
         "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff). "
-        "One comparison at a time writes into DIR (DIR/.lock names its pid).",
+        "One comparison at a time writes into DIR (DIR/.lock names its pid). "
+        "A config with a long_context section (--config long-context) runs the long-context experiment instead: "
+        "the models trained short, each seed extended (run.init_from) to a longer context and a larger RoPE θ, "
+        "cumulative NLL by position and retrieval by length before and after (docs/training.md, "
+        "\"Extending the context\").",
         epilog=COMPARE_EXIT_STATUSES,
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
@@ -83,7 +95,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from ..train import load_config, train
 
-    config = load_config(args.config, args.overrides)
+    if args.init_from and args.resume:
+        raise types.UsageError("--init-from starts a new run from a checkpoint's weights and --resume continues "
+                               "this run from its own checkpoint: give one of them")
+    overrides = list(args.overrides)
+    if args.init_from:  # YAML-quoted: a path is a string whatever it looks like
+        overrides.append(f"run.init_from={json.dumps(args.init_from)}")
+    config = load_config(args.config, overrides)
     result = train(config, args.model, resume=args.resume)
     code = {"completed": 0, "paused": 0, "diverged": 1}.get(result.status)
     if result.status == "interrupted":  # 128 + the signal, as a shell reports a process it stopped

@@ -54,7 +54,8 @@ def _fingerprint() -> str:
     digest = hashlib.sha256()
     for path in [CORPUS_DIR / name for name in CORPUS_FILES] + [DEFAULT_TOKENIZER_FILE]:
         digest.update(path.read_bytes())
-    digest.update(f"format {FORMAT_VERSION} val {DEFAULT_VAL_FRACTION} seed {DEFAULT_SPLIT_SEED}".encode())
+    # The layout written: token shards with their document ends (another layout, another directory).
+    digest.update(f"format {FORMAT_VERSION} document ends val {DEFAULT_VAL_FRACTION} seed {DEFAULT_SPLIT_SEED}".encode())
     return digest.hexdigest()[:16]
 
 

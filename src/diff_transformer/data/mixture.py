@@ -16,7 +16,9 @@ import torch
 
 from ..loss import IGNORE_INDEX
 from . import synthetic
-from .shards import STREAM_MIX_CHOICE, STREAM_MIX_EXAMPLE, TokenShards, as_sample_indices, keyed_hash, seed_word
+from .shards import (
+    STREAM_MIX_CHOICE, STREAM_MIX_EXAMPLE, TokenShards, as_sample_indices, keyed_hash, keyed_uniform, seed_word,
+)
 
 
 class MixedBatches:
@@ -51,8 +53,7 @@ class MixedBatches:
     def choices(self, sample_indices, *, seed: int) -> list[str | None]:
         """The generator name that replaces each sample, or None where the corpus window stays."""
         indices = as_sample_indices(sample_indices)
-        # A uniform number in [0, 1) per sample (53 random bits), compared with cumulative fractions.
-        uniform = (keyed_hash(seed_word(seed), STREAM_MIX_CHOICE, indices) >> np.uint64(11)).astype(np.float64) / 2.0**53
+        uniform = keyed_uniform(seed_word(seed), STREAM_MIX_CHOICE, indices)  # compared with cumulative fractions
         bounds = np.cumsum(list(self.mix.values()))
         names = list(self.mix)
         return [names[k] if k < len(names) else None for k in np.searchsorted(bounds, uniform, side="right")]

@@ -4,6 +4,9 @@ A prepared dataset is a directory:
 
     DIR/train.bin, DIR/val.bin   token ids, flat, uint16 (vocab <= 65536) or uint32, native order;
                                  each document is followed by the end-of-text token
+    DIR/train.document_ends.npy, DIR/val.document_ends.npy
+                                 where each document ends: the position after its end-of-text token
+                                 (uint64, one per document, ascending; the last is the split's length)
     DIR/meta.json                dtype, token and document counts, tokenizer, sources, split
     DIR/tokenizer.json           the tokenizer used (tokenizer_config.json for raw bytes)
 
@@ -36,6 +39,7 @@ FORMAT = "diff-transformer-tokens"
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 SPLITS = ("train", "val")
+DOCUMENT_ENDS_SUFFIX = ".document_ends.npy"  # DIR/<split>.document_ends.npy; older datasets have none
 DEFAULT_VAL_FRACTION = 0.05
 ENCODE_BATCH_CHARS = 4 << 20  # text handed to the tokenizer at once (it encodes them in parallel)
 ENCODE_PIECE_CHARS = 1 << 14  # documents are encoded in pieces of about this size (faster, parallel)
@@ -117,10 +121,11 @@ class _ShardWriter:
     """Encodes texts in batches and appends their tokens (each text followed by EOS) to a split file."""
 
     def __init__(self, tokenizer, directory: Path, dtype: np.dtype) -> None:
-        self.tokenizer, self.dtype = tokenizer, dtype
+        self.tokenizer, self.dtype, self.directory = tokenizer, dtype, directory
         self.files = {split: open(directory / f"{split}.bin", "wb") for split in SPLITS}
         self.tokens = dict.fromkeys(SPLITS, 0)
         self.documents = dict.fromkeys(SPLITS, 0)
+        self.document_ends: dict[str, list[int]] = {split: [] for split in SPLITS}
         self.pending: list[tuple[str, str]] = []  # (split, text)
         self.pending_chars = 0
 
@@ -154,12 +159,15 @@ class _ShardWriter:
             self.files[split].write(eos.tobytes())
             self.tokens[split] += len(ids) + 1
             self.documents[split] += 1
+            self.document_ends[split].append(self.tokens[split])
         self.pending, self.pending_chars = [], 0
 
     def close(self) -> None:
         self.flush()
         for f in self.files.values():
             f.close()
+        for split, ends in self.document_ends.items():
+            np.save(self.directory / f"{split}{DOCUMENT_ENDS_SUFFIX}", np.asarray(ends, dtype=np.uint64))
 
 
 def write_shards(documents: Sequence[Document], directory: Path, tokenizer, *, tokenizer_source: str,
@@ -193,8 +201,8 @@ def write_shards(documents: Sequence[Document], directory: Path, tokenizer, *, t
         "vocab_size": tokenizer.vocab_size,
         "eos_id": tokenizer.eos_id,
         "tokenizer": tokenizer_source,
-        "train": {"file": "train.bin", "tokens": writer.tokens["train"], "documents": writer.documents["train"]},
-        "val": {"file": "val.bin", "tokens": writer.tokens["val"], "documents": writer.documents["val"]},
+        **{split: {"file": f"{split}.bin", "tokens": writer.tokens[split], "documents": writer.documents[split],
+                   "document_ends": f"{split}{DOCUMENT_ENDS_SUFFIX}"} for split in SPLITS},
         "documents": len(documents),
         "bytes": total_bytes,
         "split": {

@@ -5,11 +5,21 @@ depends on nothing but the seed and i. The trainer gives each rank and micro-bat
 global sample indices (step * global_batch + ...), so a global batch can be cut any way across
 ranks, and resuming at step s reproduces the data exactly, with no data-loader state to save.
 
-The map walks the split in epochs. Epoch e = i // W (W windows per epoch) starts at a seeded
-offset in [0, seq_len) and cuts the split into W back-to-back windows; sample i takes window
-perm_e(i % W), where perm_e is a seeded pseudo-random permutation of range(W) (a small Feistel
-network, so no permutation table is stored). Every epoch thus sees every token once, in a new
-order and with new window boundaries.
+By default the map walks the split in epochs. Epoch e = i // W (W windows per epoch) starts at a
+seeded offset in [0, seq_len) and cuts the split into W back-to-back windows; sample i takes
+window perm_e(i % W), where perm_e is a seeded pseudo-random permutation of range(W) (a small
+Feistel network, so no permutation table is stored). Every epoch thus sees every token once, in
+a new order and with new window boundaries. Windows run across document boundaries.
+
+Within documents (``within_documents=True``, for long-context training) a window never crosses
+a document boundary: only documents of at least seq_len + 1 tokens (their end-of-text token
+included) give windows, and sample i draws one independently, from (seed, i) alone: a document
+with probability proportional to weight × its number of window starts (length − seq_len), then
+a start uniformly among those. The weight is ``long_document_weight`` for documents of at least
+``long_document_tokens`` tokens and 1 for the others, so a weight above 1 up-samples long
+documents. Up-sampling works on windows across documents too: a window then starts anywhere it
+fits in the split, in document d with probability proportional to weight × the starts in d.
+Where each document ends is stored beside the shards (DIR/<split>.document_ends.npy).
 """
 
 from __future__ import annotations
@@ -24,8 +34,10 @@ import torch
 from ..tokenizer import load_tokenizer
 from .prepare import SPLITS, read_meta
 
-# Streams of the keyed hash, so that the order, the offsets and the mixture draw independent numbers.
+# Streams of the keyed hash, so that the order, the offsets, the mixture and the documents draw
+# independent numbers.
 STREAM_ORDER, STREAM_OFFSET, STREAM_MIX_CHOICE, STREAM_MIX_EXAMPLE = 1, 2, 3, 4
+STREAM_DOCUMENT, STREAM_DOCUMENT_START = 5, 6
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -55,6 +67,36 @@ def keyed_hash(*words) -> np.ndarray:
 def seed_word(seed: int) -> np.uint64:
     """Any Python int seed (negative or huge too) as one uint64."""
     return np.uint64(int(seed) % 2**64)
+
+
+def keyed_uniform(*words) -> np.ndarray:
+    """A uniform float64 in [0, 1) per element of the broadcast words (53 bits of :func:`keyed_hash`)."""
+    return (keyed_hash(*words) >> np.uint64(11)).astype(np.float64) / 2.0**53
+
+
+def document_windows(document_ends: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents that hold a window of ``seq_len + 1`` tokens: (first token, number of window
+    starts = length − seq_len, length), each an int64 array over those documents, in order."""
+    ends = np.asarray(document_ends, dtype=np.int64)
+    firsts = np.concatenate([[0], ends[:-1]])
+    counts = ends - firsts - seq_len
+    fits = counts > 0
+    return firsts[fits], counts[fits], (ends - firsts)[fits]
+
+
+def spread_document_windows(document_ends: np.ndarray, seq_len: int, n: int) -> np.ndarray:
+    """``n`` window starts evenly spaced over every start of a ``seq_len + 1`` window that lies within
+    one document (all of them, documents in order, counted together), deterministic: fixed
+    evaluation windows. A ValueError if no document is long enough."""
+    firsts, counts, _ = document_windows(document_ends, seq_len)
+    if not len(counts):
+        longest = int(np.diff(np.concatenate([[0], np.asarray(document_ends, dtype=np.int64)])).max(initial=0))
+        raise ValueError(f"no document holds a window of seq_len {seq_len} (+1 target): the longest has "
+                         f"{longest} tokens; use a shorter seq_len or longer documents")
+    positions = np.linspace(0, counts.sum() - 1, n).round().astype(np.int64)
+    before = np.cumsum(counts) - counts  # valid starts of the documents before each one
+    document = np.searchsorted(before, positions, side="right") - 1
+    return firsts[document] + positions - before[document]
 
 
 def permute(x: np.ndarray, n: int, key: np.ndarray) -> np.ndarray:
@@ -97,12 +139,26 @@ class TokenShards:
 
         train = TokenShards("data/corpus", "train")
         inputs, targets = train.get_batch(range(0, 8), seq_len=256, seed=0)   # (8, 256) int64 each
+        long = TokenShards("data/corpus", "train", within_documents=True,     # windows inside documents,
+                           long_document_tokens=4096, long_document_weight=4)  # those of 4,096+ tokens 4x as often
+
+    ``within_documents`` also makes :meth:`val_batches` take its windows within documents.
     """
 
-    def __init__(self, directory: str | Path, split: str = "train") -> None:
+    def __init__(self, directory: str | Path, split: str = "train", *, within_documents: bool = False,
+                 long_document_tokens: int | None = None, long_document_weight: float = 1.0) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if not long_document_weight > 0:
+            raise ValueError(f"long_document_weight must be positive, got {long_document_weight}")
+        if long_document_weight != 1.0 and long_document_tokens is None:
+            raise ValueError("long_document_weight up-samples the long documents: it needs long_document_tokens "
+                             "(how many tokens make a document long)")
+        if long_document_tokens is not None and long_document_tokens <= 0:
+            raise ValueError(f"long_document_tokens must be positive, got {long_document_tokens}")
         self.directory, self.split = Path(directory), split
+        self.within_documents = within_documents
+        self.long_document_tokens, self.long_document_weight = long_document_tokens, float(long_document_weight)
         self.meta = read_meta(self.directory)
         self.vocab_size: int = self.meta["vocab_size"]
         self.eos_id: int = self.meta["eos_id"]
@@ -118,6 +174,30 @@ class TokenShards:
             )
         # np.memmap cannot map an empty file (a split of 0 tokens, e.g. --val-fraction 0).
         self.tokens = np.memmap(path, dtype=self.dtype, mode="r") if self.num_tokens else np.zeros(0, self.dtype)
+        if (within_documents or long_document_weight != 1.0) and self.document_ends is None:
+            raise ValueError(f"{self.directory} records no document boundaries (it was prepared by an earlier "
+                             f"version of diff-transformer): prepare it again to sample windows within documents "
+                             f"or to up-sample long documents")
+        self._samplers: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # seq_len -> see _document_sampler
+
+    @functools.cached_property
+    def document_ends(self) -> np.ndarray | None:
+        """Where each document of the split ends (the position after its end-of-text token), int64
+        ascending; None for a dataset prepared before they were recorded."""
+        name = self.meta[self.split].get("document_ends")
+        if name is None:
+            return None
+        path = self.directory / name
+        try:
+            ends = np.load(path, allow_pickle=False).astype(np.int64)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: unreadable document ends ({exc}); prepare the dataset again") from None
+        documents = self.meta[self.split]["documents"]
+        if (len(ends) != documents or (len(ends) and ends[-1] != self.num_tokens)
+                or (np.diff(ends, prepend=0) <= 0).any()):
+            raise ValueError(f"{path}: does not describe the {documents} documents of {self.num_tokens} tokens in "
+                             f"meta.json; prepare the dataset again")
+        return ends
 
     def __repr__(self) -> str:
         return f"TokenShards({str(self.directory)!r}, {self.split!r}: {self.num_tokens:,} tokens, vocab {self.vocab_size})"
@@ -146,9 +226,41 @@ class TokenShards:
         """How many samples one pass over the split takes at this ``seq_len``."""
         return self._epoch_layout(seq_len)[0]
 
+    def _document_sampler(self, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first token, number of window starts, cumulative weight of the starts) per document that
+        holds one, for the weighted draw at this ``seq_len``: starts that keep the window inside the
+        document (within documents), or any start that fits in the split (windows across documents,
+        long documents up-sampled)."""
+        if seq_len not in self._samplers:
+            if seq_len < 1:
+                raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+            if self.within_documents:
+                firsts, counts, lengths = document_windows(self.document_ends, seq_len)
+                if not len(counts):
+                    longest = int(np.diff(self.document_ends, prepend=0).max(initial=0))
+                    raise ValueError(f"no document of the {self.split} split of {self.directory} holds a window of "
+                                     f"seq_len {seq_len} (+1 target): the longest has {longest} tokens")
+            else:
+                self._epoch_layout(seq_len)  # the split holds a window: else its error
+                ends = self.document_ends
+                firsts = np.concatenate([[0], ends[:-1]])
+                counts, lengths = np.minimum(ends, self.num_tokens - seq_len) - firsts, ends - firsts
+                fits = counts > 0
+                firsts, counts, lengths = firsts[fits], counts[fits], lengths[fits]
+            long = lengths >= self.long_document_tokens if self.long_document_tokens else np.zeros(len(counts), bool)
+            weights = np.where(long, self.long_document_weight, 1.0)
+            self._samplers[seq_len] = firsts, counts, np.cumsum(counts * weights)
+        return self._samplers[seq_len]
+
     def window_starts(self, sample_indices, seq_len: int, *, seed: int) -> np.ndarray:
         """The first token position of each sample's window (see the module docstring)."""
         indices = as_sample_indices(sample_indices)
+        if self.within_documents or self.long_document_weight != 1.0:
+            firsts, counts, cumulative = self._document_sampler(seq_len)
+            drawn = keyed_uniform(seed_word(seed), STREAM_DOCUMENT, indices) * cumulative[-1]
+            document = np.minimum(np.searchsorted(cumulative, drawn, side="right"), len(counts) - 1)
+            offset = keyed_uniform(seed_word(seed), STREAM_DOCUMENT_START, indices) * counts[document]
+            return firsts[document] + np.minimum(offset.astype(np.int64), counts[document] - 1)
         windows, max_offset = self._epoch_layout(seq_len)
         epochs, positions = indices // windows, indices % windows
         key = keyed_hash(seed_word(seed), STREAM_ORDER, epochs)
@@ -174,9 +286,16 @@ class TokenShards:
         """A fixed list of ``num_batches`` (inputs, targets) batches of ``batch_size`` windows,
         evenly spaced from the start to the end of the split (no seed: every model evaluated with
         the same arguments sees identical tokens). Windows overlap only if the split is too short
-        to hold them all side by side."""
+        to hold them all side by side. Within documents, evenly spaced over the windows that lie
+        within one document (every document weighs by its length: no up-sampling)."""
         if num_batches < 1 or batch_size < 1:
             raise ValueError(f"num_batches and batch_size must be >= 1, got {num_batches} and {batch_size}")
+        if self.within_documents:
+            try:
+                starts = spread_document_windows(self.document_ends, seq_len, num_batches * batch_size)
+            except ValueError as exc:
+                raise ValueError(f"the {self.split} split of {self.directory}: {exc}") from None
+            return [self.read_windows(chunk, seq_len) for chunk in starts.reshape(num_batches, batch_size)]
         last_start = self.num_tokens - seq_len - 1
         if last_start < 0:
             raise ValueError(

@@ -3,6 +3,8 @@
 Held-out windows of the model's full context: NLL(t) is the cross-entropy of the token at
 position t + 1 given positions 0..t, averaged over windows; the curve is the cumulative
 average  C(t) = mean(NLL(0..t)). A model that uses long context well keeps C(t) falling.
+With ``within_documents`` every window lies inside one document (the paper reads long books),
+so that no position's context holds the end of another text.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ NAME = "position-nll"
 class PositionNLLOptions:
     windows: int = option(32, "held-out windows of the model's full context")
     batch_size: int = option(8, "windows per forward pass")
+    within_documents: bool = option(False, "windows that lie inside one document each (from the documents as long "
+                                           "as the context), as the paper's book data")
 
     @classmethod
     def quick(cls) -> "PositionNLLOptions":
@@ -59,7 +63,10 @@ def checkpoints(length: int) -> list[int]:
 
 def run(mut: ModelUnderTest, options: PositionNLLOptions, text: EvalText, *, progress: bool = True) -> dict[str, Any]:
     length = mut.max_seq_len
-    windows = text.windows(mut.tokenizer, length, options.windows)
+    if options.within_documents:
+        windows = text.document_windows(mut.tokenizer, length, options.windows)
+    else:
+        windows = text.windows(mut.tokenizer, length, options.windows)
     nll = token_nll(mut.model, windows, options.batch_size)  # (N, T)
     per_position = nll.mean(dim=0).tolist()
     cumulative = cumulative_average(per_position)
@@ -94,7 +101,8 @@ def report(results: dict[str, dict], options: PositionNLLOptions) -> str:
     headers = ["Model", *[f"≤{p}" for p in points]]
     rows = [[f"{label} (ours)", *[fmt(r["at"].get(p), 3) for p in points]] for label, r in results.items()]
     lines = [markdown_table(headers, rows), "",
-             f"Cumulative average NLL over {options.windows} held-out windows. "
+             f"Cumulative average NLL over {options.windows} held-out windows"
+             f"{' within documents' if options.within_documents else ''}. "
              f"Paper ({paper.POSITION_NLL_FIG4['source']}): {paper.POSITION_NLL_FIG4['claim']}."]
     for base, cand in pairs_to_compare(results):
         b, c = results[base]["cumulative"], results[cand]["cumulative"]

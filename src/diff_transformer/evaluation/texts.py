@@ -36,6 +36,7 @@ class EvalText:
         self._texts = list(texts) if texts is not None else None
         self.max_chars = max_chars
         self._streams: dict[tuple, Tensor] = {}
+        self._document_ends: dict[tuple, list[int]] = {}  # per stream: the position after each end-of-text token
 
     def _load_texts(self) -> list[str]:
         if self._texts is None:
@@ -50,14 +51,20 @@ class EvalText:
             raise ValueError("evaluation text is empty")
         return self._texts
 
+    @staticmethod
+    def _key(tokenizer) -> tuple:
+        return type(tokenizer).__name__, tokenizer.vocab_size, str(getattr(tokenizer, "path", ""))
+
     def stream(self, tokenizer, min_tokens: int) -> Tensor:
         """At least ``min_tokens`` token ids (1-D int64) of held-out text, or a clear error."""
-        key = (type(tokenizer).__name__, tokenizer.vocab_size, str(getattr(tokenizer, "path", "")))
+        key = self._key(tokenizer)
         cached = self._streams.get(key)
         if cached is None:  # the whole text, once per tokenizer
             ids: list[int] = []
+            ends = self._document_ends[key] = []
             for text in self._load_texts():
                 ids += tokenizer.encode(text) + [tokenizer.eos_id]
+                ends.append(len(ids))
             cached = torch.tensor(ids, dtype=torch.long)
             self._streams[key] = cached
         if cached.numel() < min_tokens:
@@ -73,6 +80,21 @@ class EvalText:
         stream = self.stream(tokenizer, count * (length + 1))
         stride = stream.numel() // count
         starts = torch.arange(count) * stride
+        return stream[starts[:, None] + torch.arange(length + 1)]
+
+    def document_windows(self, tokenizer, length: int, count: int) -> Tensor:
+        """``count`` windows of ``length + 1`` tokens that each lie within one document (its
+        end-of-text token included), evenly spread over every such window of the text: (count,
+        length + 1). Documents shorter than ``length + 1`` tokens give none; with too few long
+        documents the windows overlap."""
+        from ..data.shards import spread_document_windows
+
+        stream = self.stream(tokenizer, 0)  # too little text: the documents' lengths say so below
+        ends = self._document_ends[self._key(tokenizer)]
+        try:
+            starts = torch.from_numpy(spread_document_windows(ends, length, count))
+        except ValueError as exc:
+            raise ValueError(f"the evaluation text: {exc}") from None
         return stream[starts[:, None] + torch.arange(length + 1)]
 
     def filler(self, tokenizer, min_tokens: int = 4096) -> Callable[[random.Random, int], list[int]]:

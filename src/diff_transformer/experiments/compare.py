@@ -171,6 +171,11 @@ def compare(
     data_dir = [] if config.data.dataset == "default" else [config.data.dataset]
     claim_output_dir(out_dir, "compare", reading=data_dir)  # a new directory, or an earlier comparison's
     with lock_output_dir(out_dir):  # one comparison at a time in out_dir (each run locks its own directory)
+        if config.long_context.enabled:  # a config with a long_context section: that experiment instead
+            from .long_context import run_long_context
+
+            return run_long_context(config, out_dir, models=models, seeds=seeds, lr_grid=lr_grid,
+                                    retrieval=retrieval, resume=resume, nproc=nproc, progress=progress)
         return _compare(config, out_dir, names, n_seeds, seed_values, grid, lrs, start, retrieval=retrieval,
                         retrieval_lr_grid=retrieval_lr_grid, resume=resume, nproc=nproc, evaluation=evaluation,
                         progress=progress)

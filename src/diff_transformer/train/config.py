@@ -107,8 +107,21 @@ class DataConfig:
     micro_batch_size: int | None = None  # sequences per forward pass and process; None = batch_size / processes
     mix: dict[str, float] = field(default_factory=dict)  # generator name -> fraction of training sequences
     eval_sequences: int = 64  # validation sequences scored at every evaluation (the same ones each time)
+    # Long-context training (see diff_transformer.data.shards): windows (training and validation) that
+    # never cross a document boundary, from the documents of at least seq_len + 1 tokens; and long
+    # documents up-sampled, within documents or across them.
+    within_documents: bool = False
+    long_document_tokens: int | None = None  # documents of at least this many tokens are "long"
+    long_document_weight: float = 1.0  # a long document's windows are drawn this many times as often (> 1: up-sampled)
 
     def __post_init__(self) -> None:
+        if self.long_document_tokens is not None and self.long_document_tokens <= 0:
+            raise ConfigError(f"data.long_document_tokens must be positive, got {self.long_document_tokens}")
+        if not self.long_document_weight > 0:
+            raise ConfigError(f"data.long_document_weight must be positive, got {self.long_document_weight}")
+        if self.long_document_weight != 1.0 and self.long_document_tokens is None:
+            raise ConfigError("data.long_document_weight up-samples the long documents: set data.long_document_tokens "
+                              "(how many tokens make a document long)")
         _require_finite("data", self)
         if self.seq_len is not None and self.seq_len <= 0:
             raise ConfigError(f"data.seq_len must be positive, got {self.seq_len}")
@@ -189,6 +202,10 @@ class RunConfig:
     #                                  still spans `steps`): time-sliced jobs, continued with --resume
     out_dir: str = "out/train"  # metrics.jsonl, tensorboard/, summary.json
     checkpoint_dir: str | None = None  # the training checkpoint; None = out_dir/checkpoint
+    # A checkpoint whose weights start this run (a training or save_pretrained checkpoint of the same
+    # model, which may differ in max_seq_len and rope_theta only): a fresh optimizer, schedule and step
+    # count. Ignored by --resume, which continues from the run's own checkpoint.
+    init_from: str | None = None
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda"
     precision: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU; or "fp32", "bf16"
     compile: bool = False  # torch.compile the model
@@ -281,6 +298,58 @@ class RetrievalConfig:
 
 
 @dataclass
+class LongContextConfig:
+    """The long-context experiment of ``compare`` (the ``long_context`` section; absent = off): every
+    model trained at ``data.seq_len`` (the config's own runs), then extended (``run.init_from``) to
+    ``seq_len`` tokens with RoPE θ ``rope_theta``; position-NLL up to the new context, and the
+    retrieval models of the ``retrieval`` section tested at longer lengths before and after their own
+    extension. See :mod:`diff_transformer.experiments.long_context`."""
+
+    enabled: bool = True
+    # The language models' extension: model.max_seq_len and data.seq_len, RoPE θ, budget and schedule.
+    seq_len: int = 1024
+    rope_theta: float = 226_000.0  # 10,000 × (1,024 / 128)^1.5, as the paper grows θ with the length
+    steps: int = 16
+    batch_size: int = 4  # sequences of seq_len tokens per step
+    warmup_steps: int = 2
+    lr: dict[str, float] = field(default_factory=dict)  # model name -> its extension peak lr; absent: its own lr
+    lr_grid: list[float] = field(default_factory=list)  # every model extended at each; reported at its best
+    eval_sequences: int = 16  # validation windows of seq_len tokens (the extension's lr is chosen on them)
+    # Extension data: windows inside documents (data.within_documents), long documents optionally up-sampled.
+    within_documents: bool = True
+    long_document_tokens: int | None = None
+    long_document_weight: float = 1.0
+    position_nll_windows: int = 16  # held-out windows of seq_len tokens, within documents
+    # The retrieval models (trained at retrieval.length): tested at these lengths before and after being
+    # extended to retrieval_seq_len tokens with θ retrieval_rope_theta.
+    retrieval_lengths: list[int] = field(default_factory=lambda: [48, 96, 192])
+    retrieval_seq_len: int = 96
+    retrieval_rope_theta: float = 28_000.0  # 10,000 × (96 / 48)^1.5
+    retrieval_steps: int = 150
+    retrieval_lr: dict[str, float] = field(default_factory=dict)  # model name -> extension lr; absent: its retrieval lr
+    retrieval_lr_grid: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "steps", "batch_size", "eval_sequences", "position_nll_windows", "retrieval_seq_len",
+                     "retrieval_steps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"long_context.{name} must be positive, got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.rope_theta <= 0 or self.retrieval_rope_theta <= 0:
+            raise ConfigError("long_context: need warmup_steps >= 0, rope_theta > 0 and retrieval_rope_theta > 0")
+        for where, lrs in (("lr", self.lr.values()), ("lr_grid", self.lr_grid),
+                           ("retrieval_lr", self.retrieval_lr.values()), ("retrieval_lr_grid", self.retrieval_lr_grid)):
+            if any(lr <= 0 for lr in lrs):
+                raise ConfigError(f"long_context.{where}: learning rates must be positive, got {list(lrs)}")
+        if not self.retrieval_lengths or min(self.retrieval_lengths) <= 0:
+            raise ConfigError(f"long_context.retrieval_lengths must be positive lengths, got {self.retrieval_lengths}")
+        try:
+            DataConfig(within_documents=self.within_documents, long_document_tokens=self.long_document_tokens,
+                       long_document_weight=self.long_document_weight)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("data.", "long_context.")) from None
+
+
+@dataclass
 class CompareConfig:
     """What ``diff-transformer compare`` trains by default."""
 
@@ -323,6 +392,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(enabled=False))
+    long_context: LongContextConfig = field(default_factory=lambda: LongContextConfig(enabled=False))
     description: str = ""
     source: str | None = None  # the file it was read from
 
@@ -334,6 +404,10 @@ class TrainConfig:
         for name in self.compare.models:
             if name not in self.models:
                 raise ConfigError(f"compare.models: no model named {name!r}; the config has {', '.join(self.models)}")
+        for section in ("lr", "retrieval_lr"):
+            for name in getattr(self.long_context, section):
+                if name not in self.models:
+                    raise ConfigError(f"long_context.{section}.{name}: no such model; the config has {', '.join(self.models)}")
 
     def model(self, name: str | None = None) -> ModelEntry:
         """The entry called ``name``; without a name, the only one (an error if there are several)."""
@@ -366,7 +440,7 @@ class TrainConfig:
         """Plain data that :func:`config_from_dict` reads back (written beside every run)."""
         out = {"name": self.name, "description": self.description}
         out["models"] = {name: entry.to_dict() for name, entry in self.models.items()}
-        for section in ("data", "optim", "run", "compare", "retrieval"):
+        for section in ("data", "optim", "run", "compare", "retrieval", "long_context"):
             values = dataclasses.asdict(getattr(self, section))
             if section == "optim":
                 values["betas"] = list(values["betas"])
@@ -486,7 +560,7 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainCo
     """A TrainConfig from plain data (a parsed YAML file); every key is checked."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source or 'config'}: expected a mapping at the top level")
-    known = {"name", "description", "model", "models", "data", "optim", "run", "compare", "retrieval"}
+    known = {"name", "description", "model", "models", "data", "optim", "run", "compare", "retrieval", "long_context"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} at the top level (known: {', '.join(sorted(known))})")
@@ -507,6 +581,7 @@ def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainCo
         run=_section(RunConfig, data.get("run"), "run"),
         compare=_section(CompareConfig, data.get("compare"), "compare"),
         retrieval=_section(RetrievalConfig, data.get("retrieval", {"enabled": False}), "retrieval"),
+        long_context=_section(LongContextConfig, data.get("long_context", {"enabled": False}), "long_context"),
         source=source,
     )
 

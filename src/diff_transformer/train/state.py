@@ -187,7 +187,10 @@ def read_train_config(directory: str | Path) -> dict[str, Any]:
 
 
 # What must not change between a run and its resumption: the model, and what decides the data.
-RESUME_INVARIANTS = {"data": ("dataset", "seq_len", "batch_size", "mix"), "run": ("data_seed",)}
+RESUME_INVARIANTS = {
+    "data": ("dataset", "seq_len", "batch_size", "mix", "within_documents", "long_document_tokens", "long_document_weight"),
+    "run": ("data_seed",),
+}
 
 
 def check_resumable(directory: str | Path, config, model_config) -> None:
@@ -201,12 +204,89 @@ def check_resumable(directory: str | Path, config, model_config) -> None:
     saved = read_train_config(directory)
     current = config.to_dict()
     for section, keys in RESUME_INVARIANTS.items():
+        defaults = asdict(type(getattr(config, section))())  # what a config saved without the key meant
         for key in keys:
-            before, now = saved.get(section, {}).get(key), current[section][key]
+            before, now = saved.get(section, {}).get(key, defaults[key]), current[section][key]
             if before != now:
                 differing.append(f"{section}.{key}: {before!r} -> {now!r}")
     if differing:
         raise CheckpointError(f"{directory}: cannot resume with a different " + "; ".join(differing))
+
+
+# What a run started from another checkpoint's weights (run.init_from) may change in the model: the
+# context and RoPE's base. Neither is in the state dict (the RoPE table is computed from them), so
+# the weights fit unchanged; any other ModelConfig field would change what the weights mean.
+INIT_CHANGEABLE = ("max_seq_len", "rope_theta")
+
+
+def check_initializable(directory: str | Path, model_config) -> None:
+    """A ConfigError naming the problem unless the weights of checkpoint ``directory`` (a training
+    checkpoint or a ``save_pretrained`` one) can start a run of ``model_config``: the same model
+    but for :data:`INIT_CHANGEABLE`."""
+    from ..checkpoint import read_config
+    from ..config import ConfigError
+
+    path = Path(directory)
+    if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+        what = "no such directory" if not path.exists() else f"no {CONFIG_FILE} and {WEIGHTS_FILE}"
+        raise ConfigError(f"run.init_from: {directory} is not a checkpoint ({what}); set run.init_from "
+                          f"(--init-from) to a checkpoint directory of this project")
+    try:
+        saved, _ = read_config(path)
+    except CheckpointError as exc:
+        raise ConfigError(f"run.init_from: {exc}") from None
+    ours, theirs = model_config.to_dict(), saved.to_dict()
+    differing = [f"model.{k}: {theirs[k]!r} in the checkpoint, {ours[k]!r} in this config"
+                 for k in ours if k not in INIT_CHANGEABLE and ours[k] != theirs.get(k)]
+    if differing:
+        raise ConfigError(f"run.init_from: {directory} holds another model (" + "; ".join(differing) + "); "
+                          f"a run started from a checkpoint may change only {' and '.join(INIT_CHANGEABLE)}")
+
+
+def check_initial_tokenizer(directory: str | Path, tokenizer) -> None:
+    """A ConfigError if checkpoint ``directory`` holds a tokenizer other than ``tokenizer`` (the
+    dataset's): its weights would read other tokens."""
+    from ..checkpoint import load_checkpoint_tokenizer
+    from ..config import ConfigError
+
+    try:
+        saved = load_checkpoint_tokenizer(directory)
+    except CheckpointError as exc:
+        raise ConfigError(f"run.init_from: {exc}") from None
+    if saved is not None and not same_tokenizer(saved, tokenizer):
+        raise ConfigError(f"run.init_from: {directory} was trained with another tokenizer than the dataset's "
+                          f"({type(saved).__name__} of {saved.vocab_size} tokens against "
+                          f"{type(tokenizer).__name__} of {tokenizer.vocab_size}, or other merges)")
+
+
+_TOKENIZER_PROBE = "The quick brown fox, 1234 — naïve café; ROMEO. O, she doth teach the torches to burn bright!\n"
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether two tokenizers agree: the same kind, vocabulary size, end-of-text id and encoding of
+    a probe text (BPE tokenizers trained on other text split it differently)."""
+    return (type(a) is type(b) and a.vocab_size == b.vocab_size and a.eos_id == b.eos_id
+            and a.encode(_TOKENIZER_PROBE) == b.encode(_TOKENIZER_PROBE))
+
+
+def load_weights(directory: str | Path, model: nn.Module, env: Environment) -> None:
+    """Load the weights of checkpoint ``directory`` into ``model`` in place: when resuming, and when
+    a new run starts from another checkpoint (run.init_from, checked by :func:`check_initializable`;
+    its optimizer, schedule and step count stay fresh).
+
+    Every rank calls it; under torchrun rank 0 reads the file and broadcasts into the shards.
+    """
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    from ..checkpoint import read_weights
+
+    directory = Path(directory)
+    read_here = env.is_main or not env.distributed
+    weights = read_weights(directory / WEIGHTS_FILE) if read_here else {}
+    try:
+        set_model_state_dict(model, weights, options=_full_options(env, loading=True))
+    except RuntimeError as exc:
+        raise CheckpointError(f"{directory}: weights do not fit the model of this config ({exc})") from exc
 
 
 def load_training_checkpoint(
@@ -220,20 +300,14 @@ def load_training_checkpoint(
 
     Every rank calls it; under torchrun rank 0 reads the files and broadcasts into the shards.
     """
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    from ..checkpoint import read_weights
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     directory = Path(directory)
     state = read_training_state(directory)
     check_same_save(directory, state)
     options = _full_options(env, loading=True)
     read_here = env.is_main or not env.distributed
-    weights = read_weights(directory / WEIGHTS_FILE) if read_here else {}
-    try:
-        set_model_state_dict(model, weights, options=options)
-    except RuntimeError as exc:
-        raise CheckpointError(f"{directory}: weights do not fit the model of this config ({exc})") from exc
+    load_weights(directory, model, env)
     try:
         set_optimizer_state_dict(model, optimizer, state["optimizer"] if read_here else {}, options=options)
     except (RuntimeError, KeyError, ValueError) as exc:

@@ -3,6 +3,8 @@
     diff-transformer train --config tiny --model diff                        # one process
     torchrun --nproc_per_node 4 -m diff_transformer train --config tiny --model diff
     diff-transformer train --config tiny --model diff --resume               # continue a run
+    diff-transformer train --config tiny --model diff --init-from RUN/checkpoint --set model.max_seq_len=1024 ...
+                                          # a new run from another's weights (a longer context, another RoPE θ)
 
     from diff_transformer.train import load_config, train
     result = train(load_config("tiny", ["run.steps=100"]), "diff")
@@ -57,7 +59,8 @@ from .distributed import Environment, all_reduce_sum, broadcast_from_main, paral
 from .events import EventFile
 from .optim import WarmupLinearSchedule, build_optimizer
 from .state import (
-    Progress, check_resumable, find_checkpoint, load_training_checkpoint, save_training_checkpoint, saved_step,
+    Progress, check_initial_tokenizer, check_initializable, check_resumable, find_checkpoint, load_training_checkpoint,
+    load_weights, save_training_checkpoint, saved_step,
 )
 
 METRICS_FILE = "metrics.jsonl"
@@ -96,6 +99,7 @@ class TrainResult:
     message: str = ""
     stopped_by: str | None = None  # "SIGINT" or "SIGTERM" when a signal interrupted the run
     grad_norm_spikes: int = 0  # steps whose gradient norm exceeded 5x the median of the previous 50 (metrics.jsonl names them)
+    init_from: str | None = None  # the checkpoint whose weights started the run (run.init_from), if any
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -110,8 +114,10 @@ class DataPlan:
         data = config.data
         directory = default_dataset(data.cache_dir, progress=env.is_main) if data.dataset == "default" else Path(data.dataset)
         try:
-            shards = TokenShards(directory, "train")
-            self.validation = TokenShards(directory, "val")
+            shards = TokenShards(directory, "train", within_documents=data.within_documents,
+                                 long_document_tokens=data.long_document_tokens,
+                                 long_document_weight=data.long_document_weight)
+            self.validation = TokenShards(directory, "val", within_documents=data.within_documents)
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError(f"data.dataset: {exc}") from None
         self.directory = directory
@@ -363,6 +369,7 @@ def _train_holding(config: TrainConfig, entry: ModelEntry, model_config, env: En
         message=message,
         stopped_by=run.stopped_by,
         grad_norm_spikes=run.spikes.count,
+        init_from=config.run.init_from,
     )
     if env.is_main:
         write_text_atomically(run.out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
@@ -432,16 +439,28 @@ class _Run:
         seq_len = data.seq_len or model_config.max_seq_len
         if seq_len > model_config.max_seq_len:
             raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
+        # A resumed run continues from its own checkpoint: run.init_from only starts a new one.
+        init_from = None if resume else run.init_from
+        if init_from is not None:
+            check_initializable(init_from, model_config)  # before the data: a missing checkpoint is named first
+            source, target = Path(init_from).resolve(), checkpoint_dir.resolve()
+            if target == source or target in source.parents:
+                raise ConfigError(f"run.init_from: {init_from} is this run's checkpoint directory {checkpoint_dir} "
+                                  f"or inside it, which the run would replace; choose another run.out_dir / "
+                                  f"run.checkpoint_dir")
         plan = DataPlan(config, seq_len, env)
         if plan.vocab_size > model_config.vocab_size:
             raise ConfigError(
                 f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
                 f"vocab_size={model_config.vocab_size}"
             )
-        # Neither directory may hold anything the project did not write (nor be the data it reads),
-        # and no other process may be writing into them.
+        if init_from is not None:
+            check_initial_tokenizer(init_from, plan.tokenizer)
+        # Neither directory may hold anything the project did not write (nor be the data or the
+        # weights it reads), and no other process may be writing into them.
         elsewhere = "choose another run.out_dir / run.checkpoint_dir"
-        for lock in _lock_run(out_dir, checkpoint_dir, env, reading=[plan.directory], hint=elsewhere):
+        reading = [plan.directory] + ([init_from] if init_from is not None else [])
+        for lock in _lock_run(out_dir, checkpoint_dir, env, reading=reading, hint=elsewhere):
             held.callback(lock.release)
         existing = find_checkpoint(checkpoint_dir)
         if resume and existing is None:
@@ -452,7 +471,7 @@ class _Run:
                 f"or choose another run.out_dir / run.checkpoint_dir"
             )
         if existing is None:
-            check_output_dir(checkpoint_dir, "checkpoint", reading=[plan.directory], hint=elsewhere)
+            check_output_dir(checkpoint_dir, "checkpoint", reading=reading, hint=elsewhere)
         if env.is_main:  # a save killed mid-write left its temporary directory: nobody else will remove it
             for leftover in remove_abandoned_temporaries(checkpoint_dir):
                 print(f"note: removed {leftover}, left by a checkpoint write that was interrupted", file=sys.stderr)
@@ -460,6 +479,10 @@ class _Run:
         build = lambda device: LanguageModel(model_config, device=device, attn_backend=run.attn_backend)  # noqa: E731
         model = parallelize(build, env, run.parallel, run.seed)
         raw_model = unwrap(model)
+        if init_from is not None:
+            load_weights(init_from, raw_model, env)
+            if env.is_main:
+                print(f"starting from the weights of {init_from}", file=sys.stderr)
         optim = config.optim_for(entry.name)  # the optim section with the model's own fields (its lr) over it
         optimizer = build_optimizer(raw_model, optim, env.device)
         schedule = WarmupLinearSchedule(optimizer, optim, run.steps)
