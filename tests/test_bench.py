@@ -35,7 +35,7 @@ def test_visible_pairs():
 
 
 def test_flop_formulas_follow_spec_units():
-    """SPEC §4, in units of h·N²·d: standard fwd 4, bwd 10; fused DIFF fwd 6, bwd 10; causal ~halves."""
+    """The paper's FLOP count, in units of h·N²·d: standard fwd 4, bwd 10; fused DIFF fwd 6, bwd 10; causal ~halves."""
     kw = dict(batch=2, heads=8, t=128, s=128, head_dim=64, causal=False)
     unit = 2 * 8 * 128 * 128 * 64
     assert attention_flops("standard", "fwd", **kw) == 4 * unit

@@ -1,5 +1,5 @@
 """Every command answers a bad value, path or file with one line ``error: <what> (<why>)`` on
-stderr and exit status 2, before any work and never with a traceback (issue 13). Most cases run
+stderr and exit status 2, before any work and never with a traceback. Most cases run
 in-process through ``cli.main``; a few as subprocesses prove that no traceback reaches stderr."""
 
 from __future__ import annotations

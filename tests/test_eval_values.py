@@ -1,4 +1,4 @@
-"""Known-answer tests for every evaluation of the suite (issue 11).
+"""Known-answer tests for every evaluation of the suite.
 
 Each test feeds an evaluation hand-built inputs (tensors, documents, or a stand-in model whose
 outputs are planted) and compares what comes out with a value worked out by hand or by a few

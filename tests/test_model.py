@@ -30,7 +30,7 @@ def causal_softmax(logits):
 
 
 def naive_diff_module(m: DiffAttention, x):
-    """SPEC §1-2 line by line, in float64, one DIFF head at a time."""
+    """The paper's equations (§2.1, multi-head DIFF with the authors' layout) line by line, in float64, one DIFF head at a time."""
     cfg, d = m.config, m.head_dim
     b, t, _ = x.shape
     x = x.double()
@@ -72,7 +72,7 @@ def naive_standard_module(m: StandardAttention, x):
 
 
 def naive_v2_module(m: DiffV2Attention, x):
-    """SPEC §5: attention over 2H query heads, out_h = attn_2h − sigmoid(x W_λ)_h · attn_2h+1."""
+    """DIFF V2 (the authors' Diff-Transformer-V2): attention over 2H query heads, out_h = attn_2h − sigmoid(x W_λ)_h · attn_2h+1."""
     cfg, d = m.config, m.head_dim
     b, t, _ = x.shape
     x = x.double()

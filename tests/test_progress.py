@@ -1,4 +1,4 @@
-"""Progress output: a tqdm bar on a terminal, periodic plain lines in a file or pipe (issue 13)."""
+"""Progress output: a tqdm bar on a terminal, periodic plain lines in a file or pipe."""
 
 from __future__ import annotations
 

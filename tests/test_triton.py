@@ -369,7 +369,7 @@ def test_gpu_every_autotune_config_on_partial_blocks(d):
     assert all(ran.values()), ran
 
 
-# --- issue 14: coverage, determinism, grid, switches, dispatch ------------------------------
+# --- coverage, determinism, grid, switches, dispatch ------------------------------
 
 from diff_transformer.ops import MATH_MAX_KEYS, choose_backend, key_padding_to_attn_mask  # noqa: E402
 

@@ -1,6 +1,6 @@
 """``diff-transformer bench attention``: every attention backend at matched parameters.
 
-Matched parameters (SPEC §2): standard attention has h heads of width d (and Hkv key/value
+Matched parameters (paper §2.1): standard attention has h heads of width d (and Hkv key/value
 heads); differential attention has h/2 heads, each with two d-wide query/key groups and a
 2d-wide value (Hkv/2 key/value groups), so both hold the same numbers of weights and cache.
 
@@ -9,7 +9,7 @@ Three modes, each over the sequence lengths L:
     fwd+bwd   T = S = L, forward and backward of all inputs (training)
     decode    T = 1 query against S = L cached keys, forward only
 
-FLOPs (SPEC §4), counted once per attention kind as the useful work, whatever a backend executes,
+FLOPs (as the paper's appendix counts them), counted once per attention kind as the useful work, whatever a backend executes,
 so that TFLOP/s compare like time: with P the number of visible (query, key) pairs
 (T·S, or T·(S − T) + T(T + 1)/2 when causal: about half),
     standard     forward 4·B·h·P·d    backward 10·B·h·P·d

@@ -7,7 +7,7 @@ two names differ: ``out_proj`` -> ``o_proj`` and ``subln`` -> ``head_norm``.
 
 With GQA (num_kv_heads < num_heads) the result matches the official *flash* files, where DIFF
 head h reads KV group h // n_rep. The official naive file repeats the 2·Hkv key sub-heads
-instead, which pairs keys differently when n_rep > 1 (see SPEC §2).
+instead, which pairs keys differently when n_rep > 1 (the flash files are the consistent reference).
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ class DataConfig:
             raise ConfigError(f"data.mix fractions must sum to less than 1, got {sum(self.mix.values()):.3f}")
 
 
-# SPEC §6. A recipe fills every optim field a config leaves unset.
+# The paper's training recipes (Tables 9 and 10). A recipe fills every optim field a config leaves unset.
 RECIPES: dict[str, dict[str, Any]] = {
     # Table 9, the 3B model: 1000 warmup steps, then linear decay to 1.28e-5.
     "paper-3b": dict(lr=3.2e-4, min_lr=1.28e-5, warmup_steps=1000, betas=(0.9, 0.95), weight_decay=0.1),
