@@ -1,21 +1,28 @@
 """Train Hugging Face's DiffLlama and Llama in our regime: is a DIFF − Transformer gap ours or the regime's?
 
     PYTHONPATH=src python scripts/hf_reference_check.py --config tiny --lr-grid 1e-3,4e-3 --seeds 3 --out out/hf-check
+    PYTHONPATH=src python scripts/hf_reference_check.py --task retrieval --recipes scaled-init,plain-init --out out/hf-retrieval
 
 transformers' ``DiffLlamaForCausalLM`` and ``LlamaForCausalLM``, an implementation independent of
 ours, are built with the shapes of the config's first DIFF and first standard model (the configs
 come from ``interop.hf.hf_config_dict``, which export uses; the parameter counts are checked) and
-trained exactly as our trainer trains those: the same batches (``DataPlan``), the same loss
-normalisation (``trainer._forward_backward``) and validation loss (``trainer.evaluate``), AdamW with
-the same parameter groups and warmup + linear-decay schedule, gradient clipping, fp32 on the CPU,
-``torch.manual_seed(seed)`` before building each model. What is not shared is the model code, and
-with it HF's initialisation (every matrix N(0, init_std); we scale o_proj and down_proj by
-1/sqrt(2L)). If HF's DiffLlama trails its Llama as our DIFF trails our Transformer, the gap belongs
-to the regime (size, budget, data), not to our implementation.
+trained exactly as ours are trained; what is not shared is the model code.
 
+``--task lm`` (the default): the language models, on the batches of our trainer (``DataPlan``) with
+its loss normalisation (``trainer._forward_backward``), validation loss (``trainer.evaluate``),
+AdamW parameter groups, warmup + linear-decay schedule and gradient clipping, fp32 on the CPU,
+``torch.manual_seed(seed)`` before building each model. HF initialises every matrix N(0, init_std);
+ours scales o_proj and down_proj by 1/sqrt(2L) unless the config says ``scale_residual_init: false``.
 Writes DIR/results.json (every run; per model and learning rate the final validation loss over
 seeds; the difference at each model's best learning rate with Welch's 95% interval) and
-DIR/results.md (the same as a table).
+DIR/results.md.
+
+``--task retrieval``: the retrieval experiment's models (``experiments.retrieval``, the config's
+``retrieval`` section), ours and HF's, trained on the same generated batches with the same recipe
+and measured along training on the same held-out cells (``learning_curve``), under each init recipe:
+``plain-init`` is HF's own initialisation, ``scaled-init`` rescales HF's o_proj and down_proj by
+1/sqrt(2L) after it (what ours does). Writes DIR/retrieval.json and DIR/retrieval.md: per recipe and
+point of the curve, DIFF − Transformer in our implementation next to DiffLlama − Llama in HF's.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from diff_transformer.loss import IGNORE_INDEX
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import load_config
 from diff_transformer.experiments.claims import difference
+from diff_transformer.experiments.retrieval import TASKS, learning_curve
+from diff_transformer.train.config import INIT_RECIPES
 from diff_transformer.train.distributed import Environment
 from diff_transformer.train.optim import WarmupLinearSchedule, build_optimizer
 from diff_transformer.train.trainer import DataPlan, _forward_backward, evaluate
@@ -166,6 +175,110 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scale_residual_writers(model: nn.Module, n_layers: int) -> None:
+    """scaled-init on an HF model: o_proj and down_proj (which write into the residual stream) from
+    N(0, std) to N(0, std / sqrt(2 L)), as ours initialises them."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                parameter.mul_(1 / math.sqrt(2 * n_layers))
+
+
+def retrieval_check(config, picked: dict[str, str], recipes: list[str], grid: list[float] | None, seeds: list[int],
+                    out: Path) -> dict:
+    """The retrieval models of both implementations, every recipe, lr and seed; see the module docstring."""
+    settings = config.retrieval
+    runs = []
+    units = [(recipe, seed, impl, kind, lr) for recipe in recipes for seed in seeds for impl in ("ours", "hf")
+             for kind in HF_NAMES
+             for lr in (grid or [config.lr_for(picked[kind], recipe, "retrieval")])]
+    for index, (recipe, seed, impl, kind, lr) in enumerate(units, 1):
+        model_config = settings.model_config(kind, **INIT_RECIPES[recipe])
+        if impl == "ours":
+            torch.manual_seed(seed)
+            model = LanguageModel(model_config)
+        else:
+            model = build_hf(model_config, seed)
+            if INIT_RECIPES[recipe]["scale_residual_init"]:
+                scale_residual_writers(model, model_config.n_layers)
+        result = learning_curve(model, settings, lr)
+        name = HF_NAMES[kind] if impl == "hf" else {"diff": "DIFF", "standard": "Transformer"}[kind]
+        print(f"[{index}/{len(units)}] {recipe} {impl} {name} lr {lr:g} seed {seed}: "
+              + ", ".join(f"{t} {result['curve'][-1]['mean_accuracy'][t]:.3f}" for t in TASKS)
+              + f" ({result['train_seconds']:.0f} s)", flush=True)
+        runs.append({"recipe": recipe, "seed": seed, "impl": impl, "kind": kind, "model": name, "lr": lr,
+                     "parameters": count(model), **result})
+
+    def final(run: dict) -> float:
+        return statistics.fmean(run["curve"][-1]["mean_accuracy"].values())
+
+    table = {}
+    for recipe in recipes:
+        for impl in ("ours", "hf"):
+            chosen = {}
+            for kind in HF_NAMES:
+                mine = [r for r in runs if (r["recipe"], r["impl"], r["kind"]) == (recipe, impl, kind)]
+                lrs = dict.fromkeys(r["lr"] for r in mine)
+                best = max(lrs, key=lambda lr: statistics.fmean(final(r) for r in mine if r["lr"] == lr))
+                chosen[kind] = [r for r in mine if r["lr"] == best]
+            steps = [p["step"] for p in chosen["diff"][0]["curve"]]
+            table[f"{recipe}/{impl}"] = {
+                "best_lr": {kind: rs[0]["lr"] for kind, rs in chosen.items()},
+                "steps": steps,
+                "accuracy": {task: {kind: [[r["curve"][i]["mean_accuracy"][task] for r in rs] for i in range(len(steps))]
+                                    for kind, rs in chosen.items()} for task in TASKS},
+                "difference": {task: [difference([r["curve"][i]["mean_accuracy"][task] for r in chosen["diff"]],
+                                                 [r["curve"][i]["mean_accuracy"][task] for r in chosen["standard"]])
+                                      for i in range(len(steps))] for task in TASKS},
+                "curve_area_difference": {task: difference([r["curve_area"][task] for r in chosen["diff"]],
+                                                           [r["curve_area"][task] for r in chosen["standard"]])
+                                          for task in TASKS},
+            }
+    results = {"config": config.name, "settings": {"steps": settings.steps, "batch_size": settings.batch_size,
+                                                   "length": settings.length, "d_model": settings.d_model,
+                                                   "n_layers": settings.n_layers, "n_heads": settings.n_heads},
+               "recipes": recipes, "seeds": seeds, "lr_grid": grid, "table": table, "runs": runs}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "retrieval.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "retrieval.md").write_text(retrieval_markdown(results))
+    print(retrieval_markdown(results), flush=True)
+    return results
+
+
+def retrieval_markdown(results: dict) -> str:
+    settings = results["settings"]
+    half = settings["batch_size"] // 2
+    per_step = {"needle": half, "mqar": settings["batch_size"] - half}
+
+    def cell(values: list[float]) -> str:
+        return f"{statistics.fmean(values):.3f}"
+
+    def interval(d: dict) -> str:
+        return f"{d['delta']:+.3f}" + ("" if d["low"] is None else f" [{d['low']:+.3f}, {d['high']:+.3f}]")
+
+    lines = [f"# HF reference check: the retrieval experiment of `{results['config']}`", "",
+             f"{settings['n_layers']} layers, d_model {settings['d_model']}, DIFF {settings['n_heads']} head(s) against "
+             f"{2 * settings['n_heads']} standard; {settings['steps']} steps × {settings['batch_size']} examples of "
+             f"{settings['length']} tokens; seeds {results['seeds']}; each model at its best lr "
+             "(final mean accuracy). Accuracy: mean over the difficulty cells; differences with Welch's 95% interval.", ""]
+    for recipe in results["recipes"]:
+        ours, hf = results["table"][f"{recipe}/ours"], results["table"][f"{recipe}/hf"]
+        lines += [f"## {recipe}", "",
+                  f"Best lrs: ours Transformer {ours['best_lr']['standard']:g}, DIFF {ours['best_lr']['diff']:g}; "
+                  f"HF Llama {hf['best_lr']['standard']:g}, DiffLlama {hf['best_lr']['diff']:g}.", ""]
+        for task in TASKS:
+            lines += [f"| {task} examples seen | ours: Transformer | DIFF | DIFF − Transformer | HF: Llama | DiffLlama | "
+                      "DiffLlama − Llama |", "|---:|---:|---:|---:|---:|---:|---:|"]
+            for i, step in enumerate(ours["steps"]):
+                lines.append(f"| {step * per_step[task]:,} | {cell(ours['accuracy'][task]['standard'][i])} | "
+                             f"{cell(ours['accuracy'][task]['diff'][i])} | {interval(ours['difference'][task][i])} | "
+                             f"{cell(hf['accuracy'][task]['standard'][i])} | {cell(hf['accuracy'][task]['diff'][i])} | "
+                             f"{interval(hf['difference'][task][i])} |")
+            lines += [f"| mean over training | | | {interval(ours['curve_area_difference'][task])} | | | "
+                      f"{interval(hf['curve_area_difference'][task])} |", ""]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -175,12 +288,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, help="seeds run.seed, run.seed + 1, ... (default: the config's compare.seeds)")
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the config's run.steps)")
     parser.add_argument("--out", type=Path, default=Path("out/hf-check"), help="output directory (default: out/hf-check)")
+    parser.add_argument("--task", choices=("lm", "retrieval"), default="lm",
+                        help="lm: the language models (default); retrieval: the retrieval experiment's models")
+    parser.add_argument("--recipes", help="retrieval: init recipes, comma-separated (default: the config's "
+                        "compare.recipes, else scaled-init)")
     args = parser.parse_args(argv)
 
-    config = load_config(args.config, [f"run.steps={args.steps}"] if args.steps else [])
+    key = "retrieval.steps" if args.task == "retrieval" else "run.steps"
+    config = load_config(args.config, [f"{key}={args.steps}"] if args.steps else [])
     picked = pick_models(config)
-    grid = [float(v) for v in args.lr_grid.split(",")] if args.lr_grid else (config.compare.lr_grid or [None])
     seeds = [config.run.seed + i for i in range(args.seeds or config.compare.seeds)]
+    if args.task == "retrieval":
+        recipes = args.recipes.split(",") if args.recipes else (config.compare.recipes or ["scaled-init"])
+        unknown = [r for r in recipes if r not in INIT_RECIPES]
+        if unknown:
+            sys.exit(f"--recipes: no init recipe {unknown[0]!r}; choose from {', '.join(INIT_RECIPES)}")
+        grid = [float(v) for v in args.lr_grid.split(",")] if args.lr_grid else (config.retrieval.lr_grid or None)
+        return retrieval_check(config, picked, recipes, grid, seeds, args.out)
+    grid = [float(v) for v in args.lr_grid.split(",")] if args.lr_grid else (config.compare.lr_grid or [None])
     steps, model_configs = config.run.steps, {kind: config.models[name].model_config() for kind, name in picked.items()}
     seq_len = config.data.seq_len or model_configs["diff"].max_seq_len
     plan = DataPlan(config, seq_len, CPU)

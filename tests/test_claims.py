@@ -5,7 +5,17 @@ import math
 import pytest
 
 from diff_transformer.train import load_config
-from diff_transformer.experiments.claims import difference, paper_claims, render_claims, t_quantile_95, verdict
+from diff_transformer.experiments.claims import (
+    better_word,
+    dependence,
+    difference,
+    fraction_label,
+    paper_claims,
+    paper_word,
+    render_claims,
+    t_quantile_95,
+    verdict,
+)
 
 
 def test_welch_interval_matches_a_hand_computation():
@@ -113,3 +123,89 @@ def test_attention_claims_use_the_deepest_layer_measured_in_every_model():
     assert noise["verdict"] == "not testable here" and noise["diff"] is None
     assert "| Attention noise | share of the answer row on noise and distractors (lower) | – | – | – |" in "\n".join(
         render_claims(rows, 2))
+
+
+def _d(low, high):
+    return {"delta": (low + high) / 2, "low": low, "high": high}
+
+
+AGREE, AGAINST, NULL = _d(0.1, 0.3), _d(-0.3, -0.1), _d(-0.1, 0.2)  # for a claim whose paper sign is +1
+
+
+def test_a_claim_is_robust_only_when_every_recipe_and_budget_says_the_same():
+    word = paper_word(+1)
+    along = [{"fraction": 0.125, **NULL}, {"fraction": 0.25, **AGREE}, {"fraction": 0.5, **AGREE},
+             {"fraction": 1.0, **AGREE}]
+    # 1/8 of the budget is before the robustness window: it does not count.
+    assert dependence(AGREE, {"scaled-init": AGREE, "plain-init": AGREE}, along, word) == "robust: agrees"
+    assert dependence(AGAINST, {"scaled-init": AGAINST}, [], word) == "robust: contradicts"
+    assert dependence(NULL, {"scaled-init": NULL, "plain-init": NULL}, [], word) == \
+        "inconclusive at every recipe and budget"
+    assert dependence(AGREE, {}, [], word) == "agrees"  # nothing else measured: the plain word
+    assert dependence(AGREE, {"scaled-init": AGREE, "plain-init": NULL}, along, word) == \
+        "depends on the recipe: agrees under scaled-init, inconclusive under plain-init"
+    late = [{"fraction": 0.25, **NULL}, {"fraction": 0.5, **AGREE}, {"fraction": 1.0, **AGREE}]
+    assert dependence(AGREE, {"scaled-init": AGREE}, late, word) == \
+        "depends on the budget: inconclusive at 1/4, agrees at 1/2, agrees at the end"
+    # Every shared recipe agrees, but with each model at its own best recipe the difference is null.
+    assert dependence(NULL, {"scaled-init": AGREE, "plain-init": AGREE}, [], word) == \
+        "depends on the recipe: agrees under each shared recipe, inconclusive with each model at its own best recipe"
+
+
+def test_comparisons_the_paper_does_not_make_say_which_model_is_better():
+    higher, lower = better_word("DIFF V2", "higher"), better_word("DIFF V2", "lower")
+    assert higher(AGREE) == "DIFF V2 better" and higher(AGAINST) == "DIFF V2 worse" and higher(NULL) == "inconclusive"
+    assert lower(AGREE) == "DIFF V2 worse" and lower(AGAINST) == "DIFF V2 better"
+    assert dependence(AGAINST, {"scaled-init": AGAINST}, [], lower) == "robust: DIFF V2 better"
+
+
+def test_fractions_of_the_budget_are_named_as_people_say_them():
+    assert [fraction_label(f) for f in (0.125, 0.25, 0.375, 0.5, 0.75, 1.0, 0.3)] == \
+        ["1/8", "1/4", "3/8", "1/2", "3/4", "the end", "30%"]
+
+
+def test_claims_read_each_recipe_and_the_curve_of_each_model():
+    """Language modelling by recipe (the sweep's best lr there) and along the validation curve;
+    retrieval by recipe and along the learning curve; every figure planted by hand."""
+    config = load_config("tiny")
+
+    def lm(best, curve):
+        return {"final_val_loss": {"per_seed": best}, "seeds": [0, 1],
+                "curves": {"val": {"step": [2, 4], "tokens": [100, 200], "loss": curve}}}
+
+    def sweep(best_lr, by_lr):
+        return {"best": best_lr, "best_recipe": "scaled-init", "by_recipe": {"scaled-init": {
+            "best": best_lr, "final_val_loss": {k: {"per_seed": v} for k, v in by_lr.items()}}}}
+
+    def run(final, curve, area, recipe_shift=0.0):
+        return {"mean_accuracy": {"needle": final, "mqar": final}, "curve_area": {"needle": area, "mqar": area},
+                "curve": [{"step": s, "mean_accuracy": {"needle": a, "mqar": a}} for s, a in curve],
+                "attention": [{"answer": 0.5, "noise": 0.5, "other": 0.0}], "quantized_accuracy": {"full": 1, "4": 1}}
+
+    metrics = {
+        "budget": {"steps": 4},
+        "lm_recipes": ["scaled-init"],
+        "models": {"standard": lm([3.0, 3.2], [[3.5, 3.0], [3.7, 3.2]]), "diff": lm([3.4, 3.6], [[3.6, 3.4], [3.8, 3.6]])},
+        "lr_sweep": {"standard": sweep(2e-3, {"0.001": [3.3, 3.5], "0.002": [3.0, 3.2]}),
+                     "diff": sweep(1e-3, {"0.001": [3.4, 3.6], "0.002": [3.9, 4.1]})},
+        "retrieval": {"chance": 0.05, "settings": {"quantize_bits": [4], "steps": 8, "batch_size": 4}, "models": {
+            "standard": {"runs": [run(0.4, [(0, 0.0), (4, 0.1), (8, 0.4)], 0.2)] * 2,
+                         "recipes": {"scaled-init": {"runs": [run(0.4, [(0, 0), (8, 0.4)], 0.2)] * 2},
+                                     "plain-init": {"runs": [run(0.6, [(0, 0), (8, 0.6)], 0.4)] * 2}}},
+            "diff": {"runs": [run(0.7, [(0, 0.0), (4, 0.5), (8, 0.7)], 0.5)] * 2,
+                     "recipes": {"scaled-init": {"runs": [run(0.7, [(0, 0), (8, 0.7)], 0.5)] * 2},
+                                 "plain-init": {"runs": [run(0.6, [(0, 0), (8, 0.6)], 0.45)] * 2}}}}},
+    }
+    rows = {r["measure"].split(",")[0].split(" (")[0]: r for r in paper_claims(config, metrics, {})}
+    loss = rows["final validation loss"]
+    assert loss["by_recipe"]["scaled-init"]["delta"] == pytest.approx(3.5 - 3.1)  # DIFF at 1e-3, the Transformer at 2e-3
+    assert [p["delta"] for p in loss["along"]] == pytest.approx([3.7 - 3.6, 3.5 - 3.1])
+    assert [p["fraction"] for p in loss["along"]] == [0.5, 1.0] and loss["along"][0]["budget"] == "100 tokens"
+    mqar = rows["mqar accuracy"]
+    assert mqar["by_recipe"]["scaled-init"]["delta"] == pytest.approx(0.3) and mqar["by_recipe"]["plain-init"]["delta"] == 0
+    assert [p["delta"] for p in mqar["along"]] == pytest.approx([0.4, 0.3])  # steps 4 and 8; step 0 left out
+    assert mqar["along"][0]["budget"] == "8 mqar examples"  # 4 steps × 2 MQAR examples a step
+    assert mqar["verdict"] == "depends on the recipe: agrees under scaled-init, inconclusive under plain-init"
+    area = rows["mqar: mean accuracy over training"]
+    assert area["difference"]["delta"] == pytest.approx(0.3) and area["by_recipe"]["plain-init"]["delta"] == \
+        pytest.approx(0.05)

@@ -38,7 +38,7 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
     assert list(metrics["models"]) == ["standard", "diff"]
     for name, m in metrics["models"].items():
         sweep = metrics["lr_sweep"][name]
-        losses = {lr: sweep["final_val_loss"][f"{lr:g}"]["mean"] for lr in grid}
+        losses = {lr: sweep["by_recipe"][""]["final_val_loss"][f"{lr:g}"]["mean"] for lr in grid}  # no recipe dimension
         assert sweep["best"] == min(losses, key=losses.get)  # its own best, by final validation loss
         assert m["final_val_loss"]["mean"] == pytest.approx(losses[sweep["best"]])
         # min_lr keeps its ratio to lr (3e-4 / 3e-3) at every grid value.
@@ -59,7 +59,7 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
     report = (out / "report.md").read_text()
     assert "| Transformer | standard |" in report and "| DIFF | diff |" in report
     assert "3.087" in report and "3.062" in report  # the paper's Table 6 figures beside ours
-    assert "Learning-rate sweep" in report and "| lr 0.001 | lr 0.01 |" in report
+    assert "The search" in report and "| Init recipe | lr 0.001 | lr 0.01 |" in report
     assert "The paper's claims at this scale" in report and "| Language modelling |" in report
     assert "training throughput" in report and "peak RSS" in report
     assert "DIFF vs Transformer, parameters**: +192 (" in report

@@ -21,7 +21,8 @@ def test_every_shipped_config_loads_and_builds_its_models(name):
 def test_the_shipped_set_holds_the_named_experiments():
     assert {"tiny", "ablation-1.4b", "paper-3b"} <= set(shipped_configs())
     tiny = load_config("tiny")
-    assert tiny.compare.models == ["standard", "diff"]
+    assert tiny.compare.models == ["standard", "diff", "diff_v2"]
+    assert tiny.compare.recipes == ["scaled-init", "plain-init"] and tiny.compare.language_model_recipes == ["scaled-init"]
     standard, diff = tiny.model("standard").model_config(), tiny.model("diff").model_config()
     assert (standard.n_heads, diff.n_heads) == (2 * diff.n_heads, diff.n_heads) and standard.head_dim == diff.head_dim
     ablation = load_config("ablation-1.4b")
@@ -195,3 +196,62 @@ def test_an_empty_config_and_one_without_a_model_are_refused(tmp_path):
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match=r"list\.yaml: expected a mapping at the top level, got list"):
         load_config(tmp_path / "list.yaml", ["run.steps=3"])
+
+
+def _recipe_config(**compare):
+    return config_from_dict({
+        "model": {"preset": "debug"},
+        "models": {"standard": {"attention": "standard", "optim": {"lr": 2e-3},
+                                "lr_by_recipe": {"plain-init": {"lr": 4e-3, "retrieval_lr": 5e-4}}},
+                   "diff": {"attention": "diff"}},
+        "optim": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 1, "betas": [0.9, 0.95], "weight_decay": 0.1},
+        "compare": compare,
+        "retrieval": {"lr": 3e-3},
+    })
+
+
+def test_init_recipes_set_the_model_fields_and_each_model_its_lr_under_each():
+    config = _recipe_config(recipes=["scaled-init", "plain-init"], lm_recipes=["scaled-init"])
+    assert config.entry_fields("diff", "plain-init") == {"scale_residual_init": False}
+    assert config.entry_fields("diff", "scaled-init") == {"scale_residual_init": True}
+    assert config.entry_fields("diff", None) == {}
+    # lr_by_recipe first, then the model's own lr, then the section's.
+    assert config.lr_for("standard", "plain-init") == 4e-3 and config.lr_for("standard", "scaled-init") == 2e-3
+    assert config.lr_for("standard", "plain-init", "retrieval") == 5e-4
+    assert config.lr_for("diff", "plain-init") == 1e-3 and config.lr_for("diff", "plain-init", "retrieval") == 3e-3
+    assert config.compare.language_model_recipes == ["scaled-init"]
+    assert _recipe_config(recipes=["plain-init"]).compare.language_model_recipes == ["plain-init"]
+    assert config_from_dict(config.to_dict()).to_dict() == config.to_dict()
+
+
+@pytest.mark.parametrize("compare, message", [
+    ({"recipes": ["scaled-init", "xavier"]}, "compare.recipes: no init recipe 'xavier'"),
+    ({"recipes": ["plain-init", "plain-init"]}, "names a recipe twice"),
+    ({"recipes": ["plain-init"], "lm_recipes": ["scaled-init"]}, "must be among compare.recipes"),
+    ({"jobs": 0}, "compare.jobs must be positive"),
+])
+def test_bad_recipe_settings_are_named(compare, message):
+    with pytest.raises(ConfigError, match=message):
+        _recipe_config(**compare)
+
+
+@pytest.mark.parametrize("lr_by_recipe, message", [
+    ({"xavier": {"lr": 1e-3}}, "models.standard.lr_by_recipe.xavier: no such init recipe"),
+    ({"plain-init": {"learning_rate": 1e-3}}, "unknown key models.standard.lr_by_recipe.plain-init.learning_rate"),
+    ({"plain-init": {"lr": -1e-3}}, "lr_by_recipe.plain-init.lr must be positive"),
+    ({"plain-init": {"lr": "fast"}}, "lr_by_recipe.plain-init.lr must be a number"),
+])
+def test_bad_lr_by_recipe_entries_are_named(lr_by_recipe, message):
+    data = _recipe_config().to_dict()
+    data["models"]["standard"]["lr_by_recipe"] = lr_by_recipe
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(data)
+
+
+def test_a_model_that_pins_a_recipe_field_is_refused_under_another_recipe():
+    data = _recipe_config(recipes=["scaled-init", "plain-init"]).to_dict()
+    data["models"]["diff"]["scale_residual_init"] = False
+    config = config_from_dict(data)
+    assert config.entry_fields("diff", "plain-init")["scale_residual_init"] is False  # agrees: fine
+    with pytest.raises(ConfigError, match="models.diff.scale_residual_init=False disagrees with init recipe 'scaled-init'"):
+        config.entry_fields("diff", "scaled-init")

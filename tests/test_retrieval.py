@@ -17,9 +17,13 @@ from diff_transformer.experiments.retrieval import (
     accuracy,
     attention_allocation,
     attention_shares,
+    curve_area,
+    evaluation_sets,
+    examples_to_reach,
     mqar_example,
     needle_example,
     run_experiment,
+    run_one,
     to_batch,
     training_batch,
 )
@@ -171,3 +175,66 @@ def test_the_experiment_runs_every_model_and_seed_and_reports_by_difficulty(tmp_
     # Resuming reads the stored results instead of training again.
     again = run_experiment(config, ["standard", "diff"], [0, 1], tmp_path, resume=True, progress=False)
     assert again["models"]["diff"]["runs"] == result["models"]["diff"]["runs"]
+
+
+def test_the_area_under_a_learning_curve_and_the_examples_to_a_target_match_a_hand_computation():
+    points = [(0, 0.0), (100, 0.2), (200, 0.6), (400, 0.6)]
+    # Trapezoids: 100·0.1 + 100·0.4 + 200·0.6 = 170, over a width of 400.
+    assert curve_area(points) == pytest.approx(170 / 400)
+    assert examples_to_reach(points, 0.4) == pytest.approx(150.0)  # halfway from 0.2 (at 100) to 0.6 (at 200)
+    assert examples_to_reach(points, 0.6) == pytest.approx(200.0)
+    assert examples_to_reach(points, 0.7) is None
+    assert examples_to_reach([(10, 0.5), (20, 0.9)], 0.3) == 10  # reached by the first measurement
+
+
+def test_the_curve_is_measured_before_training_and_after_each_fraction_of_the_steps():
+    assert RetrievalConfig(steps=400).curve_steps == [0, 50, 100, 200, 400]
+    assert RetrievalConfig(**{**SMALL, "steps": 3}).curve_steps == [0, 1, 2, 3]  # at least one step each, no repeats
+    assert RetrievalConfig(**SMALL, curve=[0.5]).curve_steps == [0, 2, 3]
+    config = RetrievalConfig(**SMALL)
+    assert config.examples_seen("needle", 10) == 20 and config.examples_seen("mqar", 10) == 20
+    with pytest.raises(ConfigError, match="retrieval.curve"):
+        RetrievalConfig(curve=[0.0, 0.5])
+
+
+def test_a_run_records_its_learning_curve_from_the_untrained_model_to_the_end():
+    config = RetrievalConfig(**{**SMALL, "steps": 4, "curve": [0.5]})
+    result = run_one(config, "diff", 0, 3e-3)
+    assert [p["step"] for p in result["curve"]] == [0, 2, 4]
+    assert result["curve"][-1]["accuracy"] == result["accuracy"]  # the last point is the end of training
+    torch.manual_seed(0)  # the same initialisation, untrained: the first point
+    untrained = LanguageModel(config.model_config("diff")).eval()
+    cells = {task: {cell: accuracy(untrained, examples) for cell, examples in by_cell.items()}
+             for task, by_cell in evaluation_sets(config).items()}
+    assert result["curve"][0]["accuracy"] == cells
+    mqar = [(config.examples_seen("mqar", p["step"]), p["mean_accuracy"]["mqar"]) for p in result["curve"]]
+    (x0, y0), (x1, y1), (x2, y2) = mqar
+    assert result["curve_area"]["mqar"] == pytest.approx(((x1 - x0) * (y0 + y1) + (x2 - x1) * (y1 + y2)) / 2 / x2)
+
+
+@pytest.mark.slow  # trains every model under two recipes, in two worker processes
+def test_every_model_runs_under_every_recipe_and_is_reported_at_its_best(tmp_path):
+    data = {
+        "model": {"preset": "debug"},
+        "models": {"standard": {"attention": "standard", "retrieval_lr": 1e-3,
+                                "lr_by_recipe": {"plain-init": {"retrieval_lr": 3e-3}}},
+                   "diff": {"attention": "diff", "retrieval_lr": 1e-3}},
+        "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 1, "betas": [0.9, 0.95], "weight_decay": 0.1},
+        "compare": {"recipes": ["scaled-init", "plain-init"]},
+        "retrieval": SMALL,
+    }
+    config = config_from_dict(data)
+    result = run_experiment(config, ["standard", "diff"], [0, 1], tmp_path / "pool", jobs=2, progress=False)
+    assert result["recipes"] == ["scaled-init", "plain-init"]
+    for name, m in result["models"].items():
+        score = {r: sum(sum(run["mean_accuracy"].values()) for run in e["runs"]) for r, e in m["recipes"].items()}
+        assert m["best_recipe"] == max(score, key=score.get) and m["runs"] == m["recipes"][m["best_recipe"]]["runs"]
+        assert (tmp_path / "pool" / name / "plain-init" / ("lr-0.003" if name == "standard" else "lr-0.001")
+                / "seed-1.json").is_file()
+    plain = result["models"]["diff"]["recipes"]["plain-init"]["runs"][0]
+    scaled = result["models"]["diff"]["recipes"]["scaled-init"]["runs"][0]
+    assert plain["curve"][0]["accuracy"] != scaled["curve"][0]["accuracy"] or plain["losses"] != scaled["losses"]
+    # One process, the same results: the pool only spreads the runs.
+    alone = run_experiment(config, ["diff"], [1], tmp_path / "alone", recipes=["plain-init"], progress=False)
+    assert alone["models"]["diff"]["runs"][0]["accuracy"] == \
+        result["models"]["diff"]["recipes"]["plain-init"]["runs"][1]["accuracy"]

@@ -97,6 +97,17 @@ def positive_float_list(value: str) -> list[float]:
         raise _fail(value, "every item must be a positive number") from None
 
 
+def init_recipes(value: str) -> list[str]:
+    """"scaled-init,plain-init" -> the init recipes (diff_transformer.train.config.INIT_RECIPES), each once."""
+    from ..train.config import INIT_RECIPES
+
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    unknown = [item for item in items if item not in INIT_RECIPES]
+    if not items or unknown or len(set(items)) != len(items):
+        raise _fail(value, f"comma-separated init recipes, each once, from {', '.join(INIT_RECIPES)}")
+    return items
+
+
 def nonnegative_float(value: str) -> float:
     number = _float(value)
     if number < 0:

@@ -86,6 +86,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "report each at its own best; default: the config's compare.lr_grid, else each model's own lr")
     c.add_argument("--retrieval-lr-grid", type=types.positive_float_list, metavar="LR,LR,...",
                    help="the same for the retrieval experiment (default: retrieval.lr_grid, else each model's retrieval_lr)")
+    c.add_argument("--recipes", type=types.init_recipes, metavar="RECIPE,...",
+                   help="the init recipes every model is trained under, in both experiments (scaled-init: o_proj and "
+                   "down_proj at init_std/sqrt(2 layers), the authors'; plain-init: every matrix N(0, init_std), "
+                   "transformers'); each model is reported at its best (recipe, lr) and the report gives the "
+                   "difference under each recipe; default: compare.recipes (and compare.lm_recipes for language "
+                   "modelling)")
+    c.add_argument("--retrieval-steps", type=types.positive_int, metavar="N",
+                   help="training steps of each retrieval model (overrides retrieval.steps; the learning curve keeps "
+                   "its fractions of them)")
+    c.add_argument("--jobs", type=types.positive_int,
+                   help="runs trained at the same time, each with cores / jobs CPU threads (default: compare.jobs)")
     c.add_argument("--no-retrieval", action="store_true", help="skip the retrieval experiment")
     c.add_argument("--no-eval", action="store_true", help="skip the evaluation suite after training")
     c.add_argument("--quick-eval", action="store_true", help="run the evaluation suite on a smoke-test budget")
@@ -130,6 +141,8 @@ def run_compare(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.steps is not None:
         overrides.append(f"run.steps={args.steps}")
+    if args.retrieval_steps is not None:
+        overrides.append(f"retrieval.steps={args.retrieval_steps}")
     config = load_config(args.config, overrides)
     kinds = [k.strip() for k in args.attention.split(",") if k.strip()] if args.attention else None
     models = select_models(config, kinds)
@@ -140,8 +153,8 @@ def run_compare(args: argparse.Namespace) -> int:
     try:
         metrics = compare(
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
-            retrieval_lr_grid=args.retrieval_lr_grid, retrieval=False if args.no_retrieval else None,
-            resume=args.resume, nproc=args.nproc, evaluation=evaluation,
+            retrieval_lr_grid=args.retrieval_lr_grid, recipes=args.recipes, retrieval=False if args.no_retrieval else None,
+            resume=args.resume, nproc=args.nproc, jobs=args.jobs, evaluation=evaluation,
         )
     except CompareInterrupted as exc:  # the running model saved a checkpoint: --resume continues
         print(exc, file=sys.stderr)

@@ -31,8 +31,10 @@ The output directory:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
+import os
 import statistics
 import shutil
 import signal
@@ -49,8 +51,8 @@ from ..train.config import TrainConfig
 from ..evaluation.suite import SuiteResult
 from ..checkpoint import write_directory_atomically
 from ..files import check_output_dir, claim_output_dir, lock_output_dir, write_text_atomically
-from .claims import mean_std, paper_claims
-from .report import build_metrics, evaluation_intro, render_report, write_plots
+from .claims import mean_std, paper_claims, variant_comparisons
+from .report import build_metrics, evaluation_intro, lm_curves, render_report, write_plots
 from ..train.state import find_checkpoint
 from ..train.trainer import SUMMARY_FILE, TrainingError, read_metrics
 
@@ -89,12 +91,15 @@ def select_models(config: TrainConfig, attention: list[str] | None) -> list[str]
 
 
 def _run_config(resolved: dict, config: TrainConfig, name: str, lr: float, seed: int, log_dir: Path,
-                checkpoint_dir: Path) -> Path:
+                checkpoint_dir: Path, recipe: str | None = None) -> Path:
     """Write LOG_DIR/config.yaml, the exact config of one run: the resolved config with this
-    seed, these directories and this learning rate (min_lr keeping its ratio) for the model."""
+    seed, these directories, this learning rate (min_lr keeping its ratio) and this init recipe's
+    fields for the model."""
     data = copy.deepcopy(resolved)
     optim = config.optim_for(name, lr)
-    data["models"][name]["optim"] = {**data["models"][name].get("optim", {}), "lr": optim.lr, "min_lr": optim.min_lr}
+    entry = data["models"][name]
+    entry["optim"] = {**entry.get("optim", {}), "lr": optim.lr, "min_lr": optim.min_lr}
+    entry.update(config.entry_fields(name, recipe))
     data["run"].update(seed=seed, out_dir=str(log_dir), checkpoint_dir=str(checkpoint_dir))
     path = claim_output_dir(log_dir, "train-run") / "config.yaml"
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
@@ -110,30 +115,67 @@ def _train_command(config_file: Path, model: str, resume: bool, nproc: int) -> l
 
 
 def _run_child(command: list[str]) -> int:
-    """Run one training process; SIGINT/SIGTERM to this process are passed on to it exactly once
-    (it runs in its own session, so a terminal's Ctrl-C reaches only us), and it saves a checkpoint.
-    A child stopped by a signal (sent to us, or to it: exit status 130 or 143) is a
-    :class:`CompareInterrupted`, not a failure."""
-    child = subprocess.Popen(command, start_new_session=True)
+    """Run one training process (see :func:`_run_children`); its exit status."""
+    return _run_children([command], jobs=1)[0]
+
+
+def _run_children(commands: list[list[str]], jobs: int, on_exit: Callable[[int, int], None] | None = None) -> list[int]:
+    """Run training processes, up to ``jobs`` at a time (each then with cores / jobs CPU threads);
+    their exit statuses, in order. ``on_exit(index, status)`` is called as each ends. SIGINT/SIGTERM
+    to this process are passed on to the running ones exactly once (each runs in its own session, so a
+    terminal's Ctrl-C reaches only us), which save a checkpoint; no further one starts. A child stopped
+    by a signal (sent to us, or to it: exit status 130 or 143) is a :class:`CompareInterrupted`."""
+    env = None
+    if jobs > 1:
+        threads = str(max(1, (os.cpu_count() or jobs) // jobs))
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    codes: list[int | None] = [None] * len(commands)
+    running: dict[int, subprocess.Popen] = {}
     received: list[int] = []
 
     def forward(signum, frame) -> None:
         if not received:
             received.append(signum)
-            child.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+            for child in running.values():
+                child.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = child.wait()
+        queue = list(range(len(commands)))
+        while queue or running:
+            while queue and len(running) < jobs and not received:
+                index = queue.pop(0)
+                running[index] = subprocess.Popen(commands[index], start_new_session=True, env=env)
+            if received and not running:
+                break
+            index, code = _wait_any(running)
+            del running[index]
+            codes[index] = code
+            if on_exit is not None and code not in _INTERRUPTED:
+                on_exit(index, code)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    interrupted_by = {128 + s: s for s in (signal.SIGINT, signal.SIGTERM)}
-    if received or code in interrupted_by:
-        signum = received[0] if received else interrupted_by[code]
-        raise CompareInterrupted(f"interrupted by {signal.Signals(signum).name}: the running model saved a checkpoint; "
-                                 "rerun the same command with --resume", signum)
-    return code
+    stopped = [c for c in codes if c in _INTERRUPTED]
+    if received or stopped:
+        signum = received[0] if received else _INTERRUPTED[stopped[0]]
+        raise CompareInterrupted(f"interrupted by {signal.Signals(signum).name}: the running model"
+                                 f"{'s' if jobs > 1 else ''} saved a checkpoint; rerun the same command with --resume",
+                                 signum)
+    return [c for c in codes if c is not None]
+
+
+_INTERRUPTED = {128 + s: s for s in (signal.SIGINT, signal.SIGTERM)}  # exit status -> the signal that stopped it
+
+
+def _wait_any(running: dict[int, subprocess.Popen]) -> tuple[int, int]:
+    """(index, exit status) of the first of ``running`` to end."""
+    while True:
+        for index, child in running.items():
+            code = child.poll()
+            if code is not None:
+                return index, code
+        time.sleep(0.05)
 
 
 def compare(
@@ -144,17 +186,21 @@ def compare(
     seeds: int | None = None,
     lr_grid: list[float] | None = None,
     retrieval_lr_grid: list[float] | None = None,
+    recipes: list[str] | None = None,
     retrieval: bool | None = None,
     resume: bool = False,
     nproc: int = 1,
+    jobs: int | None = None,
     evaluation: Evaluation | None = None,
     progress: bool = True,
 ) -> dict:
     """Train ``models`` (names in ``config``; default: :func:`select_models`) for ``seeds`` seeds
-    at every learning rate of ``lr_grid`` (default: compare.lr_grid, else each model's own lr),
-    report each model at its best learning rate, run the retrieval experiment (default:
-    retrieval.enabled) and the evaluations, and write the report into ``out_dir``; returns the
-    metrics (also DIR/metrics.json).
+    under every init recipe (``recipes``, default: compare.recipes and, for language modelling,
+    compare.lm_recipes; none: each model as configured) at every learning rate of ``lr_grid``
+    (default: compare.lr_grid, else each model's own lr under that recipe), report each model at its
+    best (recipe, lr), run the retrieval experiment (default: retrieval.enabled) and the evaluations,
+    and write the report into ``out_dir``; returns the metrics (also DIR/metrics.json). ``jobs``
+    runs train at the same time (default: compare.jobs).
 
     With ``resume``, runs that finished are reused and interrupted ones continue from their
     checkpoint; without it, earlier runs of the same models in ``out_dir`` are replaced.
@@ -162,12 +208,19 @@ def compare(
     start = time.perf_counter()
     out_dir = Path(out_dir)
     names = models or select_models(config, None)
+    if recipes is not None:  # the full search: every recipe in both experiments
+        config = dataclasses.replace(config, compare=dataclasses.replace(config.compare, recipes=list(recipes),
+                                                                         lm_recipes=[]))
     for name in names:
-        config.model(name)  # an unknown name is an error before anything starts
+        for recipe in config.compare.recipes or [None]:
+            config.entry_fields(name, recipe)  # an unknown name or a conflicting recipe is an error before anything starts
+    jobs = jobs or config.compare.jobs
+    if jobs > 1 and nproc > 1:
+        raise ConfigError(f"compare: --jobs {jobs} trains several single-process runs at once and --nproc {nproc} "
+                          "one run in several processes; give one of them")
     n_seeds = seeds or config.compare.seeds
     seed_values = [config.run.seed + i for i in range(n_seeds)]
     grid = list(lr_grid if lr_grid is not None else config.compare.lr_grid)
-    lrs = {name: grid or [config.optim_for(name).lr] for name in names}
     data_dir = [] if config.data.dataset == "default" else [config.data.dataset]
     claim_output_dir(out_dir, "compare", reading=data_dir)  # a new directory, or an earlier comparison's
     with lock_output_dir(out_dir):  # one comparison at a time in out_dir (each run locks its own directory)
@@ -176,15 +229,14 @@ def compare(
 
             return run_long_context(config, out_dir, models=models, seeds=seeds, lr_grid=lr_grid,
                                     retrieval=retrieval, resume=resume, nproc=nproc, progress=progress)
-        return _compare(config, out_dir, names, n_seeds, seed_values, grid, lrs, start, retrieval=retrieval,
-                        retrieval_lr_grid=retrieval_lr_grid, resume=resume, nproc=nproc, evaluation=evaluation,
-                        progress=progress)
+        return _compare(config, out_dir, names, seed_values, grid, start, retrieval=retrieval,
+                        retrieval_lr_grid=retrieval_lr_grid, resume=resume, nproc=nproc, jobs=jobs,
+                        evaluation=evaluation, progress=progress)
 
 
-def _compare(config: TrainConfig, out_dir: Path, names: list[str], n_seeds: int, seed_values: list[int],
-             grid: list[float], lrs: dict[str, list[float]], start: float, *, retrieval: bool | None,
-             retrieval_lr_grid: list[float] | None, resume: bool, nproc: int, evaluation: Evaluation | None,
-             progress: bool) -> dict:
+def _compare(config: TrainConfig, out_dir: Path, names: list[str], seed_values: list[int], grid: list[float],
+             start: float, *, retrieval: bool | None, retrieval_lr_grid: list[float] | None, resume: bool, nproc: int,
+             jobs: int, evaluation: Evaluation | None, progress: bool) -> dict:
     """:func:`compare` once its output directory is claimed and locked."""
     if config.data.dataset == "default":  # prepare the corpus once, here, before the runs start
         from ..data import default_dataset
@@ -193,54 +245,91 @@ def _compare(config: TrainConfig, out_dir: Path, names: list[str], n_seeds: int,
 
     # The resolved config every run reads: the user's, with what compare decided.
     resolved = config.to_dict()
-    resolved["compare"].update(models=names, seeds=n_seeds, lr_grid=grid)
-    resolved["run"]["progress"] = progress
+    resolved["compare"].update(models=names, seeds=len(seed_values), lr_grid=grid, jobs=jobs)
+    resolved["run"]["progress"] = progress and jobs == 1  # concurrent runs: one line per run instead of bars
     config_file = out_dir / "config.yaml"
     write_text_atomically(config_file, yaml.safe_dump(resolved, sort_keys=False))
 
-    # Language modelling: every (seed, learning rate, model), seeds outermost so that an early stop
-    # leaves every model with the same runs.
-    runs: dict[str, dict[float, list[dict]]] = {name: {lr: [] for lr in lrs[name]} for name in names}
-    total = sum(len(v) for v in lrs.values()) * n_seeds
-    position = 0
-    for seed in seed_values:
-        for name in names:
-            for lr in lrs[name]:
-                position += 1
-                label = f"[{position}/{total}] {name} lr {lr:g} (seed {seed})"
-                log_dir = out_dir / "runs" / name / f"lr-{lr:g}" / f"seed-{seed}"
-                checkpoint_dir = log_dir / "checkpoint"
-                done = _finished_summary(log_dir, checkpoint_dir, config.run.steps) if resume else None
-                if done is None:
-                    continue_run = resume and find_checkpoint(checkpoint_dir) is not None
-                    if not continue_run:
-                        _clear_run(log_dir, label)
-                    print(f"{label}: {'resuming' if continue_run else 'training'} -> {log_dir}", file=sys.stderr, flush=True)
-                    run_config = _run_config(resolved, config, name, lr, seed, log_dir, checkpoint_dir)
-                    (log_dir / SUMMARY_FILE).unlink(missing_ok=True)  # an interrupted run's summary is not a result
-                    code = _run_child(_train_command(run_config, name, continue_run, nproc))
-                    done = _read_summary(log_dir)
-                    # A run that diverged (loss NaN/inf) is a result of the sweep: that lr counts as the worst.
-                    if done is None or done["status"] not in ("completed", "diverged"):
-                        status = f", status {done['status']}" if done else ""
-                        raise TrainingError(f"{label}: training failed (exit code {code}{status}); see the messages above")
-                else:
-                    print(f"{label}: already trained, reusing {log_dir}", file=sys.stderr)
-                done.update(seed=seed, lr=lr, log_dir=str(log_dir), checkpoint_dir=str(checkpoint_dir))
-                done["metrics"] = read_metrics(log_dir / "metrics.jsonl")
-                runs[name][lr].append(done)
+    # Language modelling: every (seed, model, recipe, learning rate), seeds outermost so that an early
+    # stop leaves every model with the same runs.
+    recipes: list[str | None] = list(config.compare.language_model_recipes) or [None]
+    lrs = {(name, recipe): grid or [config.lr_for(name, recipe, "lm")] for name in names for recipe in recipes}
+    units = [(seed, name, recipe, lr) for seed in seed_values for name in names for recipe in recipes
+             for lr in lrs[name, recipe]]
+    labels = {u: f"[{i}/{len(units)}] {u[1]}{f' {u[2]}' if u[2] else ''} lr {u[3]:g} (seed {u[0]})"
+              for i, u in enumerate(units, 1)}
+    log_dirs = {u: out_dir / "runs" / u[1] / (u[2] or "") / f"lr-{u[3]:g}" / f"seed-{u[0]}" for u in units}
+    summaries: dict[tuple, dict] = {}
+    pending: list[tuple] = []
+    commands: list[list[str]] = []
+    for unit in units:
+        seed, name, recipe, lr = unit
+        log_dir, label = log_dirs[unit], labels[unit]
+        checkpoint_dir = log_dir / "checkpoint"
+        done = _finished_summary(log_dir, checkpoint_dir, config.run.steps) if resume else None
+        if done is not None:
+            print(f"{label}: already trained, reusing {log_dir}", file=sys.stderr)
+            summaries[unit] = done
+            continue
+        continue_run = resume and find_checkpoint(checkpoint_dir) is not None
+        if not continue_run:
+            _clear_run(log_dir, label)
+        run_config = _run_config(resolved, config, name, lr, seed, log_dir, checkpoint_dir, recipe)
+        (log_dir / SUMMARY_FILE).unlink(missing_ok=True)  # an interrupted run's summary is not a result
+        pending.append(unit)
+        commands.append(_train_command(run_config, name, continue_run, nproc))
+        if jobs == 1:
+            print(f"{label}: {'resuming' if continue_run else 'training'} -> {log_dir}", file=sys.stderr, flush=True)
 
-    sweep = {name: {lr: _final_losses(model_runs) for lr, model_runs in by_lr.items()} for name, by_lr in runs.items()}
-    best = {name: _best_lr(name, by_lr, n_seeds) for name, by_lr in sweep.items()}
-    chosen = {name: runs[name][best[name]] for name in names}
-    for name in names:  # DIR/<model>: the first seed's final checkpoint at the model's best learning rate
+    def finished(index: int, code: int) -> None:
+        unit = pending[index]
+        done = _read_summary(log_dirs[unit])
+        # A run that diverged (loss NaN/inf) is a result of the sweep: that lr counts as the worst.
+        if done is None or done["status"] not in ("completed", "diverged"):
+            status = f", status {done['status']}" if done else ""
+            raise TrainingError(f"{labels[unit]}: training failed (exit code {code}{status}); see the messages above")
+        summaries[unit] = done
+        if jobs > 1:
+            loss = done["final_val_loss"]
+            print(f"{labels[unit]}: {done['status']}, final validation loss "
+                  f"{'-' if loss is None else f'{loss:.4f}'}, {done['tokens_per_s']:,.0f} tokens/s -> {log_dirs[unit]}",
+                  file=sys.stderr, flush=True)
+
+    if jobs > 1 and commands:
+        print(f"language modelling: {len(commands)} runs, {jobs} at a time", file=sys.stderr, flush=True)
+    _run_children(commands, jobs, on_exit=finished)
+
+    runs: dict[str, dict[str | None, dict[float, list[dict]]]] = {
+        name: {recipe: {lr: [] for lr in lrs[name, recipe]} for recipe in recipes} for name in names}
+    for unit in units:
+        seed, name, recipe, lr = unit
+        done = summaries[unit]
+        done.update(seed=seed, lr=lr, recipe=recipe, log_dir=str(log_dirs[unit]),
+                    checkpoint_dir=str(log_dirs[unit] / "checkpoint"))
+        done["metrics"] = read_metrics(log_dirs[unit] / "metrics.jsonl")
+        runs[name][recipe][lr].append(done)
+
+    n_seeds = len(seed_values)
+    sweep = {name: {recipe: {lr: _final_losses(rs) for lr, rs in by_lr.items()} for recipe, by_lr in by_recipe.items()}
+             for name, by_recipe in runs.items()}
+    best_lr = {name: {recipe: _best_lr(f"{name}{f' ({recipe})' if recipe else ''}", by_lr, n_seeds)
+                      for recipe, by_lr in by_recipe.items()} for name, by_recipe in sweep.items()}
+    best_recipe = {name: min(recipes, key=lambda r: statistics.fmean(sweep[name][r][best_lr[name][r]]))
+                   for name in names}
+    chosen = {name: runs[name][best_recipe[name]][best_lr[name][best_recipe[name]]] for name in names}
+    for name in names:  # DIR/<model>: the first seed's final checkpoint at the model's best (recipe, lr)
         _replace_tree(Path(chosen[name][0]["checkpoint_dir"]), out_dir / name)
 
-    metrics = build_metrics(config, chosen, wall_seconds=time.perf_counter() - start, nproc=nproc)
+    metrics = build_metrics(config, chosen, wall_seconds=time.perf_counter() - start, nproc=nproc, jobs=jobs)
+    metrics["lm_recipes"] = [r for r in recipes if r is not None]
     metrics["lr_sweep"] = {
-        name: {"grid": lrs[name], "best": best[name],
-               "final_val_loss": {f"{lr:g}": mean_std(losses) for lr, losses in sweep[name].items()},
-               "diverged": {f"{lr:g}": n_seeds - len(losses) for lr, losses in sweep[name].items()}}
+        name: {"best": best_lr[name][best_recipe[name]], "best_recipe": best_recipe[name],
+               "by_recipe": {recipe or "": {
+                   "grid": lrs[name, recipe], "best": best_lr[name][recipe],
+                   "final_val_loss": {f"{lr:g}": mean_std(losses) for lr, losses in sweep[name][recipe].items()},
+                   "diverged": {f"{lr:g}": n_seeds - len(losses) for lr, losses in sweep[name][recipe].items()},
+                   "curves": {"val": lm_curves(runs[name][recipe][best_lr[name][recipe]], "val")},
+               } for recipe in recipes}}
         for name in names
     }
 
@@ -248,15 +337,16 @@ def _compare(config: TrainConfig, out_dir: Path, names: list[str], n_seeds: int,
         from .retrieval import run_experiment
 
         metrics["retrieval"] = run_experiment(config, names, seed_values, out_dir / "retrieval",
-                                              lr_grid=retrieval_lr_grid, resume=resume, progress=progress)
+                                              lr_grid=retrieval_lr_grid, jobs=jobs, resume=resume, progress=progress)
 
-    # The evaluations run on the final checkpoint of every seed (at the best learning rate); their
-    # Markdown sections are appended to the report and their headline figures feed the claims.
+    # The evaluations run on the final checkpoint of every seed (at the best recipe and learning rate);
+    # their Markdown sections are appended to the report and their headline figures feed the claims.
     suite = None
     if evaluation is not None:
         checkpoints = {seed_label(config, name, r["seed"]): Path(r["checkpoint_dir"]) for name in names for r in chosen[name]}
         suite = evaluation(checkpoints, out_dir / "eval")
     metrics["claims"] = paper_claims(config, metrics, suite.data if suite else {})
+    metrics["variant_comparisons"] = variant_comparisons(config, metrics)
     metrics["wall_seconds"] = time.perf_counter() - start  # both experiments and the evaluations
     write_plots(metrics, out_dir)
     report = render_report(metrics)

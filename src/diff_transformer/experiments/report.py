@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .claims import mean_std, render_claims
+from .claims import mean_std, render_claims, render_variants
 from ..train.config import TrainConfig
 from ..files import write_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
@@ -19,7 +19,7 @@ from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
 THROUGHPUT_TARGET = 0.9  # project goal: DIFF trains at >= 0.9x the matched Transformer's tokens/s
 
 
-def _curves(runs: list[dict], kind: str) -> dict[str, list]:
+def lm_curves(runs: list[dict], kind: str) -> dict[str, list]:
     """Steps, tokens and the per-seed losses of one kind of record, on the steps all seeds share."""
     by_seed = [{r["step"]: r for r in run["metrics"] if r["kind"] == kind} for run in runs]
     steps = sorted(set.intersection(*(set(s) for s in by_seed))) if by_seed else []
@@ -30,7 +30,8 @@ def _curves(runs: list[dict], kind: str) -> dict[str, list]:
     }
 
 
-def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seconds: float, nproc: int) -> dict:
+def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seconds: float, nproc: int,
+                  jobs: int = 1) -> dict:
     """Everything the report shows, as plain data (written to metrics.json)."""
     seq_len = config.data.seq_len or config.model(next(iter(runs))).model_config().max_seq_len
     models: dict[str, Any] = {}
@@ -40,6 +41,8 @@ def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seco
         models[name] = {
             "label": entry.display_name,
             "attention": entry.attention,
+            "recipe": model_runs[0].get("recipe"),
+            "lr": model_runs[0].get("lr"),
             "parameters": model_runs[0]["parameters"],
             "tokens": model_runs[0]["tokens"],
             "seeds": [r["seed"] for r in model_runs],
@@ -53,7 +56,7 @@ def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seco
             "load_average": [r.get("load_average") for r in model_runs],
             "checkpoint": name,
             "paper_table6": dict(PAPER_TABLE6[entry.paper_row], key=entry.paper_row) if entry.paper_row else None,
-            "curves": {"train": _curves(model_runs, "train"), "val": _curves(model_runs, "val")},
+            "curves": {"train": lm_curves(model_runs, "train"), "val": lm_curves(model_runs, "val")},
             "diagnostics": diagnostic_curves(model_runs),
         }
     first = next(iter(runs.values()))[0]
@@ -72,6 +75,7 @@ def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seco
         "environment": {
             "device": first["device"],
             "processes": nproc,
+            "jobs": jobs,
             "torch": torch.__version__,
             "cpu_threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
@@ -179,6 +183,8 @@ def write_plots(metrics: dict, out_dir: Path) -> list[Path]:
     paths = [_save(fig, out_dir / "loss.png")] + write_diagnostics_plot(metrics, out_dir / "diagnostics.png")
     if metrics.get("retrieval"):
         paths.append(_retrieval_plot(metrics["retrieval"], out_dir / "retrieval.png"))
+        if all("curve" in r for m in metrics["retrieval"]["models"].values() for r in m["runs"]):
+            paths.append(_learning_curves_plot(metrics["retrieval"], out_dir / "retrieval_curves.png"))
     return paths
 
 
@@ -254,6 +260,45 @@ def _save(fig, path: Path) -> Path:
         return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     finally:
         plt.close(fig)
+
+
+def _learning_curves_plot(retrieval: dict, path: Path) -> Path:
+    """Accuracy against the examples of each task seen, every model under every recipe (each at its
+    best lr there; line style = recipe), mean ± std over seeds."""
+    import matplotlib.pyplot as plt
+
+    settings = retrieval["settings"]
+    half = settings["batch_size"] // 2
+    per_step = {"needle": half, "mqar": settings["batch_size"] - half}
+    styles = ["-", "--", "-.", ":"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for index, m in enumerate(retrieval["models"].values()):
+        by_recipe = m.get("recipes") or {None: {"runs": m["runs"], "best_lr": m["best_lr"]}}
+        for style, (recipe, entry) in zip(styles, by_recipe.items()):
+            runs = entry["runs"]
+            for ax, task in zip(axes, ("needle", "mqar")):
+                xs = [p["step"] * per_step[task] for p in runs[0]["curve"]]
+                values = [[r["curve"][i]["mean_accuracy"][task] for r in runs] for i in range(len(xs))]
+                mean = [statistics.fmean(v) for v in values]
+                std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
+                label = m["label"] + (f", {recipe}" if recipe else "") + f" (lr {entry['best_lr']:g})"
+                ax.plot(xs, mean, linestyle=style, marker="o", markersize=3, color=f"C{index}", label=label)
+                ax.fill_between(xs, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
+                                color=f"C{index}", alpha=0.12)
+    for ax, task in zip(axes, ("needle", "mqar")):
+        ax.axhline(retrieval["chance"], color="grey", linestyle=":", label="chance")
+        ax.axhline(settings["target_accuracy"], color="grey", linestyle="--", linewidth=0.8,
+                   label=f"target {settings['target_accuracy']:g}")
+        ax.set_title(f"{task}: accuracy along training (mean over difficulty cells)")
+        ax.set_xlabel(f"{task} examples seen in training")
+        ax.set_ylabel("answer accuracy")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    seeds = len(next(iter(retrieval["models"].values()))["runs"])
+    fig.suptitle(f"retrieval learning curves: mean ± std over {seeds} seed{'s' if seeds > 1 else ''}")
+    fig.tight_layout()
+    return _save(fig, path)
 
 
 def _retrieval_plot(retrieval: dict, path: Path) -> Path:
@@ -334,27 +379,149 @@ def _verdict(c: dict[str, Any], label: str, base_label: str, seeds: int) -> str:
 
 
 def _sweep_lines(sweep: dict | None, models: dict[str, Any]) -> list[str]:
-    """The learning-rate table: final validation loss (mean ± std over seeds) per model and lr."""
+    """The search table: final validation loss (mean ± std over seeds) per model, recipe and lr."""
     if not sweep:
         return []
-    grid = sorted({lr for m in sweep.values() for lr in m["final_val_loss"]}, key=float)
-    if len(grid) < 2:
+    grid = sorted({lr for m in sweep.values() for r in m["by_recipe"].values() for lr in r["final_val_loss"]}, key=float)
+    rows = [(name, recipe, entry) for name, m in sweep.items() for recipe, entry in m["by_recipe"].items()]
+    if len(grid) < 2 and len(rows) == len(sweep):
         only = {name: m["best"] for name, m in sweep.items()}
         return ["Peak learning rates: " + "; ".join(f"{models[name]['label']} {lr:g}" for name, lr in only.items())
-                + " (one per model; `--lr-grid` runs a sweep and reports each model at its best).", ""]
-    lines = ["### Learning-rate sweep (final validation loss; the best of each model in bold)", "",
-             "| Model | " + " | ".join(f"lr {lr}" for lr in grid) + " |", "|---|" + "---:|" * len(grid)]
-    for name, m in sweep.items():
+                + " (one per model; `--lr-grid` runs a sweep and reports each at its best).", ""]
+    lines = ["### The search (final validation loss; each model's best in bold)", "",
+             "| Model | Init recipe | " + " | ".join(f"lr {lr}" for lr in grid) + " |", "|---|---|" + "---:|" * len(grid)]
+    for name, recipe, entry in rows:
         cells = []
         for lr in grid:
-            stats, diverged = m["final_val_loss"].get(lr), m.get("diverged", {}).get(lr, 0)
+            stats, diverged = entry["final_val_loss"].get(lr), entry.get("diverged", {}).get(lr, 0)
             cell = "—" if stats is None or stats["mean"] is None else _loss_cell(stats)
             if diverged:
                 cell += f" ({diverged} diverged)"
-            cells.append(f"**{cell}**" if float(lr) == m["best"] else cell)
-        lines.append(f"| {models[name]['label']} | " + " | ".join(cells) + " |")
-    return lines + ["", "Every model ran every learning rate with the same warmup, schedule, data and seeds; each "
-                    "is reported above at its own best.", ""]
+            best = float(lr) == sweep[name]["best"] and (recipe or None) == sweep[name]["best_recipe"]
+            cells.append(f"**{cell}**" if best else cell)
+        lines.append(f"| {models[name]['label']} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
+    return lines + ["", "Every model ran every learning rate of its grid under every recipe with the same warmup, schedule, "
+                    "data and seeds; each is reported at its own best. A grid of one lr per model is the shipped result "
+                    "of a sweep (`--lr-grid` reruns it).", ""]
+
+
+def sensitivity_lines(metrics: dict) -> list[str]:
+    """The init-recipe sensitivity table: under each recipe, every model at its best lr there, and the
+    differences against the Transformer and DIFF with their intervals."""
+    from .claims import interval_text, task_figures
+
+    models = metrics["models"]
+    names = list(models)
+    base = next((n for n in names if models[n]["attention"] == "standard"), None)
+    diff = next((n for n in names if models[n]["attention"] == "diff"), None)
+    entries = task_figures(metrics, names)
+    recipes = list(dict.fromkeys(r for e in entries for f in e["figures"].values() for r in f["by_recipe"]))
+    if not recipes or base is None:
+        return []
+    others = [n for n in names if n != base]
+    header = ["Task (better)", "Init recipe", *(models[n]["label"] for n in names),
+              *(f"{models[n]['label']} − {models[base]['label']}" for n in others)]
+    if diff is not None:
+        header += [f"{models[n]['label']} − {models[diff]['label']}" for n in others if n != diff]
+    lines = ["## Sensitivity to the init recipe", "",
+             "Every model under each shared init recipe, each at its best learning rate there (mean ± std over seeds); "
+             "differences with Welch's 95% interval. `scaled-init`: o_proj and down_proj at init_std/√(2·layers), as the "
+             "authors' code and GPT-2; `plain-init`: every matrix N(0, init_std), as transformers' Llama and DiffLlama.",
+             "", "| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
+    from .claims import difference
+
+    for entry in entries:
+        for recipe in recipes:
+            values = {n: entry["figures"][n]["by_recipe"].get(recipe) for n in names}
+            if any(v is None for v in values.values()):
+                continue
+            cells = [_loss_cell(mean_std(values[n])) for n in names]
+            cells += [interval_text(difference(values[n], values[base])) for n in others]
+            if diff is not None:
+                cells += [interval_text(difference(values[n], values[diff])) for n in others if n != diff]
+            lines.append(f"| {entry['task']} ({entry['better']}) | {recipe} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def sample_efficiency_lines(metrics: dict) -> list[str]:
+    """How much training each model needs: for language modelling, the tokens the better model
+    needs to reach the other's final loss; for retrieval, the examples to reach the target accuracy."""
+    from .retrieval import examples_to_reach
+
+    models = metrics["models"]
+    names = list(models)
+    base = next((n for n in names if models[n]["attention"] == "standard"), None)
+    lines = ["## Sample efficiency", ""]
+    if base is not None:
+        budget = metrics["budget"]["tokens_per_model"]
+
+        def mean_curve(name: str) -> list[tuple[float, float]]:
+            val = models[name]["curves"]["val"]
+            return [(t, statistics.fmean(seed[i] for seed in val["loss"])) for i, t in enumerate(val["tokens"])]
+
+        lines += ["Language modelling (each model at its best): the tokens each needs to reach another's final validation "
+                  "loss (linear between evaluations; the paper: DIFF matches the Transformer with ~64% of the tokens, "
+                  "Fig. 3).", ""]
+        for name in names:
+            if name == base:
+                continue
+            for fast, slow in ((name, base), (base, name)):
+                target = models[slow]["final_val_loss"]["mean"]
+                curve = [(t, -loss) for t, loss in mean_curve(fast)]  # rising, as examples_to_reach reads
+                tokens = examples_to_reach(curve, -target) if curve and target is not None else None
+                first = curve[0][0] if curve else 0
+                if tokens is None:
+                    text = "does not reach it within the budget"
+                elif tokens <= first:
+                    text = f"reaches it by its first evaluation ({first:,.0f} tokens, {first / budget:.0%} of the budget)"
+                else:
+                    text = f"reaches it after {tokens:,.0f} tokens ({tokens / budget:.0%} of the budget)"
+                lines.append(f"- {models[fast]['label']} {text} ({models[slow]['label']}'s final loss {target:.4f}).")
+        lines.append("")
+    retrieval = metrics.get("retrieval")
+    if retrieval and all("curve" in r for m in retrieval["models"].values() for r in m["runs"]):
+        settings = retrieval["settings"]
+        target = settings["target_accuracy"]
+        half = settings["batch_size"] // 2
+        per_step = {"needle": half, "mqar": settings["batch_size"] - half}
+        lines += [f"Retrieval: the examples of each task a model needs to reach accuracy {target:g} (its mean curve over "
+                  "seeds, linear between measurements), under each recipe at its best lr there; "
+                  f"the budget is {settings['steps'] * per_step['needle']:,} needle and "
+                  f"{settings['steps'] * per_step['mqar']:,} MQAR examples.", "",
+                  "| Model | Init recipe | needle | mqar |", "|---|---|---:|---:|"]
+        for m in retrieval["models"].values():
+            for recipe, entry in (m.get("recipes") or {None: {"runs": m["runs"]}}).items():
+                cells = []
+                for task in ("needle", "mqar"):
+                    runs = entry["runs"]
+                    curve = [(p["step"] * per_step[task], statistics.fmean(r["curve"][i]["mean_accuracy"][task]
+                                                                           for r in runs))
+                             for i, p in enumerate(runs[0]["curve"])]
+                    reached = examples_to_reach(curve, target)
+                    cells.append("not within the budget" if reached is None else f"{reached:,.0f}")
+                lines.append(f"| {m['label']} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines if len(lines) > 2 else []
+
+
+def learning_curve_lines(retrieval: dict | None) -> list[str]:
+    """The retrieval models' accuracy along training (each at its best), by task."""
+    if not retrieval or not all("curve" in r for m in retrieval["models"].values() for r in m["runs"]):
+        return []
+    settings, models = retrieval["settings"], retrieval["models"]
+    half = settings["batch_size"] // 2
+    steps = [p["step"] for p in next(iter(models.values()))["runs"][0]["curve"]]
+    lines = ["### Learning curves", "",
+             "Accuracy (mean over the difficulty cells, mean ± std over seeds) after each number of training steps, each "
+             f"model at its best recipe and lr; a step is {half} needle and {settings['batch_size'] - half} MQAR examples.",
+             "", "| Task | Model | " + " | ".join(f"step {s:,}" for s in steps) + " |", "|---|---|" + "---:|" * len(steps)]
+    for task in ("needle", "mqar"):
+        for m in models.values():
+            cells = [_loss_cell(mean_std([r["curve"][i]["mean_accuracy"][task] for r in m["runs"]]))
+                     for i in range(len(steps))]
+            lines.append(f"| {task} | {m['label']} ({m.get('best_recipe') or 'as configured'}, lr {m['best_lr']:g}) | "
+                         + " | ".join(cells) + " |")
+    return lines + ["", "![retrieval learning curves](retrieval_curves.png)", ""]
 
 
 def _retrieval_lines(retrieval: dict | None) -> list[str]:
@@ -365,7 +532,8 @@ def _retrieval_lines(retrieval: dict | None) -> list[str]:
 
     settings, models = retrieval["settings"], retrieval["models"]
     seeds = len(next(iter(models.values()))["runs"])
-    best_lrs = ", ".join(f"{m['label']} {m['best_lr']:g}" for m in models.values())
+    best_lrs = ", ".join(f"{m['label']} {(m.get('best_recipe') or '') + ' '}lr {m['best_lr']:g}".replace("  ", " ")
+                         for m in models.values())
     lines = [
         "## Retrieval experiment",
         "",
@@ -374,8 +542,8 @@ def _retrieval_lines(retrieval: dict | None) -> list[str]:
         f"generated examples of {settings['length']} tokens ({_tokens(retrieval['tokens_per_model'])} tokens, the same "
         f"batches for every model) on a {4 + settings['keys'] + settings['values'] + settings['noise_tokens']}-token "
         f"symbolic vocabulary; accuracy is exact-match on the answer tokens (chance {retrieval['chance']:.3f}), "
-        f"mean ± std over {seeds} seed{'s' if seeds > 1 else ''}, each model at its best learning rate "
-        f"({best_lrs}).",
+        f"mean ± std over {seeds} seed{'s' if seeds > 1 else ''}, each model at its best "
+        f"{'init recipe and ' if retrieval.get('recipes') else ''}learning rate ({best_lrs}).",
         "",
         "| Task | Difficulty | " + " | ".join(m["label"] for m in models.values()) + " |",
         "|---|---|" + "---:|" * len(models),
@@ -411,7 +579,7 @@ def _retrieval_lines(retrieval: dict | None) -> list[str]:
             cells = [_loss_cell(mean_std([s[g] for s in shares])) for g in ("answer", "noise", "other")]
             lines.append(f"| {m['label']} | {layer} | " + " | ".join(cells) + " |")
     lines += ["", "![retrieval accuracy by difficulty](retrieval.png)", ""]
-    return lines
+    return lines + learning_curve_lines(retrieval)
 
 
 def evaluation_intro() -> str:
@@ -442,6 +610,9 @@ def render_report(metrics: dict) -> str:
         "",
         *([f"**The budget.** {metrics['budget_note']}", ""] if metrics.get("budget_note") else []),
         *render_claims(metrics.get("claims", []), seeds),
+        *render_variants(metrics.get("variant_comparisons", []), seeds),
+        *sensitivity_lines(metrics),
+        *sample_efficiency_lines(metrics),
         "## Language modelling",
         "",
         "| Model | Attention | Parameters | Tokens | Final val loss" + (" (mean ± std)" if seeds > 1 else "")

@@ -27,15 +27,19 @@ noise and distractor needles ("noise"), and the query itself ("other").
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
+import os
 import random
+import signal
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -217,16 +221,24 @@ def attention_shares(rows: Sequence[Tensor], examples: Sequence[Example]) -> lis
     return out
 
 
-def train_model(model: LanguageModel, config: RetrievalConfig, lr: float) -> list[float]:
+def train_model(model: LanguageModel, config: RetrievalConfig, lr: float, *,
+                measure: Callable[[int], None] | None = None) -> list[float]:
     """Train on generated batches with AdamW, linear warmup and decay to lr/10 (the LM recipe's
-    parameter groups); returns the training loss every 10 steps."""
+    parameter groups); returns the training loss every 10 steps. ``measure(step)`` is called, with
+    the model in eval mode, at each of ``config.curve_steps`` (after that many steps)."""
     optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=config.warmup_steps, betas=(0.9, 0.95),
                         weight_decay=config.weight_decay)
     optimizer = build_optimizer(model, optim, torch.device("cpu"))
     schedule = WarmupLinearSchedule(optimizer, optim, config.steps)
+    points = set(config.curve_steps) if measure is not None else set()
     losses = []
-    model.train()
-    for step in range(config.steps):
+    for step in range(config.steps + 1):
+        if step in points:
+            model.eval()
+            measure(step)
+        if step == config.steps:
+            break
+        model.train()
         inputs, targets = training_batch(config, step)
         _, loss = model(inputs, targets, return_logits=False)
         loss.backward()
@@ -240,17 +252,68 @@ def train_model(model: LanguageModel, config: RetrievalConfig, lr: float) -> lis
     return losses
 
 
+def cell_accuracies(model: LanguageModel, sets: dict[str, dict[str, list[Example]]]) -> dict[str, dict[str, float]]:
+    """Accuracy on every difficulty cell: {task: {cell: accuracy}}."""
+    return {task: {cell: accuracy(model, examples) for cell, examples in by_cell.items()} for task, by_cell in sets.items()}
+
+
+def curve_area(points: Sequence[tuple[float, float]]) -> float:
+    """The area under a learning curve [(examples, accuracy), ...] (trapezoids, from its first point
+    to its last) divided by its width: the mean accuracy over training."""
+    width = points[-1][0] - points[0][0]
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:]))
+    return area / width if width > 0 else points[-1][1]
+
+
+def examples_to_reach(points: Sequence[tuple[float, float]], target: float) -> float | None:
+    """The examples at which a learning curve [(examples, accuracy), ...] first reaches ``target``
+    (linear between measured points), or None if it never does."""
+    if points[0][1] >= target:
+        return points[0][0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if y1 >= target:
+            return x0 + (x1 - x0) * (target - y0) / (y1 - y0)
+    return None
+
+
+def learning_curve(model: torch.nn.Module, config: RetrievalConfig, lr: float,
+                   sets: dict[str, dict[str, list[Example]]] | None = None) -> dict[str, Any]:
+    """Train ``model`` (any module called as LanguageModel is) and measure its accuracy on every cell
+    before training and after each of ``config.curve_steps``: {"curve": [{step, accuracy, mean_accuracy}],
+    "curve_area": {task: mean accuracy over training}, "losses", "train_seconds" (the steps alone)}."""
+    sets = sets or evaluation_sets(config)
+    curve = []
+    measuring = 0.0
+
+    def measure(step: int) -> None:
+        nonlocal measuring
+        mark = time.perf_counter()
+        cells = cell_accuracies(model, sets)
+        curve.append({"step": step, "accuracy": cells,
+                      "mean_accuracy": {task: statistics.fmean(c.values()) for task, c in cells.items()}})
+        measuring += time.perf_counter() - mark
+
+    start = time.perf_counter()
+    losses = train_model(model, config, lr, measure=measure)
+    return {
+        "curve": curve,
+        "curve_area": {task: curve_area([(config.examples_seen(task, p["step"]), p["mean_accuracy"][task])
+                                         for p in curve]) for task in TASKS},
+        "losses": losses,
+        "train_seconds": time.perf_counter() - start - measuring,
+    }
+
+
 def run_one(config: RetrievalConfig, attention: str, seed: int, lr: float, model_fields: dict[str, Any] | None = None
             ) -> dict[str, Any]:
-    """Train one model (``seed`` sets its initialisation) and measure it on every cell."""
+    """Train one model (``seed`` sets its initialisation) and measure it on every cell, along
+    training (``config.curve_steps``) and at the end."""
     torch.manual_seed(seed)
     model = LanguageModel(config.model_config(attention, **(model_fields or {})))
-    start = time.perf_counter()
-    losses = train_model(model, config, lr)
-    seconds = time.perf_counter() - start
     sets = evaluation_sets(config)
-    cells = {task: {cell: accuracy(model, examples) for cell, examples in by_cell.items()}
-             for task, by_cell in sets.items()}
+    trained = learning_curve(model, config, lr, sets)
+    curve, seconds = trained["curve"], trained["train_seconds"]
+    cells = curve[-1]["accuracy"]
     hardest = max(config.needles)
     probe = [e for d in config.depths for e in sets["needle"][f"N={hardest},depth={d:g}"]]
     # Attention logits quantised (absmax per row, every map of every layer) on the hardest cells.
@@ -265,9 +328,11 @@ def run_one(config: RetrievalConfig, attention: str, seed: int, lr: float, model
         "parameters": model.num_parameters(),
         "train_seconds": seconds,
         "train_tokens_per_second": config.steps * config.batch_size * config.length / seconds,
-        "losses": losses,
+        "losses": trained["losses"],
         "accuracy": cells,
-        "mean_accuracy": {task: sum(c.values()) / len(c) for task, c in cells.items()},
+        "mean_accuracy": curve[-1]["mean_accuracy"],
+        "curve": curve,
+        "curve_area": trained["curve_area"],
         "attention": attention_allocation(model, probe),
         "attention_needles": hardest,
         "quantized_accuracy": quantized,
@@ -279,60 +344,115 @@ _SIZE_FIELDS = {"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "m
 
 
 def run_experiment(config: TrainConfig, names: Sequence[str], seeds: Sequence[int], out_dir: Path, *,
-                   lr_grid: Sequence[float] | None = None, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+                   lr_grid: Sequence[float] | None = None, recipes: Sequence[str] | None = None, jobs: int = 1,
+                   resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """Every model of ``names`` (their attention kinds and architecture switches, at the
-    experiment's size), every seed, every learning rate of the grid (default: retrieval.lr_grid,
-    else each model's retrieval_lr or retrieval.lr); each model reported at its best learning
-    rate (highest mean accuracy over seeds). Each run's result is kept in OUT/<model>/lr-<lr>/
-    seed-<s>.json; with ``resume`` a result already there is reused."""
+    experiment's size), every seed, every init recipe of ``recipes`` (default: compare.recipes; none:
+    each model as configured) and every learning rate of the grid (default: retrieval.lr_grid, else
+    each model's retrieval lr under that recipe). Each model is reported at its best (recipe, lr)
+    and, per recipe, at its best lr there (highest mean final accuracy over seeds). Each run's result
+    is kept in OUT/<model>/[<recipe>/]lr-<lr>/seed-<s>.json; with ``resume`` a result already there is
+    reused. ``jobs`` runs train at the same time, in worker processes of cores / jobs threads each."""
     settings = config.retrieval
     grid = list(lr_grid if lr_grid is not None else settings.lr_grid)
-    runs: dict[str, dict[float, list[dict]]] = {}
-    for name in names:
-        runs[name] = {lr: [] for lr in grid or [config.models[name].retrieval_lr or settings.lr]}
-    total = sum(len(v) for v in runs.values()) * len(seeds)
-    position = 0
-    for seed in seeds:
-        for name, by_lr in runs.items():
-            entry = config.models[name]
-            fields = {k: v for k, v in entry.fields.items() if k not in _SIZE_FIELDS}
-            for lr in by_lr:
-                position += 1
-                path = out_dir / name / f"lr-{lr:g}" / f"seed-{seed}.json"
-                if resume and path.is_file():
-                    result = json.loads(path.read_text())
-                else:
-                    result = run_one(settings, entry.attention, seed, lr, fields)
-                    write_json(path, result)
-                if progress:
-                    print(f"[retrieval {position}/{total}] {name} lr {lr:g} (seed {seed}): accuracy needle "
-                          f"{result['mean_accuracy']['needle']:.3f}, mqar {result['mean_accuracy']['mqar']:.3f}, "
-                          f"{result['train_tokens_per_second']:,.0f} tokens/s", file=sys.stderr, flush=True)
-                by_lr[lr].append(result)
+    recipe_list: list[str | None] = list(recipes if recipes is not None else config.compare.recipes) or [None]
+    runs: dict[str, dict[str | None, dict[float, list[dict]]]] = {
+        name: {recipe: {lr: [] for lr in grid or [config.lr_for(name, recipe, "retrieval")]} for recipe in recipe_list}
+        for name in names
+    }
+    units = [(seed, name, recipe, lr) for seed in seeds for name in names for recipe in recipe_list
+             for lr in runs[name][recipe]]
+    paths = {unit: out_dir / unit[1] / (unit[2] or "") / f"lr-{unit[3]:g}" / f"seed-{unit[0]}.json" for unit in units}
+    results: dict[tuple, dict] = {}
+    pending = []
+    for unit in units:
+        if resume and paths[unit].is_file():
+            results[unit] = json.loads(paths[unit].read_text())
+        else:
+            seed, name, recipe, lr = unit
+            fields = {k: v for k, v in config.entry_fields(name, recipe).items() if k not in _SIZE_FIELDS}
+            pending.append((unit, (settings, config.models[name].attention, seed, lr, fields)))
+
+    def done(unit: tuple, result: dict, position: int) -> None:
+        results[unit] = result
+        if progress:
+            seed, name, recipe, lr = unit
+            print(f"[retrieval {position}/{len(pending)}] {name}{f' {recipe}' if recipe else ''} lr {lr:g} (seed {seed}): "
+                  f"accuracy needle {result['mean_accuracy']['needle']:.3f}, mqar {result['mean_accuracy']['mqar']:.3f}, "
+                  f"{result['train_tokens_per_second']:,.0f} tokens/s", file=sys.stderr, flush=True)
+
+    if jobs > 1 and len(pending) > 1:
+        _run_in_pool(pending, paths, jobs, done)
+    else:
+        for position, (unit, arguments) in enumerate(pending, 1):
+            result = run_one(*arguments)
+            write_json(paths[unit], result)
+            done(unit, result, position)
+    for unit in units:
+        seed, name, recipe, lr = unit
+        runs[name][recipe][lr].append(results[unit])
 
     def score(results: list[dict]) -> float:
         return statistics.fmean(statistics.fmean(r["mean_accuracy"].values()) for r in results)
 
     models = {}
-    for name, by_lr in runs.items():
-        best = max(by_lr, key=lambda lr: score(by_lr[lr]))
-        chosen = by_lr[best]
+    for name, by_recipe in runs.items():
+        per_recipe = {}
+        for recipe, by_lr in by_recipe.items():
+            best = max(by_lr, key=lambda lr: score(by_lr[lr]))
+            per_recipe[recipe] = {"best_lr": best, "score": score(by_lr[best]), "runs": by_lr[best],
+                                  "sweep": {f"{lr:g}": mean_std([score([r]) for r in rs]) for lr, rs in by_lr.items()}}
+        best_recipe = max(per_recipe, key=lambda r: per_recipe[r]["score"])
+        chosen = per_recipe[best_recipe]
         models[name] = {
             "label": config.models[name].display_name,
             "attention": config.models[name].attention,
-            "parameters": chosen[0]["parameters"],
-            "best_lr": best,
-            "sweep": {f"{lr:g}": mean_std([score([r]) for r in results]) for lr, results in by_lr.items()},
-            "seeds": [r["seed"] for r in chosen],
-            "runs": chosen,
-            "train_tokens_per_second": mean_std([r["train_tokens_per_second"] for r in chosen]),
+            "parameters": chosen["runs"][0]["parameters"],
+            "best_lr": chosen["best_lr"],
+            "best_recipe": best_recipe,
+            "sweep": chosen["sweep"],
+            "seeds": [r["seed"] for r in chosen["runs"]],
+            "runs": chosen["runs"],
+            "recipes": {recipe: {k: v for k, v in entry.items() if k != "score"} for recipe, entry in per_recipe.items()
+                        if recipe is not None},
+            "train_tokens_per_second": mean_std([r["train_tokens_per_second"] for r in chosen["runs"]]),
         }
     return {
         "settings": dataclasses.asdict(settings),
         "tokens_per_model": settings.steps * settings.batch_size * settings.length,
         "chance": 1 / settings.values,
+        "recipes": [r for r in recipe_list if r is not None],
+        "curve_steps": settings.curve_steps,
         "models": models,
     }
+
+
+def _worker_init(threads: int) -> None:
+    """A pool worker: ``threads`` CPU threads; Ctrl-C is the parent's to handle (a run in progress
+    finishes and is saved, the rest are cancelled)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+
+
+def _run_in_pool(pending: list[tuple[tuple, tuple]], paths: dict[tuple, Path], jobs: int,
+                 done: Callable[[tuple, dict, int], None]) -> None:
+    """Run ``pending`` [(unit, run_one's arguments)] in ``jobs`` worker processes (each with cores /
+    jobs threads), writing each result to ``paths[unit]`` as it finishes. Ctrl-C waits for the runs in
+    progress and cancels the rest; every finished result stays on disk for --resume."""
+    threads = max(1, (os.cpu_count() or jobs) // jobs)
+    context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
+                                                initargs=(threads,)) as pool:
+        futures = {pool.submit(run_one, *arguments): unit for unit, arguments in pending}
+        try:
+            for position, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                unit = futures[future]
+                result = future.result()
+                write_json(paths[unit], result)
+                done(unit, result, position)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def summarize(runs: list[dict], task: str, cell: str | None = None) -> dict[str, Any]:

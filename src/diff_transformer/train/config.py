@@ -72,6 +72,9 @@ class ModelEntry:
     fields: dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
     optim: dict[str, Any] = field(default_factory=dict)  # this model's OptimConfig fields over the config's (its lr)
     retrieval_lr: float | None = None  # its peak learning rate in the retrieval experiment; None = retrieval.lr
+    # Its learning rates under an init recipe of compare.recipes where they differ from the above:
+    # {recipe: {lr: ..., retrieval_lr: ...}} (from a sweep; compare's --lr-grid searches instead).
+    lr_by_recipe: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def model_config(self) -> ModelConfig:
         """The ModelConfig this entry describes (validated by ModelConfig itself)."""
@@ -93,6 +96,8 @@ class ModelEntry:
                 out[key] = getattr(self, key)
         if self.optim:
             out["optim"] = dict(self.optim)
+        if self.lr_by_recipe:
+            out["lr_by_recipe"] = {recipe: dict(lrs) for recipe, lrs in self.lr_by_recipe.items()}
         return {**out, **self.fields}
 
 
@@ -149,6 +154,17 @@ RECIPES: dict[str, dict[str, Any]] = {
     # Table 10, the scaling runs (830M-13.1B): lr 1.5e-4 up to 2.8B (use 7.5e-5 from 6.8B on),
     # 375 warmup steps, linear decay. The paper names no floor: we decay to 0.
     "paper-scaling": dict(lr=1.5e-4, min_lr=0.0, warmup_steps=375, betas=(0.9, 0.98), weight_decay=0.05),
+}
+
+
+# Initialisation recipes that ``compare`` searches beside the learning rate (compare.recipes): each
+# is a set of ModelConfig fields applied to every model of the comparison.
+INIT_RECIPES: dict[str, dict[str, Any]] = {
+    # The authors' (and GPT-2's): o_proj and down_proj, which write into the residual stream, at
+    # init_std / sqrt(2 · layers); every other matrix N(0, init_std). The ModelConfig default.
+    "scaled-init": {"scale_residual_init": True},
+    # transformers' Llama and DiffLlama: every matrix N(0, init_std).
+    "plain-init": {"scale_residual_init": False},
 }
 
 
@@ -261,6 +277,10 @@ class RetrievalConfig:
     eval_samples: int = 40  # examples per difficulty cell
     quantize_bits: list[int] = field(default_factory=lambda: [8, 6, 4])  # accuracy with attention logits at these widths
     data_seed: int = 0
+    # The learning curve: accuracy on every cell before training and after these fractions of the steps
+    # (the last point is the end of training, whatever the list says).
+    curve: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5, 1.0])
+    target_accuracy: float = 0.25  # sample efficiency: the examples a model needs to reach this accuracy
 
     def __post_init__(self) -> None:
         _require_finite("retrieval", self)
@@ -274,6 +294,10 @@ class RetrievalConfig:
             raise ConfigError("retrieval.needles, retrieval.pairs and retrieval.depths must not be empty")
         if any(not 0.0 <= d <= 1.0 for d in self.depths):
             raise ConfigError(f"retrieval.depths must lie in [0, 1], got {self.depths}")
+        if any(not 0.0 < f <= 1.0 for f in self.curve):
+            raise ConfigError(f"retrieval.curve: fractions of the steps in (0, 1], got {self.curve}")
+        if not 0.0 < self.target_accuracy < 1.0:
+            raise ConfigError(f"retrieval.target_accuracy must lie in (0, 1), got {self.target_accuracy}")
         if self.queries is not None and not 0 < self.queries <= min(self.pairs):
             raise ConfigError(f"retrieval.queries must be in [1, min(pairs)] or null (every pair), got {self.queries}")
         if max(self.needles) > self.keys or max(self.pairs) > self.keys:
@@ -284,6 +308,17 @@ class RetrievalConfig:
         if 2 * max(self.pairs) + 2 * queries > self.length:
             raise ConfigError(f"retrieval.length={self.length} is too short for {max(self.pairs)} pairs and "
                               f"{queries} queries")
+
+    @property
+    def curve_steps(self) -> list[int]:
+        """The steps after which the learning curve is measured: 0 (before training), the curve's
+        fractions of ``steps`` (at least one step each), and ``steps``."""
+        return sorted({0, self.steps, *(max(1, round(f * self.steps)) for f in self.curve)})
+
+    def examples_seen(self, task: str, step: int) -> int:
+        """Training examples of ``task`` after ``step`` steps (each batch: half needle, half mqar)."""
+        half = self.batch_size // 2
+        return step * (half if task == "needle" else self.batch_size - half)
 
     @property
     def vocab_size(self) -> int:
@@ -364,11 +399,31 @@ class CompareConfig:
     evaluation_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Why the budget is what it is (steps, seeds, sizes), printed under the report's first paragraph.
     budget_note: str = ""
+    # Init recipes (INIT_RECIPES) searched beside the learning rate: every model is trained under each,
+    # reported at its best (recipe, lr) and, recipe by recipe, in the sensitivity table. Empty = every
+    # model as its config entry sets it (no recipe dimension).
+    recipes: list[str] = field(default_factory=list)
+    # The recipes of the language-model runs, where they are fewer than the retrieval experiment's
+    # (the expensive part); empty = compare.recipes.
+    lm_recipes: list[str] = field(default_factory=list)
+    # Runs trained at the same time (language-model runs as processes, retrieval runs in a process pool),
+    # each with cores / jobs CPU threads.
+    jobs: int = 1
 
     def __post_init__(self) -> None:
         _require_finite("compare", self)
         if self.seeds <= 0:
             raise ConfigError(f"compare.seeds must be positive, got {self.seeds}")
+        if self.jobs <= 0:
+            raise ConfigError(f"compare.jobs must be positive, got {self.jobs}")
+        for where, recipes in (("recipes", self.recipes), ("lm_recipes", self.lm_recipes)):
+            unknown = [r for r in recipes if r not in INIT_RECIPES]
+            if unknown:
+                raise ConfigError(f"compare.{where}: no init recipe {unknown[0]!r}; choose from {', '.join(INIT_RECIPES)}")
+            if len(set(recipes)) != len(recipes):
+                raise ConfigError(f"compare.{where} names a recipe twice: {recipes}")
+        if self.lm_recipes and not set(self.lm_recipes) <= set(self.recipes):
+            raise ConfigError(f"compare.lm_recipes {self.lm_recipes} must be among compare.recipes {self.recipes}")
         if any(lr <= 0 for lr in self.lr_grid):
             raise ConfigError(f"compare.lr_grid values must be positive, got {self.lr_grid}")
         from ..evaluation.suite import EVALUATIONS, evaluation_options
@@ -381,6 +436,11 @@ class CompareConfig:
                 evaluation_options(name, overrides)
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"compare.evaluation_options.{name}: {exc}") from None
+
+    @property
+    def language_model_recipes(self) -> list[str]:
+        """The init recipes of the language-model runs: lm_recipes, else recipes."""
+        return self.lm_recipes or self.recipes
 
 
 @dataclass
@@ -420,6 +480,29 @@ class TrainConfig:
         if name not in self.models:
             raise ConfigError(f"no model named {name!r} in config {self.name!r}; it has {', '.join(self.models)}")
         return self.models[name]
+
+    def entry_fields(self, name: str, recipe: str | None) -> dict[str, Any]:
+        """Model ``name``'s ModelConfig fields under init recipe ``recipe`` (None: as configured). An
+        entry that sets a field the recipe sets, to another value, is a ConfigError naming both."""
+        entry = self.model(name)
+        if recipe is None:
+            return dict(entry.fields)
+        for key, value in INIT_RECIPES[recipe].items():
+            if key in entry.fields and entry.fields[key] != value:
+                raise ConfigError(f"models.{name}.{key}={entry.fields[key]} disagrees with init recipe {recipe!r} "
+                                  f"({key}={value}), which compare.recipes applies to every model: remove "
+                                  f"{key} from the model, or set compare.recipes: [] (each model as configured)")
+        return {**entry.fields, **INIT_RECIPES[recipe]}
+
+    def lr_for(self, name: str, recipe: str | None, task: str = "lm") -> float:
+        """Model ``name``'s peak learning rate under ``recipe`` for ``task`` ("lm" or "retrieval"): its
+        lr_by_recipe entry, else its own lr (optim.lr, retrieval_lr), else the section's."""
+        entry = self.model(name)
+        key = "lr" if task == "lm" else "retrieval_lr"
+        own = entry.lr_by_recipe.get(recipe, {}).get(key) if recipe else None
+        if own is not None:
+            return own
+        return self.optim_for(name).lr if task == "lm" else (entry.retrieval_lr or self.retrieval.lr)
 
     def optim_for(self, name: str, lr: float | None = None) -> OptimConfig:
         """The optimizer settings of model ``name``: the optim section with the model's own fields
@@ -541,6 +624,7 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
         if not isinstance(optim, dict):
             raise ConfigError(f"models.{name}.optim must be a mapping of optim fields, got {optim!r}")
         retrieval_lr = merged.pop("retrieval_lr", None)
+        lr_by_recipe = _lr_by_recipe(merged.pop("lr_by_recipe", None), f"models.{name}.lr_by_recipe")
         entry = ModelEntry(
             name=str(name),
             attention=attention,
@@ -550,10 +634,25 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             fields=merged,
             optim=optim,
             retrieval_lr=None if retrieval_lr is None else _check_type(retrieval_lr, float, f"models.{name}.retrieval_lr"),
+            lr_by_recipe=lr_by_recipe,
         )
         entry.model_config()  # validate now: unknown ModelConfig fields are named here
         entries[str(name)] = entry
     return entries
+
+
+def _lr_by_recipe(value: Any, where: str) -> dict[str, dict[str, float]]:
+    """A model's {recipe: {lr, retrieval_lr}} mapping, every name and number checked."""
+    value = _check_type(value or {}, dict[str, dict[str, float]], where)
+    for recipe, lrs in value.items():
+        if recipe not in INIT_RECIPES:
+            raise ConfigError(f"{where}.{recipe}: no such init recipe; choose from {', '.join(INIT_RECIPES)}")
+        for key, lr in lrs.items():
+            if key not in ("lr", "retrieval_lr"):
+                raise ConfigError(f"unknown key {where}.{recipe}.{key} (known: lr, retrieval_lr)")
+            if lr <= 0:
+                raise ConfigError(f"{where}.{recipe}.{key} must be positive, got {lr}")
+    return value
 
 
 def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainConfig:
