@@ -10,7 +10,10 @@ its config: queries, keys and values from x, interleaved RoPE (or none), the two
 eps 1e-5, with weight) times (1 − λ_init), and ``out_proj``.
 
 Parameters and their names are those of the authors' ``MultiheadDiffAttn`` (microsoft/unilm,
-Diff-Transformer/), so one of their state dicts loads unchanged:
+Diff-Transformer/), so one of their state dicts loads unchanged; with GQA (num_kv_heads <
+num_heads) it then computes what their flash files compute (head h takes K1/K2 of group
+h // n_rep), not what their naive ``multihead_diffattn.py`` computes (its ``repeat_kv`` over the
+2·Hkv key sub-heads gives Q1 and Q2 of head h other keys), while with MHA all three agree:
 
     q_proj    (E -> E)          2H sub-heads of width d = E / 2H; DIFF head h on sub-heads 2h (Q1), 2h+1 (Q2)
     k_proj    (E -> E / n_rep)  2Hkv sub-heads, K1/K2 of KV group g on 2g, 2g+1 (GQA: n_rep = H / Hkv)
@@ -39,7 +42,8 @@ class MultiheadDiffAttention(nn.Module):
         embed_dim: E, the width of x and of the output.
         num_heads: H DIFF heads, half the heads of a matched Transformer; each has two query/key
             groups of width d = E / (2H) and a value of width 2d. d must be even with RoPE.
-        num_kv_heads: key/value heads (GQA); None = num_heads. Must divide num_heads.
+        num_kv_heads: key/value heads (GQA); None = num_heads. Must divide num_heads. Keys are
+            paired as in the authors' flash files, not their naive file (see the module docstring).
         depth: the 0-based index of the layer, which sets λ_init = 0.8 − 0.6·exp(−0.3·depth).
         lambda_init: a constant λ_init instead of the depth schedule.
         causal: mask future positions (a decoder); False for an encoder or a ViT.
