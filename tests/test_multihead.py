@@ -232,6 +232,42 @@ def test_lambda_init_schedule_and_constant():
     assert m.lam().item() == pytest.approx(math.exp(0.32) - math.exp(-0.48) + 0.8 - 0.6 * math.exp(-0.3), abs=1e-6)
 
 
+BAD_ARGUMENTS = [
+    (dict(lambda_init=float("nan")), r"lambda_init must be a number in \[0, 1\), or None for the depth schedule; got nan"),
+    (dict(lambda_init=1.0), r"lambda_init must be a number in \[0, 1\).*got 1\.0"),
+    (dict(lambda_init=-3), r"lambda_init must be a number in \[0, 1\).*got -3"),
+    (dict(lambda_init="0.5"), r"lambda_init must be a number in \[0, 1\).*got '0\.5'"),
+    (dict(embed_dim=0), r"embed_dim must be a positive integer, got 0"),
+    (dict(embed_dim=64.0), r"embed_dim must be a positive integer, got 64\.0"),
+    (dict(num_heads=-2), r"num_heads must be a positive integer, got -2"),
+    (dict(num_heads=True), r"num_heads must be a positive integer, got True"),
+    (dict(num_kv_heads=0), r"num_kv_heads=0 must be a positive divisor of num_heads=2"),
+    (dict(num_kv_heads=2.0), r"num_kv_heads=2\.0 must be a positive divisor"),
+    (dict(depth=1.5), r"depth must be a 0-based layer index \(an integer >= 0\), got 1\.5"),
+    (dict(rope_theta=0.0), r"rope_theta must be a positive finite number, or None .*; got 0\.0"),
+    (dict(rope_theta=float("inf")), r"rope_theta must be a positive finite number.*got inf"),
+    (dict(rope_theta=float("nan")), r"rope_theta must be a positive finite number.*got nan"),
+    (dict(rope_theta="10000"), r"rope_theta must be a positive finite number.*got '10000'"),
+    (dict(causal="yes"), r"causal must be True or False, got 'yes'"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD_ARGUMENTS,
+                         ids=[",".join(f"{k}={v!r}" for k, v in kwargs.items()) for kwargs, _ in BAD_ARGUMENTS])
+def test_every_constructor_argument_is_checked_and_named(kwargs, message):
+    """As ModelConfig refuses them: λ_init outside [0, 1) (1 zeroes the output, NaN poisons it),
+    θ that is not a positive finite number, sizes that are not positive integers."""
+    args = {"embed_dim": 64, "num_heads": 2, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        MultiheadDiffAttention(args.pop("embed_dim"), args.pop("num_heads"), **args)
+
+
+def test_lambda_init_accepts_the_range_modelconfig_accepts():
+    assert MultiheadDiffAttention(64, 2, lambda_init=0).lambda_init == 0.0
+    assert MultiheadDiffAttention(64, 2, lambda_init=0.999).lambda_init == 0.999
+    assert MultiheadDiffAttention(64, 2, rope_theta=640_000).rope_theta == 640_000
+
+
 def test_bad_arguments_and_inputs_are_named():
     with pytest.raises(ValueError, match=r"embed_dim=100 must be divisible by 2 \* num_heads = 6"):
         MultiheadDiffAttention(100, 3)

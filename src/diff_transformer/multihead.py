@@ -24,6 +24,8 @@ h // n_rep), not what their naive ``multihead_diffattn.py`` computes (its ``repe
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -33,6 +35,14 @@ from .ops import BACKEND_NAMES, diff_attention_packed
 
 HEAD_NORM_EPS = 1e-5  # subln's eps in the authors' module
 LAMBDA_STD = 0.1  # the λ vectors' init, N(0, 0.1), as the authors'
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class MultiheadDiffAttention(nn.Module):
@@ -45,7 +55,7 @@ class MultiheadDiffAttention(nn.Module):
         num_kv_heads: key/value heads (GQA); None = num_heads. Must divide num_heads. Keys are
             paired as in the authors' flash files, not their naive file (see the module docstring).
         depth: the 0-based index of the layer, which sets λ_init = 0.8 − 0.6·exp(−0.3·depth).
-        lambda_init: a constant λ_init instead of the depth schedule.
+        lambda_init: a constant λ_init in [0, 1) instead of the depth schedule.
         causal: mask future positions (a decoder); False for an encoder or a ViT.
         rope_theta: base of the interleaved rotary embedding at positions 0 … T − 1; None = no
             RoPE (positions come from elsewhere, e.g. a ViT's learned position embedding).
@@ -75,19 +85,24 @@ class MultiheadDiffAttention(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if embed_dim % (2 * num_heads):
             raise ValueError(
                 f"embed_dim={embed_dim} must be divisible by 2 * num_heads = {2 * num_heads} (each DIFF head has two groups)"
             )
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if not isinstance(num_kv_heads, int) or num_kv_heads <= 0 or num_heads % num_kv_heads:
+        if not _is_int(num_kv_heads) or num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(f"num_kv_heads={num_kv_heads!r} must be a positive divisor of num_heads={num_heads}")
-        if not isinstance(depth, int) or depth < 0:
+        if not _is_int(depth) or depth < 0:
             raise ValueError(f"depth must be a 0-based layer index (an integer >= 0), got {depth!r}")
-        if rope_theta is not None and not rope_theta > 0:
-            raise ValueError(f"rope_theta must be positive, or None for no rotary embedding; got {rope_theta!r}")
+        if lambda_init is not None and not (_is_number(lambda_init) and 0.0 <= lambda_init < 1.0):
+            # as ModelConfig: 1 would zero the output (× (1 − λ_init)), beyond it flip its sign
+            raise ValueError(f"lambda_init must be a number in [0, 1), or None for the depth schedule; got {lambda_init!r}")
+        if not isinstance(causal, bool):
+            raise ValueError(f"causal must be True or False, got {causal!r}")
+        if rope_theta is not None and not (_is_number(rope_theta) and math.isfinite(rope_theta) and rope_theta > 0):
+            raise ValueError(f"rope_theta must be a positive finite number, or None for no rotary embedding; got {rope_theta!r}")
         head_dim = embed_dim // (2 * num_heads)
         if rope_theta is not None and head_dim % 2:
             raise ValueError(f"head_dim = embed_dim / (2 * num_heads) = {head_dim} must be even for RoPE (or rope_theta=None)")
