@@ -100,6 +100,12 @@ CASES = [
     ("eval-mqar-seq-lens", ["eval", "mqar", "--checkpoint", "{ckpt}", "--seq-lens", "100000", "--out", "{root}/mq", "--quick", "--no-progress"],
      "mqar cannot run on diff:ckpt: no MQAR cell fits: seq_lens (100000,) within max_seq_len=128"),
     ("eval-device", ["eval", "needle", "--checkpoint", "{ckpt}", "--device", "tpu"], "--device"),
+    ("eval-max-seq-len", ["eval", "needle", "--checkpoint", "{ckpt}", "--max-seq-len", "0"], "--max-seq-len: '0' is not valid (must be a positive integer)"),
+    ("eval-max-seq-len-word", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--max-seq-len", "1k"], "--max-seq-len: '1k' is not valid (an integer is needed)"),
+    ("eval-rope-theta", ["eval", "needle", "--checkpoint", "{ckpt}", "--rope-theta", "-1"], "--rope-theta: '-1' is not valid (must be greater than 0)"),
+    ("eval-rope-theta-nan", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--rope-theta", "nan"], "--rope-theta: 'nan' is not valid (a finite number is needed)"),
+    ("eval-max-seq-len-beyond-text", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "{text}", "--max-seq-len", "4096", "--out", "{root}/pn", "--quick", "--no-progress"],
+     "position-nll cannot run on diff:ckpt: "),
     ("eval-needle-depths", ["eval", "needle", "--checkpoint", "{ckpt}", "--depths", "0.5", "2"], "--depths: '2' is not valid (must be in [0.0, 1.0])"),
     ("eval-needle-samples", ["eval", "needle", "--checkpoint", "{ckpt}", "--samples", "0"], "--samples: '0' is not valid"),
     ("eval-ar-hit-batch", ["eval", "ar-hit", "--checkpoint", "{ckpt}", "--batch-size", "-1"], "--batch-size"),
@@ -229,7 +235,7 @@ def _leaf_parsers(parser=None, path=()):
 
 
 # Flags every evaluation shares: tried on needle. Free-text flags, where any string is a value.
-EVAL_SHARED = {"--checkpoint", "--label", "--out", "--tokenizer", "--text", "--device"}
+EVAL_SHARED = {"--checkpoint", "--label", "--out", "--tokenizer", "--text", "--device", "--max-seq-len", "--rope-theta"}
 FREE_TEXT = {"--prompt", "--text-field", "--label-field"}
 
 

@@ -34,6 +34,25 @@ def test_the_shipped_set_holds_the_named_experiments():
     assert load_config("paper-3b").optim.lr == 3.2e-4
 
 
+def test_paper_3b_64k_is_the_papers_extension_of_the_paper_3b_models():
+    """The paper's long-context recipe (§3.3): RoPE θ 640,000, 64K tokens, lr 8e-5, 1.5B tokens,
+    from the paper-3b models, which it changes only where a run started from a checkpoint may."""
+    from diff_transformer.train.state import INIT_CHANGEABLE
+
+    extension, base = load_config("paper-3b-64k"), load_config("paper-3b")
+    assert set(extension.models) == set(base.models) == {"transformer", "diff"}
+    for name in extension.models:
+        longer, short = extension.model(name).model_config(), base.model(name).model_config()
+        assert (longer.rope_theta, longer.max_seq_len) == (640_000.0, 65_536)
+        assert (short.rope_theta, short.max_seq_len) == (10_000.0, 4_096)
+        ours, theirs = longer.to_dict(), short.to_dict()
+        assert {key for key in ours if ours[key] != theirs[key]} == set(INIT_CHANGEABLE) == {"max_seq_len", "rope_theta"}
+        assert extension.optim_for(name).lr == 8e-5
+    assert extension.data.seq_len == 65_536
+    tokens = extension.run.steps * extension.data.batch_size * extension.data.seq_len
+    assert tokens == 358 * 64 * 65_536 and abs(tokens - 1.5e9) / 1.5e9 < 0.002
+
+
 def test_matched_models_have_the_same_parameters_but_for_the_lambda_and_norm_weights():
     tiny = load_config("tiny")
     standard = LanguageModel(tiny.model("standard").model_config(), device="meta").num_parameters()

@@ -10,6 +10,7 @@ import torch
 
 from diff_transformer import AttentionTap, LanguageModel, ModelConfig
 from diff_transformer.train import train
+from diff_transformer.train import diagnostics
 from diff_transformer.train import trainer as trainer_module
 from diff_transformer.train.diagnostics import GradientSpikes, negative_share, probe
 from diff_transformer.train.trainer import read_metrics
@@ -109,6 +110,66 @@ def test_probe_values_match_the_formulas(kind):
     assert "negative_share" not in probe(model, tokens, maps=False)
     assert model.training and all(layer.attn.tap is None for layer in model.layers)
     assert all(not layer.attn._forward_hooks for layer in model.layers)
+
+
+def naive_negative_shares(model, tokens, n):
+    """The share of negative visible entries of each DIFF layer's p1 − λ·p2 over the first ``n``
+    tokens, in float64 from the weights and each layer's input (the paper's §2.1, the authors' layout)."""
+    from test_model import causal_softmax, rope_complex
+
+    inputs = {}
+    hooks = [layer.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.setdefault(i, args[0]))
+             for i, layer in enumerate(model.layers)]
+    with torch.no_grad():
+        model(tokens)
+    for hook in hooks:
+        hook.remove()
+    shares, cfg = [], model.config
+    for i, layer in enumerate(model.layers):
+        a, x, d = layer.attn, inputs[i][:, :n].double(), cfg.head_dim
+        q = rope_complex((x @ a.q_proj.weight.double().T).unflatten(-1, (-1, d)), cfg.rope_theta)  # (B, n, 2H, d)
+        k = rope_complex((x @ a.k_proj.weight.double().T).unflatten(-1, (-1, d)), cfg.rope_theta)  # (B, n, 2Hkv, d)
+        lam, rep = a.lam().double().item(), cfg.n_heads // cfg.n_kv_heads
+        maps = torch.stack([causal_softmax(q[:, :, 2 * h] @ k[:, :, 2 * (h // rep)].mT / math.sqrt(d))
+                            - lam * causal_softmax(q[:, :, 2 * h + 1] @ k[:, :, 2 * (h // rep) + 1].mT / math.sqrt(d))
+                            for h in range(cfg.n_heads)])  # (H, B, n, n)
+        visible = torch.ones(n, n, dtype=torch.bool).tril()
+        shares.append(((maps < 0) & visible).sum().item() / (visible.sum().item() * maps.shape[0] * maps.shape[1]))
+    return shares
+
+
+def test_the_maps_are_taken_on_a_bounded_prefix_of_a_long_probe(monkeypatch):
+    """The negative share of a probe longer than MAP_PROBE_TOKENS is that of its first
+    MAP_PROBE_TOKENS tokens (float64 oracle), no map is ever built beyond them, and λ and the RMS
+    still come from the whole window."""
+    assert diagnostics.MAP_PROBE_TOKENS == 2048  # a 64K window's maps would need ~206 GB per layer
+    bound = 16
+    monkeypatch.setattr(diagnostics, "MAP_PROBE_TOKENS", bound)
+    shapes = []
+    record = diagnostics._NegativeShareTap.record
+    monkeypatch.setattr(diagnostics._NegativeShareTap, "record",
+                        lambda self, i, maps: (shapes.append(tuple(maps.combined.shape)), record(self, i, maps)))
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig.from_preset("debug", attention="diff", n_kv_heads=1))
+    with torch.no_grad():  # λ ≈ 1.1 to 1.2 and peaked maps (large q, k): maps that go negative in every layer
+        for name, p in model.named_parameters():
+            if "lambda_" in name:
+                p.fill_(0.2 if name.endswith("1") else 0.0)
+            elif "q_proj" in name or "k_proj" in name:
+                p.normal_(0.0, 0.5)
+    tokens = torch.randint(0, 512, (2, 40))
+    found = probe(model, tokens, maps=True)
+    assert shapes and all(shape[-2:] == (bound, bound) for shape in shapes)
+    expected = naive_negative_shares(model, tokens, bound)
+    assert found["negative_share"] == pytest.approx(expected, abs=1e-12)
+    assert min(expected) > 0.05 and expected != pytest.approx(naive_negative_shares(model, tokens, 40), abs=1e-3)
+    whole = probe(model, tokens, maps=False)  # λ and the RMS of the whole window, as before
+    assert found["lambda"] == whole["lambda"] and found["attn_rms"] == pytest.approx(whole["attn_rms"], rel=1e-5)
+    assert model.training and all(not layer.attn._forward_hooks and layer.attn.tap is None for layer in model.layers)
+
+    shapes.clear()  # a probe no longer than the bound: its maps are those of the same, single forward
+    short = probe(model, tokens[:, :bound], maps=True)
+    assert shapes == [(2, 2, bound, bound)] * 2 and short["negative_share"] == found["negative_share"]
 
 
 @pytest.mark.parametrize("kind", ["diff", "standard"])

@@ -66,6 +66,42 @@ def test_eval_command_writes_json_and_png(checkpoints, tmp_path, capsys):
     assert "| D (ours" in printed and "Transformer (paper, 1.4B)" in printed
 
 
+def test_eval_reads_every_checkpoint_at_the_context_and_theta_asked(tmp_path):
+    """--max-seq-len and --rope-theta apply to every checkpoint: 64-token models read at 128 tokens
+    and θ 20,000 give what the same weights saved as 128-token, θ 20,000 models give."""
+    text = tmp_path / "heldout.txt"
+    text.write_text(WORDS)
+    short, wide = [], []
+    for kind in ("standard", "diff"):
+        torch.manual_seed(0)
+        model = LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=64))
+        with torch.no_grad():  # peaked maps, so that θ (where a key sits) matters to what is read
+            for name, p in model.named_parameters():
+                if "q_proj" in name or "k_proj" in name:
+                    p.normal_(0.0, 0.5)
+        short.append(model.save_pretrained(tmp_path / "short" / kind, ByteTokenizer()))
+        extended = LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=128, rope_theta=20_000.0))
+        extended.load_state_dict(model.state_dict())
+        wide.append(extended.save_pretrained(tmp_path / "wide" / kind, ByteTokenizer()))
+
+    def position_nll(checkpoints, name, *flags):
+        given = [a for c in checkpoints for a in ("--checkpoint", str(c))]
+        assert main(["eval", "position-nll", *given, "--label", "T", "--label", "D", "--text", str(text),
+                     "--out", str(tmp_path / name), "--quick", "--no-progress", *flags]) == 0
+        return json.loads((tmp_path / name / "position-nll.json").read_text())["models"]
+
+    own = position_nll(short, "own")
+    read = position_nll(short, "read", "--max-seq-len", "128", "--rope-theta", "20000")
+    saved = position_nll(wide, "saved")
+    theta_kept = position_nll(short, "kept", "--max-seq-len", "128")
+    for label in ("T", "D"):
+        assert own[label]["length"] == 64 and read[label]["length"] == 128
+        assert (read[label]["model"]["max_seq_len"], read[label]["model"]["rope_theta"]) == (128, 20_000.0)
+        assert read[label]["nll"] == pytest.approx(saved[label]["nll"], abs=1e-5)
+        assert theta_kept[label]["model"]["rope_theta"] == 10_000.0 and theta_kept[label]["length"] == 128
+        assert max(abs(a - b) for a, b in zip(theta_kept[label]["nll"], read[label]["nll"])) > 0.01  # θ matters
+
+
 def test_bad_input_is_one_error_line(checkpoints, tmp_path, capsys):
     ckpts, _ = checkpoints
     assert main(["eval", "ar-hit", "--checkpoint", str(tmp_path / "missing")]) == 2

@@ -62,7 +62,8 @@ class FakeModel(nn.Module):
     def __init__(self, next_logits=None, *, n_layers=1, max_seq_len=256, maps=None, decode=None):
         super().__init__()
         self.embed = nn.Embedding(1, 1)  # only its device is read
-        self.config = SimpleNamespace(max_seq_len=max_seq_len, n_layers=n_layers, attention="standard", vocab_size=V)
+        self.config = SimpleNamespace(max_seq_len=max_seq_len, n_layers=n_layers, attention="standard", vocab_size=V,
+                                      rope_theta=10_000.0)
         self.next_logits, self.maps, self.decode = next_logits, maps, decode
         self.tap = None
 

@@ -176,6 +176,50 @@ def test_an_authors_state_dict_loads_unchanged_and_equals_the_models_layer(kv_he
     assert module.lambda_init == layer.lambda_init and module.lam().item() == pytest.approx(layer.lam().item())
 
 
+def authors_naive_file(sd, x, *, num_heads, num_kv_heads, lambda_init, rope_theta):
+    """The forward of the authors' naive multihead_diffattn.py (causal), in float64 as it is written
+    there: ``repeat_kv`` repeats each of the 2·Hkv key sub-heads n_rep times, so query sub-head j
+    reads key sub-head j // n_rep; value group h // n_rep serves head h."""
+    from test_model import rope_complex
+
+    b, t, e = x.shape
+    hkv = num_kv_heads or num_heads
+    n_rep, d, x = num_heads // hkv, e // num_heads // 2, x.double()
+    q = rope_complex((x @ sd["q_proj.weight"].double().T).view(b, t, 2 * num_heads, d), rope_theta).transpose(1, 2)
+    k = rope_complex((x @ sd["k_proj.weight"].double().T).view(b, t, 2 * hkv, d), rope_theta).transpose(1, 2)
+    v = (x @ sd["v_proj.weight"].double().T).view(b, t, hkv, 2 * d).transpose(1, 2)
+    k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)  # repeat_kv
+    w = (q @ k.mT / math.sqrt(d)).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    lam = (torch.exp((sd["lambda_q1"].double() * sd["lambda_k1"].double()).sum())
+           - torch.exp((sd["lambda_q2"].double() * sd["lambda_k2"].double()).sum()) + lambda_init)
+    w = w.view(b, num_heads, 2, t, t)
+    attn = (w[:, :, 0] - lam * w[:, :, 1]) @ v  # (B, H, T, 2d)
+    attn = attn / torch.sqrt(attn.pow(2).mean(-1, keepdim=True) + 1e-5) * sd["subln.weight"].double() * (1 - lambda_init)
+    return attn.transpose(1, 2).reshape(b, t, e) @ sd["out_proj.weight"].double().T
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2, 1])
+def test_a_gqa_state_dict_of_the_authors_naive_file_computes_something_else(kv_heads):
+    """As documented: with MHA the module equals the authors' naive file; with GQA it pairs keys as
+    their flash files (the float64 oracle above) and so differs from the naive file."""
+    g = torch.Generator().manual_seed(4)
+    sd = authors_state_dict(128, 4, kv_heads, g)
+    module = MultiheadDiffAttention(128, 4, num_kv_heads=kv_heads, depth=2)
+    module.load_state_dict(sd, strict=True)
+    x = torch.randn(2, 9, 128, generator=g)
+    with torch.no_grad():
+        ours = module(x).double()
+    naive = authors_naive_file(sd, x, num_heads=4, num_kv_heads=kv_heads, lambda_init=module.lambda_init,
+                               rope_theta=10000.0)
+    if kv_heads is None:
+        assert (ours - naive).abs().max().item() < TOL
+    else:
+        assert (ours - naive).abs().max().item() > 0.05
+        flash = oracle(sd, x, num_heads=4, num_kv_heads=kv_heads, lambda_init=module.lambda_init, causal=True,
+                       rope_theta=10000.0)
+        assert (ours - flash).abs().max().item() < TOL
+
+
 def test_lambda_init_schedule_and_constant():
     assert MultiheadDiffAttention(64, 2).lambda_init == pytest.approx(0.2)  # depth 0
     assert MultiheadDiffAttention(64, 2, depth=4).lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-1.2))
@@ -186,6 +230,42 @@ def test_lambda_init_schedule_and_constant():
             vec.fill_(value)
     # d = 16: λ = exp(16 · 0.02) − exp(16 · −0.03) + λ_init
     assert m.lam().item() == pytest.approx(math.exp(0.32) - math.exp(-0.48) + 0.8 - 0.6 * math.exp(-0.3), abs=1e-6)
+
+
+BAD_ARGUMENTS = [
+    (dict(lambda_init=float("nan")), r"lambda_init must be a number in \[0, 1\), or None for the depth schedule; got nan"),
+    (dict(lambda_init=1.0), r"lambda_init must be a number in \[0, 1\).*got 1\.0"),
+    (dict(lambda_init=-3), r"lambda_init must be a number in \[0, 1\).*got -3"),
+    (dict(lambda_init="0.5"), r"lambda_init must be a number in \[0, 1\).*got '0\.5'"),
+    (dict(embed_dim=0), r"embed_dim must be a positive integer, got 0"),
+    (dict(embed_dim=64.0), r"embed_dim must be a positive integer, got 64\.0"),
+    (dict(num_heads=-2), r"num_heads must be a positive integer, got -2"),
+    (dict(num_heads=True), r"num_heads must be a positive integer, got True"),
+    (dict(num_kv_heads=0), r"num_kv_heads=0 must be a positive divisor of num_heads=2"),
+    (dict(num_kv_heads=2.0), r"num_kv_heads=2\.0 must be a positive divisor"),
+    (dict(depth=1.5), r"depth must be a 0-based layer index \(an integer >= 0\), got 1\.5"),
+    (dict(rope_theta=0.0), r"rope_theta must be a positive finite number, or None .*; got 0\.0"),
+    (dict(rope_theta=float("inf")), r"rope_theta must be a positive finite number.*got inf"),
+    (dict(rope_theta=float("nan")), r"rope_theta must be a positive finite number.*got nan"),
+    (dict(rope_theta="10000"), r"rope_theta must be a positive finite number.*got '10000'"),
+    (dict(causal="yes"), r"causal must be True or False, got 'yes'"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD_ARGUMENTS,
+                         ids=[",".join(f"{k}={v!r}" for k, v in kwargs.items()) for kwargs, _ in BAD_ARGUMENTS])
+def test_every_constructor_argument_is_checked_and_named(kwargs, message):
+    """As ModelConfig refuses them: λ_init outside [0, 1) (1 zeroes the output, NaN poisons it),
+    θ that is not a positive finite number, sizes that are not positive integers."""
+    args = {"embed_dim": 64, "num_heads": 2, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        MultiheadDiffAttention(args.pop("embed_dim"), args.pop("num_heads"), **args)
+
+
+def test_lambda_init_accepts_the_range_modelconfig_accepts():
+    assert MultiheadDiffAttention(64, 2, lambda_init=0).lambda_init == 0.0
+    assert MultiheadDiffAttention(64, 2, lambda_init=0.999).lambda_init == 0.999
+    assert MultiheadDiffAttention(64, 2, rope_theta=640_000).rope_theta == 640_000
 
 
 def test_bad_arguments_and_inputs_are_named():

@@ -10,7 +10,10 @@ its config: queries, keys and values from x, interleaved RoPE (or none), the two
 eps 1e-5, with weight) times (1 − λ_init), and ``out_proj``.
 
 Parameters and their names are those of the authors' ``MultiheadDiffAttn`` (microsoft/unilm,
-Diff-Transformer/), so one of their state dicts loads unchanged:
+Diff-Transformer/), so one of their state dicts loads unchanged; with GQA (num_kv_heads <
+num_heads) it then computes what their flash files compute (head h takes K1/K2 of group
+h // n_rep), not what their naive ``multihead_diffattn.py`` computes (its ``repeat_kv`` over the
+2·Hkv key sub-heads gives Q1 and Q2 of head h other keys), while with MHA all three agree:
 
     q_proj    (E -> E)          2H sub-heads of width d = E / 2H; DIFF head h on sub-heads 2h (Q1), 2h+1 (Q2)
     k_proj    (E -> E / n_rep)  2Hkv sub-heads, K1/K2 of KV group g on 2g, 2g+1 (GQA: n_rep = H / Hkv)
@@ -20,6 +23,8 @@ Diff-Transformer/), so one of their state dicts loads unchanged:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +37,14 @@ HEAD_NORM_EPS = 1e-5  # subln's eps in the authors' module
 LAMBDA_STD = 0.1  # the λ vectors' init, N(0, 0.1), as the authors'
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class MultiheadDiffAttention(nn.Module):
     """Multi-head differential attention (Ye et al., ICLR 2025, §2.1) on (B, T, embed_dim).
 
@@ -39,9 +52,10 @@ class MultiheadDiffAttention(nn.Module):
         embed_dim: E, the width of x and of the output.
         num_heads: H DIFF heads, half the heads of a matched Transformer; each has two query/key
             groups of width d = E / (2H) and a value of width 2d. d must be even with RoPE.
-        num_kv_heads: key/value heads (GQA); None = num_heads. Must divide num_heads.
+        num_kv_heads: key/value heads (GQA); None = num_heads. Must divide num_heads. Keys are
+            paired as in the authors' flash files, not their naive file (see the module docstring).
         depth: the 0-based index of the layer, which sets λ_init = 0.8 − 0.6·exp(−0.3·depth).
-        lambda_init: a constant λ_init instead of the depth schedule.
+        lambda_init: a constant λ_init in [0, 1) instead of the depth schedule.
         causal: mask future positions (a decoder); False for an encoder or a ViT.
         rope_theta: base of the interleaved rotary embedding at positions 0 … T − 1; None = no
             RoPE (positions come from elsewhere, e.g. a ViT's learned position embedding).
@@ -71,19 +85,24 @@ class MultiheadDiffAttention(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if embed_dim % (2 * num_heads):
             raise ValueError(
                 f"embed_dim={embed_dim} must be divisible by 2 * num_heads = {2 * num_heads} (each DIFF head has two groups)"
             )
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if not isinstance(num_kv_heads, int) or num_kv_heads <= 0 or num_heads % num_kv_heads:
+        if not _is_int(num_kv_heads) or num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(f"num_kv_heads={num_kv_heads!r} must be a positive divisor of num_heads={num_heads}")
-        if not isinstance(depth, int) or depth < 0:
+        if not _is_int(depth) or depth < 0:
             raise ValueError(f"depth must be a 0-based layer index (an integer >= 0), got {depth!r}")
-        if rope_theta is not None and not rope_theta > 0:
-            raise ValueError(f"rope_theta must be positive, or None for no rotary embedding; got {rope_theta!r}")
+        if lambda_init is not None and not (_is_number(lambda_init) and 0.0 <= lambda_init < 1.0):
+            # as ModelConfig: 1 would zero the output (× (1 − λ_init)), beyond it flip its sign
+            raise ValueError(f"lambda_init must be a number in [0, 1), or None for the depth schedule; got {lambda_init!r}")
+        if not isinstance(causal, bool):
+            raise ValueError(f"causal must be True or False, got {causal!r}")
+        if rope_theta is not None and not (_is_number(rope_theta) and math.isfinite(rope_theta) and rope_theta > 0):
+            raise ValueError(f"rope_theta must be a positive finite number, or None for no rotary embedding; got {rope_theta!r}")
         head_dim = embed_dim // (2 * num_heads)
         if rope_theta is not None and head_dim % 2:
             raise ValueError(f"head_dim = embed_dim / (2 * num_heads) = {head_dim} must be even for RoPE (or rope_theta=None)")

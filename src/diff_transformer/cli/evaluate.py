@@ -4,6 +4,7 @@
     diff-transformer eval quantization --checkpoint out/compare/diff --bits 8 6 4 --out out/quant
     diff-transformer eval icl --checkpoint DIR --data my.jsonl --text-field sentence --label-field label
     diff-transformer eval scaling --results runs.json
+    diff-transformer eval position-nll --checkpoint SHORT --checkpoint EXTENDED --max-seq-len 1024
 
 Each writes OUT/NAME.json and OUT/NAME.png and prints the Markdown report. An evaluation that
 cannot run on one of the models (a context too short for its settings, an empty text) is one
@@ -73,6 +74,11 @@ def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> N
                    help="held-out text file to evaluate on (default: the embedded corpus' validation documents)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", type=types.device,
                    help="cpu, cuda or cuda:N")
+    p.add_argument("--max-seq-len", type=types.positive_int, default=None, metavar="N",
+                   help="read every checkpoint at a context of N tokens instead of its own (the weights do not "
+                        "depend on it): a short model beyond its training length, before and after train --init-from")
+    p.add_argument("--rope-theta", type=types.positive_float, default=None, metavar="THETA",
+                   help="RoPE base for every checkpoint instead of its own (default: each checkpoint's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -87,7 +93,8 @@ def _load(args: argparse.Namespace):
         except argparse.ArgumentTypeError as exc:
             raise ValueError(f"--checkpoint {exc}") from None
     labels = args.label or [None] * len(args.checkpoint)
-    models = [load_model(c, device=args.device, tokenizer=args.tokenizer, label=l) for c, l in zip(args.checkpoint, labels)]
+    models = [load_model(c, device=args.device, tokenizer=args.tokenizer, label=l, max_seq_len=args.max_seq_len,
+                         rope_theta=args.rope_theta) for c, l in zip(args.checkpoint, labels)]
     if len({m.label for m in models}) != len(models):
         raise ValueError("two checkpoints have the same label (give --label for each)")
     text = None

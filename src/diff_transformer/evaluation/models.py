@@ -3,6 +3,7 @@ attention kinds the reports compare (``BASELINE`` against ``DIFF_KINDS``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,38 @@ class ModelUnderTest:
             "attention": self.attention,
             "parameters": self.model.num_parameters(),
             "max_seq_len": self.max_seq_len,
+            "rope_theta": self.model.config.rope_theta,
             "lambdas": [round(x, 4) for x in lambdas],
         }
+
+
+def load_with_context(
+    checkpoint: str | Path,
+    max_seq_len: int | None = None,
+    rope_theta: float | None = None,
+    *,
+    device: str | torch.device = "cpu",
+) -> LanguageModel:
+    """A checkpoint's model (``save_pretrained`` layout) in eval mode, with its context set to
+    ``max_seq_len`` and RoPE's base to ``rope_theta`` where given (None: the saved value).
+
+    Neither is in the weights (the RoPE table is computed from them), so a short model can be read
+    beyond its own context, e.g. before and after ``train --init-from`` extends it. A bad value is a
+    ConfigError naming it."""
+    from ..checkpoint import WEIGHTS_FILE, load_state_dict_checked, read_config, read_weights
+
+    saved, _ = read_config(checkpoint)
+    changes: dict[str, Any] = {}
+    if max_seq_len is not None:
+        changes["max_seq_len"] = max_seq_len
+    if rope_theta is not None:
+        changes["rope_theta"] = rope_theta
+    config = dataclasses.replace(saved, **changes)  # ModelConfig checks the values
+    model = LanguageModel(config, device="meta")
+    model.to_empty(device=device)
+    weights = Path(checkpoint) / WEIGHTS_FILE
+    load_state_dict_checked(model, read_weights(weights), source=str(weights))
+    return model.eval()
 
 
 def load_model(
@@ -54,15 +85,19 @@ def load_model(
     device: str | torch.device = "cpu",
     tokenizer: Any = None,
     label: str | None = None,
+    max_seq_len: int | None = None,
+    rope_theta: float | None = None,
 ) -> ModelUnderTest:
     """A checkpoint directory (``save_pretrained``) in eval mode with its tokenizer.
 
     ``tokenizer`` (a tokenizer or a path / "bytes") is needed only if the checkpoint holds none.
+    ``max_seq_len`` and ``rope_theta``, where given, replace the saved context and RoPE base
+    (:func:`load_with_context`).
     """
     from ..checkpoint import load_checkpoint_tokenizer
     from ..tokenizer import load_tokenizer
 
-    model = LanguageModel.from_pretrained(checkpoint, device=device).eval()
+    model = load_with_context(checkpoint, max_seq_len, rope_theta, device=device)
     if isinstance(tokenizer, (str, Path)):
         tokenizer = load_tokenizer(tokenizer)
     if tokenizer is None:

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import torch
 import yaml
 
-from ..checkpoint import WEIGHTS_FILE, load_state_dict_checked, read_config, read_weights
+from ..evaluation.models import load_with_context  # a checkpoint read at another context and θ
 from ..evaluation.output import write_json
 from ..evaluation.position_nll import checkpoints as nll_points, cumulative_average
 from ..evaluation.scoring import token_nll
@@ -241,18 +241,6 @@ def _extend(config: TrainConfig, names: Sequence[str], seeds: Sequence[int], sho
 
 
 # --- position-NLL -----------------------------------------------------------------------------------
-
-
-def load_with_context(checkpoint: str | Path, max_seq_len: int, rope_theta: float | None = None) -> LanguageModel:
-    """A checkpoint's model with its context set to ``max_seq_len`` (and θ to ``rope_theta`` if given),
-    in eval mode: the weights do not depend on either."""
-    saved, _ = read_config(checkpoint)
-    config = dataclasses.replace(saved, max_seq_len=max_seq_len,
-                                 rope_theta=saved.rope_theta if rope_theta is None else rope_theta)
-    model = LanguageModel(config, device="meta")
-    model.to_empty(device="cpu")
-    load_state_dict_checked(model, read_weights(Path(checkpoint) / WEIGHTS_FILE), source=str(checkpoint))
-    return model.eval()
 
 
 def validation_windows(config: TrainConfig, seq_len: int, count: int) -> torch.Tensor:

@@ -10,11 +10,15 @@
 
 λ and the RMS come from one no-grad forward of fixed validation windows (the probe, the same
 every time, at every log and evaluation step), through forward hooks on the attention modules;
-the negative share from the same forward, at evaluation steps, through the reference backend with
-an :class:`~diff_transformer.attention.AttentionTap`. Nothing is computed inside ``forward``, and
-the training step is left as it is (no hooks on it, so ``run.compile`` is unaffected). Under FSDP
-every process runs the probe (its forward gathers the shards) and λ is read inside the hook,
-while the block's parameters are whole.
+the negative share at evaluation steps, through the reference backend with an
+:class:`~diff_transformer.attention.AttentionTap`, which materialises every map (B, H, T, T) in
+fp32. So the maps are taken on the probe's first ``MAP_PROBE_TOKENS`` tokens only (the same
+forward when the probe is no longer, else a second one on that prefix): the model is causal, so
+they are exactly the top-left block of the full window's maps, and their memory stays bounded at
+any context (at 64K tokens and 12 heads one full map would be ~206 GB). Nothing is computed inside
+``forward``, and the training step is left as it is (no hooks on it, so ``run.compile`` is
+unaffected). Under FSDP every process runs the probe (its forward gathers the shards) and λ is
+read inside the hook, while the block's parameters are whole.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ SPIKE_FACTOR = 5.0  # a gradient norm above this many times the running median i
 SPIKE_WINDOW = 50  # previous steps whose median is the reference
 SPIKE_MIN_HISTORY = 10  # no verdict before this many previous norms (the first steps move a lot)
 PROBE_SEQUENCES = 1  # validation sequences of the diagnostics' forward: ~4% of a step at tiny (docs/training.md)
+MAP_PROBE_TOKENS = 2048  # the negative share is of the maps of the probe's first this-many tokens (bounded memory)
 
 
 class GradientSpikes:
@@ -99,8 +104,9 @@ def has_differential_map(attention: str) -> bool:
 def probe(model: LanguageModel, tokens: Tensor, *, maps: bool, autocast: Any = None) -> dict[str, list[float]]:
     """One no-grad forward of ``tokens`` (B, T) through ``model`` (unwrapped from DDP; under FSDP
     on every process): "lambda" per layer (kinds with λ), "attn_rms" per layer, and with ``maps``
-    "negative_share" per layer (kinds with a differential map; this forward then runs the
-    reference backend). ``autocast``: the training's autocast context, if any."""
+    "negative_share" per layer (kinds with a differential map) over the maps of the first
+    ``MAP_PROBE_TOKENS`` tokens, through the reference backend (the same forward when T is no
+    longer, else a second forward of that prefix). ``autocast``: the training's autocast context, if any."""
     lambdas: dict[int, float] = {}
     rms: dict[int, float] = {}
 
@@ -112,13 +118,20 @@ def probe(model: LanguageModel, tokens: Tensor, *, maps: bool, autocast: Any = N
                 lambdas[index] = lam.item()
         return hook
 
-    hooks = [layer.attn.register_forward_hook(watch(i)) for i, layer in enumerate(model.layers)]
     tap = _NegativeShareTap() if maps and has_differential_map(model.config.attention) else None
+    prefix = tap is not None and tokens.shape[1] > MAP_PROBE_TOKENS  # the maps need a forward of their own
     was_training = model.training
     model.eval()
+    hooks = [layer.attn.register_forward_hook(watch(i)) for i, layer in enumerate(model.layers)]
     try:
-        with autocast or contextlib.nullcontext(), model.tap_attention(tap) if tap else contextlib.nullcontext():
-            model(tokens, logits_to_keep=1)  # the LM head on one position: its logits are not wanted
+        with autocast or contextlib.nullcontext():
+            with model.tap_attention(tap) if tap is not None and not prefix else contextlib.nullcontext():
+                model(tokens, logits_to_keep=1)  # the LM head on one position: its logits are not wanted
+            for hook in hooks:
+                hook.remove()
+            if prefix:  # the maps of the prefix: the top-left block of the full window's (the model is causal)
+                with model.tap_attention(tap):
+                    model(tokens[:, :MAP_PROBE_TOKENS], logits_to_keep=1)
     finally:
         for hook in hooks:
             hook.remove()
