@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 from functools import partial
 
 import pytest
@@ -202,3 +203,89 @@ def test_the_report_says_why_the_budget_is_what_it_is(tmp_path):
     assert "**The budget.** Sized to finish within 12 minutes" in report
     config = load_config("tiny", ['compare.budget_note=""'])
     assert "**The budget.**" not in render_report(build_metrics(config, fake_runs([4.0], [4.1]), wall_seconds=1.0, nproc=1))
+
+
+CHILD = """
+import os, pathlib, signal, sys, time
+folder, me, other = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+def stop(signum, frame):
+    (folder / f"{me}.stopped").write_text(str(signum))
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+(folder / me).write_text(os.environ.get("OMP_NUM_THREADS", ""))
+start = time.time()
+while not (folder / other).exists() or sys.argv[4] == "wait":  # finishes only once the other one runs too
+    if time.time() - start > 60:
+        sys.exit(3)
+    time.sleep(0.01)
+sys.exit(int(me[-1]))
+"""
+
+
+def _children(folder, mode):
+    return [[sys.executable, "-c", CHILD, str(folder), "a0", "b1", mode],
+            [sys.executable, "-c", CHILD, str(folder), "b1", "a0", mode]]
+
+
+def test_jobs_run_side_by_side_each_on_its_share_of_the_cores(tmp_path):
+    from diff_transformer.experiments.compare import _run_children
+
+    ended = []
+    codes = _run_children(_children(tmp_path, "finish"), jobs=2, on_exit=lambda index, code: ended.append(index))
+    assert codes == [0, 1] and sorted(ended) == [0, 1]  # neither could finish unless both ran at once
+    threads = str(max(1, (os.cpu_count() or 2) // 2))
+    assert (tmp_path / "a0").read_text() == threads and (tmp_path / "b1").read_text() == threads
+
+
+def test_a_signal_reaches_every_running_job_once_and_none_starts_after_it(tmp_path):
+    import signal
+    import threading
+    import time
+
+    from diff_transformer.experiments.compare import CompareInterrupted, _run_children
+
+    def send_when_both_run():
+        while not ((tmp_path / "a0").exists() and (tmp_path / "b1").exists()):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=send_when_both_run, daemon=True).start()
+    third = [sys.executable, "-c", f"open({str(tmp_path / 'third')!r}, 'w')"]
+    with pytest.raises(CompareInterrupted, match="interrupted by SIGTERM") as caught:
+        _run_children([*_children(tmp_path, "wait"), third], jobs=2)
+    assert caught.value.exit_status == 143
+    assert (tmp_path / "a0.stopped").read_text() == (tmp_path / "b1.stopped").read_text() == str(int(signal.SIGTERM))
+    assert not (tmp_path / "third").exists()
+
+
+@pytest.mark.slow  # three models, two recipes, both experiments, two at a time
+def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byte_dataset, tmp_path):  # noqa: F811
+    models = {**MODELS, "diff_v2": {"attention": "diff_v2", "label": "DIFF V2"}}
+    retrieval = dict(length=32, keys=8, values=8, noise_tokens=8, d_model=32, n_layers=1, n_heads=1, steps=4,
+                     batch_size=4, needles=[1, 2], depths=[0.0, 1.0], pairs=[2, 4], eval_samples=2, quantize_bits=[4])
+    config = debug_config(byte_dataset, tmp_path / "unused", models=models, run={"steps": 4, "eval_every": 2},
+                          compare={"recipes": ["scaled-init", "plain-init"], "lm_recipes": ["plain-init"], "jobs": 2},
+                          retrieval=retrieval)
+    out = tmp_path / "compare"
+    metrics = compare(config, out, seeds=2, progress=False)
+
+    # Language modelling under plain-init only (lm_recipes); retrieval under both.
+    for name in models:
+        run = out / "runs" / name / "plain-init" / "lr-0.003" / "seed-1"
+        assert load_config(run / "config.yaml").model(name).model_config().scale_residual_init is False
+        assert not (out / "runs" / name / "scaled-init").exists()
+        assert (out / "retrieval" / name / "scaled-init" / "lr-0.003" / "seed-1.json").is_file()
+        assert metrics["models"][name]["recipe"] == "plain-init"
+        assert set(metrics["retrieval"]["models"][name]["recipes"]) == {"scaled-init", "plain-init"}
+    assert metrics["lm_recipes"] == ["plain-init"] and metrics["environment"]["jobs"] == 2
+    claims = {c["measure"].split(",")[0]: c for c in metrics["claims"]}
+    assert set(claims["final validation loss (nats/token)"]["by_recipe"]) == {"plain-init"}
+    assert set(claims["mqar accuracy"]["by_recipe"]) == {"scaled-init", "plain-init"}
+    assert [p["fraction"] for p in claims["mqar accuracy"]["along"]] == [0.25, 0.5, 1.0]  # steps 1, 2, 4 of 4
+    variants = metrics["variant_comparisons"]
+    assert {(v["model"], v["baseline"]) for v in variants} == {("DIFF V2", "Transformer"), ("DIFF V2", "DIFF")}
+    report = (out / "report.md").read_text()
+    for heading in ("## The paper's claims at this scale", "## The other attention kinds", "## Sensitivity to the init recipe",
+                    "## Sample efficiency", "### Learning curves", "| Under each recipe |"):
+        assert heading in report, heading
+    assert (out / "retrieval_curves.png").read_bytes()[:4] == b"\x89PNG"

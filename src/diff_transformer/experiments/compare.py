@@ -200,7 +200,7 @@ def compare(
     (default: compare.lr_grid, else each model's own lr under that recipe), report each model at its
     best (recipe, lr), run the retrieval experiment (default: retrieval.enabled) and the evaluations,
     and write the report into ``out_dir``; returns the metrics (also DIR/metrics.json). ``jobs``
-    runs train at the same time (default: compare.jobs).
+    runs train at the same time (default: compare.jobs; 1 when ``nproc`` > 1).
 
     With ``resume``, runs that finished are reused and interrupted ones continue from their
     checkpoint; without it, earlier runs of the same models in ``out_dir`` are replaced.
@@ -214,7 +214,7 @@ def compare(
     for name in names:
         for recipe in config.compare.recipes or [None]:
             config.entry_fields(name, recipe)  # an unknown name or a conflicting recipe is an error before anything starts
-    jobs = jobs or config.compare.jobs
+    jobs = jobs or (1 if nproc > 1 else config.compare.jobs)  # a run in several processes takes the machine
     if jobs > 1 and nproc > 1:
         raise ConfigError(f"compare: --jobs {jobs} trains several single-process runs at once and --nproc {nproc} "
                           "one run in several processes; give one of them")
@@ -226,6 +226,11 @@ def compare(
     with lock_output_dir(out_dir):  # one comparison at a time in out_dir (each run locks its own directory)
         if config.long_context.enabled:  # a config with a long_context section: that experiment instead
             from .long_context import run_long_context
+
+            if retrieval_lr_grid is not None or recipes is not None:
+                raise ConfigError(f"config {config.name!r} runs the long-context experiment, which takes neither "
+                                  "--retrieval-lr-grid nor --recipes: set long_context.retrieval_lr_grid "
+                                  "(--set 'long_context.retrieval_lr_grid=[...]') or the models' own fields")
 
             return run_long_context(config, out_dir, models=models, seeds=seeds, lr_grid=lr_grid,
                                     retrieval=retrieval, resume=resume, nproc=nproc, progress=progress)
@@ -342,8 +347,10 @@ def _compare(config: TrainConfig, out_dir: Path, names: list[str], seed_values: 
     # The evaluations run on the final checkpoint of every seed (at the best recipe and learning rate);
     # their Markdown sections are appended to the report and their headline figures feed the claims.
     suite = None
-    if evaluation is not None:
-        checkpoints = {seed_label(config, name, r["seed"]): Path(r["checkpoint_dir"]) for name in names for r in chosen[name]}
+    evaluated = [n for n in names if n in config.compare.evaluation_models] if config.compare.evaluation_models else names
+    if evaluation is not None and evaluated:
+        checkpoints = {seed_label(config, name, r["seed"]): Path(r["checkpoint_dir"]) for name in evaluated
+                       for r in chosen[name]}
         suite = evaluation(checkpoints, out_dir / "eval")
     metrics["claims"] = paper_claims(config, metrics, suite.data if suite else {})
     metrics["variant_comparisons"] = variant_comparisons(config, metrics)

@@ -397,6 +397,8 @@ class CompareConfig:
     evaluations: list[str] = field(default_factory=lambda: ["outliers", "quantization", "ar-hit", "position-nll", "icl"])
     # Options of those evaluations over their defaults, e.g. {outliers: {tokens: 4096}} (diff-transformer eval --help).
     evaluation_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The models the evaluations run on (names); empty = every model of the comparison.
+    evaluation_models: list[str] = field(default_factory=list)
     # Why the budget is what it is (steps, seeds, sizes), printed under the report's first paragraph.
     budget_note: str = ""
     # Init recipes (INIT_RECIPES) searched beside the learning rate: every model is trained under each,
@@ -461,9 +463,10 @@ class TrainConfig:
             raise ConfigError("models: a config needs at least one model")
         for name in self.models:
             self.optim_for(name)  # a model's optim fields are checked like the section's
-        for name in self.compare.models:
-            if name not in self.models:
-                raise ConfigError(f"compare.models: no model named {name!r}; the config has {', '.join(self.models)}")
+        for where in ("models", "evaluation_models"):
+            for name in getattr(self.compare, where):
+                if name not in self.models:
+                    raise ConfigError(f"compare.{where}: no model named {name!r}; the config has {', '.join(self.models)}")
         for section in ("lr", "retrieval_lr"):
             for name in getattr(self.long_context, section):
                 if name not in self.models:
