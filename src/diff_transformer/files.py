@@ -74,7 +74,10 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
     (which keeps ``path``'s suffix, so writers that infer a format from it still can)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    except OSError as exc:  # names the temporary file, which the user never asked for
+        raise os_error_naming(path, exc) from exc
     os.close(fd)
     tmp = Path(name)
     try:
@@ -93,6 +96,13 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
 def write_text_atomically(path: str | Path, text: str) -> Path:
     """``write_atomically`` for a string (UTF-8)."""
     return write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def os_error_naming(path: str | Path, exc: OSError) -> OSError:
+    """``exc`` (the failure to create a temporary file or directory beside ``path``, which names
+    that temporary) as an OSError naming ``path``, the output being written."""
+    code = exc.errno if exc.errno is not None else errno.EIO
+    return OSError(code, exc.strerror or os.strerror(code), str(path))
 
 
 # "(os error 28)": how the Rust writers (safetensors, tokenizers) end the message of an I/O failure.
