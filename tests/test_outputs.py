@@ -215,3 +215,67 @@ def test_the_gpu_benchmark_report_never_fills_a_directory_of_other_files(user_di
     assert snapshot(user_dir) == before
     out = claim_output_dir(tmp_path / "bench", "bench")  # an earlier report's directory is reused
     assert project_output_kind(out) == "bench"
+
+
+# --- an output replaced as a whole never takes the user's files with it --------------------------
+
+
+def test_an_output_holding_files_it_does_not_own_is_never_replaced(capsys, hf, ckpt, tmp_path):
+    """A checkpoint, an export or a dataset into which the user put files of their own (notes, an
+    export made inside a checkpoint) is refused even with --overwrite: replacing it would delete them."""
+    export = tmp_path / "hf"
+    assert main(["export-hf", str(ckpt), str(export)]) == 0
+    assert main(["import-hf", str(export), str(export / "back")]) == 0  # a checkpoint written inside the export
+    (tmp_path / "text.txt").write_text("Some text to tokenize.\n" * 50)
+    data = tmp_path / "data"
+    assert main(["prepare", str(tmp_path / "text.txt"), "--out", str(data), "--tokenizer", "bytes"]) == 0
+    capsys.readouterr()
+    (ckpt / "NOTES.md").write_text("what I tried\n")
+    (data / "sources").mkdir()
+    (data / "sources" / "raw.txt").write_text("the raw text\n")
+    before = snapshot(tmp_path)
+    refused(capsys, ["import-hf", str(export), str(ckpt), "--overwrite"],
+            f"{ckpt}: holds a diff-transformer checkpoint and also NOTES.md, which are not part of it")
+    refused(capsys, ["export-hf", str(ckpt), str(export), "--overwrite"],
+            f"{export}: holds a diff-transformer hf-export and also back, which are not part of it")
+    refused(capsys, ["prepare", str(tmp_path / "text.txt"), "--out", str(data), "--tokenizer", "bytes", "--overwrite"],
+            f"{data}: holds a diff-transformer dataset and also sources, which are not part of it")
+    with pytest.raises(OutputPathError, match="also NOTES.md, which are not part of it"):
+        LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(ckpt, overwrite=True)
+    assert snapshot(tmp_path) == before
+    (ckpt / "NOTES.md").unlink()  # the project's files alone: replaced when asked
+    assert main(["import-hf", str(export), str(ckpt), "--overwrite"]) == 0
+
+
+def test_training_never_deletes_files_put_into_its_checkpoint_directory(capsys, byte_dataset, tmp_path,  # noqa: F811
+                                                                         monkeypatch):
+    """Every save replaces the checkpoint directory: a file of the user's there is refused when the
+    run resumes, and when it appears during a run the save is refused and the step named, with the
+    file and the previous checkpoint intact."""
+    from diff_transformer.train import trainer as trainer_module
+
+    config = _write_config(tmp_path, byte_dataset, stop_at_step=1)
+    assert main(["train", "--config", str(config)]) == 0
+    capsys.readouterr()
+    checkpoint = tmp_path / "run" / "checkpoint"
+    (checkpoint / "NOTES.md").write_text("what I tried\n")
+    before = snapshot(tmp_path / "run")
+    refused(capsys, ["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=null"],
+            f"{checkpoint}: holds a diff-transformer checkpoint and also NOTES.md, which are not part of it")
+    assert snapshot(tmp_path / "run") == before
+    (checkpoint / "NOTES.md").unlink()
+
+    real = trainer_module.save_training_checkpoint
+
+    def save_after_a_note(directory, *args, **kwargs):  # the user writes into it while the run goes on
+        (Path(directory) / "NOTES.md").write_text("what I tried\n")
+        return real(directory, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "save_training_checkpoint", save_after_a_note)
+    assert main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=null"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: step 2: could not write the checkpoint to {checkpoint} ({checkpoint}: holds a "
+                              "diff-transformer checkpoint and also NOTES.md") and err[-1].endswith(
+        f"the previous checkpoint {checkpoint} (step 1) is intact"), err
+    assert (checkpoint / "NOTES.md").read_text() == "what I tried\n"
+    LanguageModel.from_pretrained(checkpoint)

@@ -11,7 +11,8 @@ Output directories never replace what the project did not write (:func:`check_ou
 a directory the project writes is known by its checkpoint's config.json or its dataset's
 meta.json, or else by a small marker file, ``.diff-transformer``, naming the kind of output it
 holds; a non-empty directory with neither is refused, as are the current directory, its
-ancestors, and the sources being read.
+ancestors, and the sources being read. An output replaced as a whole (a checkpoint, an export, a
+dataset) is replaced only if it holds nothing but what the project writes there.
 
 One writer per run (:func:`lock_output_dir`): a training run or a comparison holds an exclusive
 lock on its directory, ``DIR/.lock`` (``fcntl.flock``, which the kernel releases when the process
@@ -31,6 +32,7 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
+import fnmatch
 import json
 import os
 import re
@@ -49,6 +51,18 @@ OUTPUT_KINDS = ("checkpoint", "hf-export", "dataset", "train-run", "compare", "e
 # Kinds whose own file says what they are (file name, its "format"), so they need no marker.
 SELF_IDENTIFYING = {"checkpoint": ("config.json", "diff-transformer"), "dataset": ("meta.json", "diff-transformer-tokens")}
 LOCK_FILE = ".lock"  # JSON {"pid", "host", "since"} of the process writing into the directory
+# What the project writes into the outputs it replaces as a whole (fnmatch patterns, beside the marker):
+# a model or training checkpoint, a transformers export (the names transformers gives its files), a
+# token dataset. Anything else in such a directory was put there by someone else, and replacing the
+# directory would delete it: the replacement is refused (check_output_dir).
+REPLACED_OUTPUT_FILES = {
+    "checkpoint": ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training_state.pt",
+                   "train_config.yaml"),
+    "hf-export": ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+                  "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                  "chat_template.*", "vocab.json", "merges.txt"),
+    "dataset": ("meta.json", "*.bin", "*.document_ends.npy", "tokenizer.json", "tokenizer_config.json"),
+}
 
 
 class OutputPathError(ValueError):
@@ -182,7 +196,9 @@ def check_output_dir(directory: str | Path, kind: str, *, overwrite: bool = Fals
     ``reading`` (the sources of this command) or one containing them; a non-empty directory that
     holds no project output, or one of another kind. A directory holding an output of this kind
     is refused too unless ``overwrite`` (it will be replaced; ``hint`` says how to ask for that)
-    or ``reuse`` (the writer adds to it and replaces only its own files: logs, results).
+    or ``reuse`` (the writer adds to it and replaces only its own files: logs, results); and,
+    overwrite or not, one that is replaced as a whole (REPLACED_OUTPUT_FILES) while it also holds
+    files the project did not write there (the user's notes, an export made inside a checkpoint).
     """
     path = Path(directory)
     resolved = path.resolve()
@@ -206,9 +222,25 @@ def check_output_dir(directory: str | Path, kind: str, *, overwrite: bool = Fals
                                   f"{shown}); choose a new or empty directory")
         if found != kind:
             raise OutputPathError(f"{path}: holds a diff-transformer {found}, not a {kind}; choose another directory")
+        foreign = [] if reuse else foreign_entries(path, kind)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise OutputPathError(f"{path}: holds a diff-transformer {kind} and also {shown}, which are not part of "
+                                  f"it and would be deleted with it when it is replaced; move them out, or choose "
+                                  "another directory")
         if not (overwrite or reuse):
             raise OutputPathError(f"{path}: already holds a diff-transformer {kind}; {hint}")
     return path
+
+
+def foreign_entries(directory: str | Path, kind: str) -> list[str]:
+    """The names in ``directory``, an output of ``kind`` that is replaced as a whole, that the project
+    does not write there (sorted; none for the other kinds)."""
+    patterns = REPLACED_OUTPUT_FILES.get(kind)
+    if patterns is None:
+        return []
+    return sorted(p.name for p in Path(directory).iterdir()
+                  if p.name != OUTPUT_MARKER and not any(fnmatch.fnmatchcase(p.name, pattern) for pattern in patterns))
 
 
 def mark_output_dir(directory: str | Path, kind: str) -> None:

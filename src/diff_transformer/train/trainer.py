@@ -470,8 +470,9 @@ class _Run:
                 f"{existing} already holds a training checkpoint: pass --resume to continue it, "
                 f"or choose another run.out_dir / run.checkpoint_dir"
             )
-        if existing is None:
-            check_output_dir(checkpoint_dir, "checkpoint", reading=reading, hint=elsewhere)
+        # Each save replaces the checkpoint directory: one that holds files the project did not write
+        # there (the user's, an export made inside it) is refused now, not deleted by the first save.
+        check_output_dir(checkpoint_dir, "checkpoint", overwrite=existing is not None, reading=reading, hint=elsewhere)
         if env.is_main:  # a save killed mid-write left its temporary directory: nobody else will remove it
             for leftover in remove_abandoned_temporaries(checkpoint_dir):
                 print(f"note: removed {leftover}, left by a checkpoint write that was interrupted", file=sys.stderr)
@@ -512,13 +513,15 @@ class _Run:
                 env=self.env,
             )
             return self.last_saved
-        except OSError as exc:  # a full disk, a lost mount: the atomic write left the old version
+        except (OSError, OutputPathError) as exc:  # a full disk, a lost mount, files of the user's put into
+            # the checkpoint directory since the run started: the atomic write left the old version
             previous = find_checkpoint(self.checkpoint_dir)
             kept = (f"the previous checkpoint {previous} (step {saved_step(previous)}) is intact" if previous
                     else "there is no earlier checkpoint")
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise CheckpointWriteError(
                 f"step {self.progress.step}: could not write the checkpoint to {self.checkpoint_dir} "
-                f"({exc.strerror or exc}); {kept}"
+                f"({reason}); {kept}"
             ) from exc
 
     def evaluate(self) -> float:
