@@ -279,3 +279,21 @@ def test_training_never_deletes_files_put_into_its_checkpoint_directory(capsys, 
         f"the previous checkpoint {checkpoint} (step 1) is intact"), err
     assert (checkpoint / "NOTES.md").read_text() == "what I tried\n"
     LanguageModel.from_pretrained(checkpoint)
+
+
+def test_a_new_run_never_replaces_the_logs_of_an_earlier_one(capsys, byte_dataset, tmp_path):  # noqa: F811
+    """An earlier run's metrics.jsonl and summary.json are results: a new run into the same
+    run.out_dir (its checkpoint elsewhere, or the earlier run ended before its first checkpoint)
+    is refused with the files intact; --resume continues the earlier run as before."""
+    config = _write_config(tmp_path, byte_dataset, checkpoint_dir=str(tmp_path / "first"))
+    assert main(["train", "--config", str(config)]) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path / "run")
+    refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={tmp_path / 'second'}"],
+            f"{tmp_path / 'run'} holds the logs of an earlier run (metrics.jsonl, summary.json), and there is no "
+            f"checkpoint of it in {tmp_path / 'second'} to resume")
+    assert snapshot(tmp_path / "run") == before and not (tmp_path / "second").exists()
+    (tmp_path / "run" / "summary.json").unlink()  # a run killed before its first checkpoint: its metrics alone
+    refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={tmp_path / 'second'}"],
+            "holds the logs of an earlier run (metrics.jsonl), and there is no checkpoint")
+    assert main(["train", "--config", str(config), "--resume"]) == 0

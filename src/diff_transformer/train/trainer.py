@@ -470,6 +470,15 @@ class _Run:
                 f"{existing} already holds a training checkpoint: pass --resume to continue it, "
                 f"or choose another run.out_dir / run.checkpoint_dir"
             )
+        # A new run would replace an earlier run's logs (one whose checkpoint lies elsewhere, or one
+        # that ended before its first checkpoint): they are results too, so the run is refused.
+        earlier = [] if resume else [name for name in (METRICS_FILE, SUMMARY_FILE) if (out_dir / name).is_file()]
+        if earlier:
+            raise TrainingError(
+                f"{out_dir} holds the logs of an earlier run ({', '.join(earlier)}), and there is no checkpoint of it "
+                f"in {checkpoint_dir} to resume; choose another run.out_dir, or move them out of it to start a new "
+                "run there"
+            )
         # Each save replaces the checkpoint directory: one that holds files the project did not write
         # there (the user's, an export made inside it) is refused now, not deleted by the first save.
         check_output_dir(checkpoint_dir, "checkpoint", overwrite=existing is not None, reading=reading, hint=elsewhere)
