@@ -75,7 +75,7 @@ def test_an_output_of_the_project_is_replaced_only_when_asked(tmp_path, ckpt):
     assert project_output_kind(ckpt) == "checkpoint"
     with pytest.raises(OutputPathError, match="already holds a diff-transformer checkpoint; pass --overwrite"):
         check_output_dir(ckpt, "checkpoint")
-    with pytest.raises(OutputPathError, match="holds a diff-transformer checkpoint, not a hf-export"):
+    with pytest.raises(OutputPathError, match="holds a diff-transformer checkpoint, not a Hugging Face export"):
         check_output_dir(ckpt, "hf-export", overwrite=True)
     assert check_output_dir(ckpt, "checkpoint", overwrite=True) == ckpt
     runs = claim_output_dir(tmp_path / "runs", "eval")
@@ -145,7 +145,7 @@ def test_export_hf_replaces_its_own_export_with_overwrite(capsys, hf, ckpt, tmp_
     out = tmp_path / "hf"
     assert main(["export-hf", str(ckpt), str(out)]) == 0
     assert project_output_kind(out) == "hf-export"
-    refused(capsys, ["export-hf", str(ckpt), str(out)], "already holds a diff-transformer hf-export; pass --overwrite")
+    refused(capsys, ["export-hf", str(ckpt), str(out)], "already holds a diff-transformer Hugging Face export; pass --overwrite")
     assert main(["export-hf", str(ckpt), str(out), "--overwrite"]) == 0
     hf.AutoModelForCausalLM.from_pretrained(str(out))
 
@@ -237,7 +237,7 @@ def test_an_output_holding_files_it_does_not_own_is_never_replaced(capsys, hf, c
     refused(capsys, ["import-hf", str(export), str(ckpt), "--overwrite"],
             f"{ckpt}: holds a diff-transformer checkpoint and also NOTES.md, which are not part of it")
     refused(capsys, ["export-hf", str(ckpt), str(export), "--overwrite"],
-            f"{export}: holds a diff-transformer hf-export and also back, which are not part of it")
+            f"{export}: holds a diff-transformer Hugging Face export and also back, which are not part of it")
     refused(capsys, ["prepare", str(tmp_path / "text.txt"), "--out", str(data), "--tokenizer", "bytes", "--overwrite"],
             f"{data}: holds a diff-transformer dataset and also sources, which are not part of it")
     with pytest.raises(OutputPathError, match="also NOTES.md, which are not part of it"):

@@ -48,6 +48,9 @@ OUTPUT_MARKER = ".diff-transformer"  # JSON {"kind": ...}: which of the project'
 # Output kinds: a model or training checkpoint, a transformers export, a prepared token dataset, a
 # training run's logs, a comparison, evaluation results, a benchmark report.
 OUTPUT_KINDS = ("checkpoint", "hf-export", "dataset", "train-run", "compare", "eval", "bench")
+# How the messages name each kind.
+OUTPUT_NAMES = {"checkpoint": "checkpoint", "hf-export": "Hugging Face export", "dataset": "dataset",
+                "train-run": "training run", "compare": "comparison", "eval": "evaluation", "bench": "benchmark report"}
 # Kinds whose own file says what they are (file name, its "format"), so they need no marker.
 SELF_IDENTIFYING = {"checkpoint": ("config.json", "diff-transformer"), "dataset": ("meta.json", "diff-transformer-tokens")}
 LOCK_FILE = ".lock"  # JSON {"pid", "host", "since"} of the process writing into the directory
@@ -202,12 +205,13 @@ def check_output_dir(directory: str | Path, kind: str, *, overwrite: bool = Fals
     """
     path = Path(directory)
     resolved = path.resolve()
+    name = _output_name(kind)
     if path.is_file() or (path.is_symlink() and not path.is_dir()):  # a dangling link counts as a file
-        raise OutputPathError(f"{path}: an existing file; the output {kind} needs a directory path")
+        raise OutputPathError(f"{path}: an existing file; the {name} needs a directory path")
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
         raise OutputPathError(f"{path}: the current directory{' or one containing it' if resolved != cwd else ''}; "
-                              f"write the {kind} into a new directory")
+                              f"write the {name} into a new directory")
     for source in reading:
         source = Path(source).resolve()
         if resolved == source or resolved in source.parents:
@@ -221,16 +225,26 @@ def check_output_dir(directory: str | Path, kind: str, *, overwrite: bool = Fals
             raise OutputPathError(f"{path}: a non-empty directory that diff-transformer did not write (it holds "
                                   f"{shown}); choose a new or empty directory")
         if found != kind:
-            raise OutputPathError(f"{path}: holds a diff-transformer {found}, not a {kind}; choose another directory")
+            other = _output_name(found)
+            raise OutputPathError(f"{path}: holds a diff-transformer {other}, not {_article(name)} {name}; choose another "
+                                  "directory")
         foreign = [] if reuse else foreign_entries(path, kind)
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise OutputPathError(f"{path}: holds a diff-transformer {kind} and also {shown}, which are not part of "
+            raise OutputPathError(f"{path}: holds a diff-transformer {name} and also {shown}, which are not part of "
                                   f"it and would be deleted with it when it is replaced; move them out, or choose "
                                   "another directory")
         if not (overwrite or reuse):
-            raise OutputPathError(f"{path}: already holds a diff-transformer {kind}; {hint}")
+            raise OutputPathError(f"{path}: already holds a diff-transformer {name}; {hint}")
     return path
+
+
+def _output_name(kind: str) -> str:
+    return OUTPUT_NAMES.get(kind, kind)
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[:1].lower() in "aeiou" else "a"
 
 
 def foreign_entries(directory: str | Path, kind: str) -> list[str]:
