@@ -334,6 +334,26 @@ def test_only_abandoned_temporary_directories_are_removed(tmp_path):
     assert remove_abandoned_temporaries(target) == [live]
 
 
+def test_a_killed_saves_temporary_directory_is_removed_on_resume_and_on_the_next_save(dataset, tmp_path, capsys):
+    """What a save killed mid-write leaves (a full-size ``.checkpoint.tmp-*``, its lock gone with its
+    process) is removed, with a note, when the run resumes; ``save_pretrained`` removes its own kind
+    of leftover on its next write of the same directory."""
+    out = tmp_path / "run"
+    config = write_config(dataset, out, stop_at_step=1, progress=False)
+    assert main(["train", "--config", str(config)]) == 0
+    leftover = Path(shutil.copytree(out / "checkpoint", out / ".checkpoint.tmp-killed"))
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=2"]) == 0
+    assert f"note: removed {leftover}, left by a checkpoint write that was interrupted" in capsys.readouterr().err
+    assert not leftover.exists() and checkpoint_step(out / "checkpoint") == 2
+
+    model = LanguageModel.from_pretrained(out / "checkpoint")
+    target = model.save_pretrained(tmp_path / "model")
+    other = Path(shutil.copytree(target, tmp_path / ".model.tmp-killed"))
+    model.save_pretrained(target, overwrite=True)
+    assert not other.exists() and sorted(q.name for q in tmp_path.iterdir() if q.name.startswith(".model")) == []
+
+
 # --- exit statuses of an interrupted comparison ------------------------------------------------------
 
 
