@@ -174,6 +174,21 @@ def test_prepare_overwrite_never_replaces_the_users_files(capsys, tmp_path, user
     assert snapshot(user_dir) == before
 
 
+def test_tokenizer_train_overwrite_replaces_only_a_tokenizer(capsys, tmp_path, user_dir):
+    text = tmp_path / "text.txt"
+    text.write_text("Some text to tokenize, and some more text to tokenize.\n" * 40)
+    before = snapshot(tmp_path)
+    for out in (user_dir / "thesis.tex", text):
+        refused(capsys, ["tokenizer", "train", "--input", str(text), "--out", str(out), "--vocab-size", "260",
+                         "--overwrite"], f"{out}: not a tokenizers JSON file, which is all --overwrite replaces")
+    assert snapshot(tmp_path) == before
+    out = tmp_path / "tok.json"
+    argv = ["tokenizer", "train", "--input", str(text), "--out", str(out), "--vocab-size", "260"]
+    assert main(argv) == 0
+    refused(capsys, argv, f"{out} already exists; pass --overwrite")
+    assert main([*argv, "--overwrite"]) == 0  # a tokenizer: replaced when asked
+
+
 def _write_config(tmp_path: Path, dataset: Path, **run) -> Path:
     config = debug_config(dataset, tmp_path / "run")
     data = config.to_dict()
