@@ -212,6 +212,18 @@ def test_train_never_replaces_the_users_files(capsys, byte_dataset, tmp_path, us
     assert {k: v for k, v in snapshot_after.items() if k in before} == before
 
 
+def test_the_checkpoint_directory_is_never_the_run_directory_or_one_containing_it(capsys, byte_dataset,  # noqa: F811
+                                                                                 tmp_path):
+    """Every save replaces run.checkpoint_dir as a whole: run.out_dir (its logs) or a directory
+    containing it is refused before anything is created."""
+    config = _write_config(tmp_path, byte_dataset)
+    before = snapshot(tmp_path)
+    for directory in (tmp_path / "run", tmp_path):
+        refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={directory}"],
+                f"run.checkpoint_dir: {directory} is run.out_dir {tmp_path / 'run'} or contains it")
+    assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
+
+
 def test_compare_and_eval_never_fill_a_directory_of_other_files(capsys, ckpt, user_dir):
     before = snapshot(user_dir)
     refused(capsys, ["compare", "--out", str(user_dir), "--steps", "1"], "did not write")

@@ -436,6 +436,10 @@ class _Run:
         run, data = config.run, config.data
         out_dir = Path(run.out_dir)
         checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
+        target, logs = checkpoint_dir.resolve(), out_dir.resolve()
+        if target == logs or target in logs.parents:  # each save replaces the checkpoint directory as a whole
+            raise ConfigError(f"run.checkpoint_dir: {checkpoint_dir} is run.out_dir {out_dir} or contains it, and every "
+                              f"save replaces it as a whole; leave it unset (run.out_dir/checkpoint) or choose another")
         seq_len = data.seq_len or model_config.max_seq_len
         if seq_len > model_config.max_seq_len:
             raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
