@@ -315,6 +315,18 @@ def test_train_and_compare_refuse_a_directory_locked_by_another_process(dataset,
         assert snapshot(directory) == before  # the lock file is gone again, the rest untouched
 
 
+def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_note(tmp_path, capsys):
+    """A lock file whose process is gone (no one holds its flock) is taken over; the note names the
+    pid it was left by, and the file then names this process until it is released."""
+    directory = claim_output_dir(tmp_path / "run", "train-run")
+    (directory / ".lock").write_text(json.dumps({"pid": 2**22 + 1, "host": "elsewhere", "since": "2000-01-01T00:00:00"}))
+    with lock_output_dir(directory):
+        assert json.loads((directory / ".lock").read_text())["pid"] == os.getpid()
+    assert capsys.readouterr().err == (f"note: {directory / '.lock'}: taking over the lock of pid {2**22 + 1} on elsewhere, "
+                                       "since 2000-01-01T00:00:00, which ended without releasing it\n")
+    assert not (directory / ".lock").exists()
+
+
 def test_only_abandoned_temporary_directories_are_removed(tmp_path):
     """A save's temporary directory is removed when no process holds its lock (its writer died),
     and kept while a writer holds it."""
