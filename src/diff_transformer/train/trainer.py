@@ -464,6 +464,9 @@ class _Run:
         # weights it reads), and no other process may be writing into them.
         elsewhere = "choose another run.out_dir / run.checkpoint_dir"
         reading = [plan.directory] + ([init_from] if init_from is not None else [])
+        # A checkpoint directory refused whatever it holds is refused before run.out_dir is created
+        # (whether it may hold this run's checkpoint is known once the run directory is locked).
+        check_output_dir(checkpoint_dir, "checkpoint", overwrite=True, reading=reading, hint=elsewhere)
         for lock in _lock_run(out_dir, checkpoint_dir, env, reading=reading, hint=elsewhere):
             held.callback(lock.release)
         existing = find_checkpoint(checkpoint_dir)
