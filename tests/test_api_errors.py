@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,6 +89,10 @@ GENERATE_CASES = [  # (id, prompts, keyword arguments, error type, message)
     ("string", lambda: "hello", {}, TypeError,
      "prompts must be a list of token-id lists, got a str; encode the text first"),
     ("string-rows", lambda: ["hello"], {}, TypeError, "prompts[0] must be a list of token ids, got str"),
+    ("numpy-array", lambda: np.array([[1, 2, 3]]), {}, TypeError,
+     "prompts must be a list of token-id lists, got an array of shape (1, 3); pass array.tolist()"),
+    ("tensor-rows", lambda: [torch.tensor([1, 2])], {}, TypeError,
+     "prompts[0] must be a list of token ids, got Tensor; pass .tolist()"),
     ("no-prompts", lambda: [], {}, ValueError, "prompts must be a non-empty list of token-id lists, got []"),
     ("empty-prompt", lambda: [[1, 2], []], {}, ValueError, "prompts[1] is empty"),
     ("id-too-large", lambda: [[1, VOCAB]], {}, ValueError, f"prompts[0][1] = {VOCAB} is not a token id in [0, vocab_size={VOCAB})"),
@@ -123,6 +128,13 @@ def test_generate_with_good_arguments_still_runs(model):
     out = generate(model, [[1, 2], (3,)], 3, temperature=0.0, stop_tokens=iter([VOCAB - 1]))
     assert len(out) == 2 and all(len(row) <= 3 for row in out)
     assert generate(model, [[1]], 0) == [[]]  # nothing to generate: no work, no tokens
+
+
+def test_numpy_integers_are_token_ids_and_counts(model):
+    """Ids as NumPy integers (a tokenizer's or an array's rows) are ids, as Python ints are."""
+    expected = generate(model, [[1, 2]], 3, temperature=0.0)
+    assert generate(model, [[np.int64(1), np.int32(2)]], np.int64(3), temperature=np.float32(0)) == expected
+    assert generate(model, [[1, 2]], 3, temperature=0.0, stop_tokens=np.array([expected[0][0]])) == [[]]
 
 
 # --- diff_attention / reference_diff_attention ------------------------------------------------------

@@ -315,6 +315,18 @@ def test_train_and_compare_refuse_a_directory_locked_by_another_process(dataset,
         assert snapshot(directory) == before  # the lock file is gone again, the rest untouched
 
 
+def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_note(tmp_path, capsys):
+    """A lock file whose process is gone (no one holds its flock) is taken over; the note names the
+    pid it was left by, and the file then names this process until it is released."""
+    directory = claim_output_dir(tmp_path / "run", "train-run")
+    (directory / ".lock").write_text(json.dumps({"pid": 2**22 + 1, "host": "elsewhere", "since": "2000-01-01T00:00:00"}))
+    with lock_output_dir(directory):
+        assert json.loads((directory / ".lock").read_text())["pid"] == os.getpid()
+    assert capsys.readouterr().err == (f"note: {directory / '.lock'}: taking over the lock of pid {2**22 + 1} on elsewhere, "
+                                       "since 2000-01-01T00:00:00, which ended without releasing it\n")
+    assert not (directory / ".lock").exists()
+
+
 def test_only_abandoned_temporary_directories_are_removed(tmp_path):
     """A save's temporary directory is removed when no process holds its lock (its writer died),
     and kept while a writer holds it."""
@@ -332,6 +344,26 @@ def test_only_abandoned_temporary_directories_are_removed(tmp_path):
     finally:
         os.close(fd)
     assert remove_abandoned_temporaries(target) == [live]
+
+
+def test_a_killed_saves_temporary_directory_is_removed_on_resume_and_on_the_next_save(dataset, tmp_path, capsys):
+    """What a save killed mid-write leaves (a full-size ``.checkpoint.tmp-*``, its lock gone with its
+    process) is removed, with a note, when the run resumes; ``save_pretrained`` removes its own kind
+    of leftover on its next write of the same directory."""
+    out = tmp_path / "run"
+    config = write_config(dataset, out, stop_at_step=1, progress=False)
+    assert main(["train", "--config", str(config)]) == 0
+    leftover = Path(shutil.copytree(out / "checkpoint", out / ".checkpoint.tmp-killed"))
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=2"]) == 0
+    assert f"note: removed {leftover}, left by a checkpoint write that was interrupted" in capsys.readouterr().err
+    assert not leftover.exists() and checkpoint_step(out / "checkpoint") == 2
+
+    model = LanguageModel.from_pretrained(out / "checkpoint")
+    target = model.save_pretrained(tmp_path / "model")
+    other = Path(shutil.copytree(target, tmp_path / ".model.tmp-killed"))
+    model.save_pretrained(target, overwrite=True)
+    assert not other.exists() and sorted(q.name for q in tmp_path.iterdir() if q.name.startswith(".model")) == []
 
 
 # --- exit statuses of an interrupted comparison ------------------------------------------------------
@@ -494,3 +526,78 @@ def test_real_writers_failing_on_a_file_size_limit_are_one_error_line(dataset, r
         assert all(q.stat().st_size > 0 for q in left) and not any(".tmp" in q.name for q in left), (writer, left)
         if writer != "metrics.jsonl":  # whole records only
             assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"] == [1]
+
+
+def _no_temporaries_in(folder: Path, code: int, monkeypatch) -> None:
+    """tempfile.mkstemp and mkdtemp fail with ``code`` in ``folder`` (a full or read-only file system,
+    or no permission, where every writer makes its temporary file or directory first); the OSError
+    names the temporary, as the operating system's does."""
+    import tempfile
+
+    for name in ("mkstemp", "mkdtemp"):
+        def fail(*args, real=getattr(tempfile, name), **kwargs):
+            where = kwargs.get("dir")
+            if where is not None and Path(where).resolve() == folder.resolve():
+                temporary = Path(where) / f"{kwargs.get('prefix', 'tmp')}x1y2z3{kwargs.get('suffix', '')}"
+                raise OSError(code, os.strerror(code), str(temporary))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(tempfile, name, fail)
+
+
+@pytest.mark.parametrize("writer", ["export-hf", "import-hf", "prepare", "tokenizer", "save_pretrained", "write_atomically"])
+@pytest.mark.parametrize("code, reason", OS_ERRORS, ids=["ENOSPC", "EROFS", "EACCES"])
+def test_a_writer_that_cannot_create_its_temporary_names_its_output(writer, code, reason, tmp_path, monkeypatch, capsys):
+    """The first thing every writer creates is a temporary file or directory beside its output: when
+    the file system refuses it, the error names the output the user asked for, not the temporary."""
+    from diff_transformer.config import ModelConfig
+    from diff_transformer.files import write_text_atomically
+    from diff_transformer.tokenizer import ByteTokenizer
+
+    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257))
+    ckpt = model.save_pretrained(tmp_path / "ckpt", ByteTokenizer())
+    (tmp_path / "text.txt").write_text("Some text to tokenize, and some more text to tokenize.\n" * 40)
+    if writer == "import-hf":
+        pytest.importorskip("transformers")
+        assert main(["export-hf", str(ckpt), str(tmp_path / "hf")]) == 0
+    folder = tmp_path / "full"
+    folder.mkdir()
+    out = folder / ("tok.json" if writer == "tokenizer" else "out")
+    argv = {"export-hf": ["export-hf", str(ckpt), str(out)],
+            "import-hf": ["import-hf", str(tmp_path / "hf"), str(out)],
+            "prepare": ["prepare", str(tmp_path / "text.txt"), "--out", str(out), "--tokenizer", "bytes"],
+            "tokenizer": ["tokenizer", "train", "--input", str(tmp_path / "text.txt"), "--out", str(out),
+                          "--vocab-size", "260"]}.get(writer)
+    if writer == "export-hf":
+        pytest.importorskip("transformers")
+    _no_temporaries_in(folder, code, monkeypatch)
+    capsys.readouterr()
+    if argv is not None:
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1:] == [f"error: {out}: {reason}"]
+    else:
+        with pytest.raises(OSError) as caught:
+            if writer == "save_pretrained":
+                model.save_pretrained(out)
+            else:
+                write_text_atomically(out, "a result\n")
+        assert (caught.value.errno, caught.value.filename) == (code, str(out))
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("code, reason", OS_ERRORS, ids=["ENOSPC", "EROFS", "EACCES"])
+def test_a_failure_building_the_corpus_cache_names_the_cache(code, reason, tmp_path, monkeypatch):
+    """The default corpus is tokenized into the cache once; a full disk there (the shard writers'
+    errors name no file) is an OSError naming the cache directory, and no temporary is left."""
+    from diff_transformer.data import corpus as corpus_module
+
+    def write_shards(documents, directory, *args, **kwargs):
+        (directory / "train.bin").write_bytes(b"partial")
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(corpus_module, "write_shards", write_shards)
+    with pytest.raises(OSError) as caught:
+        corpus_module.default_dataset(tmp_path / "cache", progress=False)
+    target = next(iter((tmp_path / "cache").glob("corpus-*")), None)
+    assert target is None and caught.value.errno == code
+    assert Path(caught.value.filename).parent == tmp_path / "cache" and Path(caught.value.filename).name.startswith("corpus-")
+    assert [q.name for q in (tmp_path / "cache").iterdir()] == [".corpus.lock"]

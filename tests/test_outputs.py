@@ -75,7 +75,7 @@ def test_an_output_of_the_project_is_replaced_only_when_asked(tmp_path, ckpt):
     assert project_output_kind(ckpt) == "checkpoint"
     with pytest.raises(OutputPathError, match="already holds a diff-transformer checkpoint; pass --overwrite"):
         check_output_dir(ckpt, "checkpoint")
-    with pytest.raises(OutputPathError, match="holds a diff-transformer checkpoint, not a hf-export"):
+    with pytest.raises(OutputPathError, match="holds a diff-transformer checkpoint, not a Hugging Face export"):
         check_output_dir(ckpt, "hf-export", overwrite=True)
     assert check_output_dir(ckpt, "checkpoint", overwrite=True) == ckpt
     runs = claim_output_dir(tmp_path / "runs", "eval")
@@ -145,7 +145,7 @@ def test_export_hf_replaces_its_own_export_with_overwrite(capsys, hf, ckpt, tmp_
     out = tmp_path / "hf"
     assert main(["export-hf", str(ckpt), str(out)]) == 0
     assert project_output_kind(out) == "hf-export"
-    refused(capsys, ["export-hf", str(ckpt), str(out)], "already holds a diff-transformer hf-export; pass --overwrite")
+    refused(capsys, ["export-hf", str(ckpt), str(out)], "already holds a diff-transformer Hugging Face export; pass --overwrite")
     assert main(["export-hf", str(ckpt), str(out), "--overwrite"]) == 0
     hf.AutoModelForCausalLM.from_pretrained(str(out))
 
@@ -174,6 +174,21 @@ def test_prepare_overwrite_never_replaces_the_users_files(capsys, tmp_path, user
     assert snapshot(user_dir) == before
 
 
+def test_tokenizer_train_overwrite_replaces_only_a_tokenizer(capsys, tmp_path, user_dir):
+    text = tmp_path / "text.txt"
+    text.write_text("Some text to tokenize, and some more text to tokenize.\n" * 40)
+    before = snapshot(tmp_path)
+    for out in (user_dir / "thesis.tex", text):
+        refused(capsys, ["tokenizer", "train", "--input", str(text), "--out", str(out), "--vocab-size", "260",
+                         "--overwrite"], f"{out}: not a tokenizers JSON file, which is all --overwrite replaces")
+    assert snapshot(tmp_path) == before
+    out = tmp_path / "tok.json"
+    argv = ["tokenizer", "train", "--input", str(text), "--out", str(out), "--vocab-size", "260"]
+    assert main(argv) == 0
+    refused(capsys, argv, f"{out} already exists; pass --overwrite")
+    assert main([*argv, "--overwrite"]) == 0  # a tokenizer: replaced when asked
+
+
 def _write_config(tmp_path: Path, dataset: Path, **run) -> Path:
     config = debug_config(dataset, tmp_path / "run")
     data = config.to_dict()
@@ -185,16 +200,27 @@ def _write_config(tmp_path: Path, dataset: Path, **run) -> Path:
 
 def test_train_never_replaces_the_users_files(capsys, byte_dataset, tmp_path, user_dir):  # noqa: F811
     (tmp_path / "ckpt-file").write_text("mine")
-    before = snapshot(tmp_path)
     config = _write_config(tmp_path, byte_dataset)
+    before = snapshot(tmp_path)
     refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={user_dir}"], "did not write")
     refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={tmp_path / 'ckpt-file'}"],
             "an existing file")
     refused(capsys, ["train", "--config", str(config), "--set", f"run.out_dir={user_dir}"], "did not write")
     refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={byte_dataset}"],
             "which this command reads")
-    snapshot_after = snapshot(tmp_path)
-    assert {k: v for k, v in snapshot_after.items() if k in before} == before
+    assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()  # not even the run directory
+
+
+def test_the_checkpoint_directory_is_never_the_run_directory_or_one_containing_it(capsys, byte_dataset,  # noqa: F811
+                                                                                 tmp_path):
+    """Every save replaces run.checkpoint_dir as a whole: run.out_dir (its logs) or a directory
+    containing it is refused before anything is created."""
+    config = _write_config(tmp_path, byte_dataset)
+    before = snapshot(tmp_path)
+    for directory in (tmp_path / "run", tmp_path):
+        refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={directory}"],
+                f"run.checkpoint_dir: {directory} is run.out_dir {tmp_path / 'run'} or contains it")
+    assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
 
 
 def test_compare_and_eval_never_fill_a_directory_of_other_files(capsys, ckpt, user_dir):
@@ -215,3 +241,85 @@ def test_the_gpu_benchmark_report_never_fills_a_directory_of_other_files(user_di
     assert snapshot(user_dir) == before
     out = claim_output_dir(tmp_path / "bench", "bench")  # an earlier report's directory is reused
     assert project_output_kind(out) == "bench"
+
+
+# --- an output replaced as a whole never takes the user's files with it --------------------------
+
+
+def test_an_output_holding_files_it_does_not_own_is_never_replaced(capsys, hf, ckpt, tmp_path):
+    """A checkpoint, an export or a dataset into which the user put files of their own (notes, an
+    export made inside a checkpoint) is refused even with --overwrite: replacing it would delete them."""
+    export = tmp_path / "hf"
+    assert main(["export-hf", str(ckpt), str(export)]) == 0
+    assert main(["import-hf", str(export), str(export / "back")]) == 0  # a checkpoint written inside the export
+    (tmp_path / "text.txt").write_text("Some text to tokenize.\n" * 50)
+    data = tmp_path / "data"
+    assert main(["prepare", str(tmp_path / "text.txt"), "--out", str(data), "--tokenizer", "bytes"]) == 0
+    capsys.readouterr()
+    (ckpt / "NOTES.md").write_text("what I tried\n")
+    (data / "sources").mkdir()
+    (data / "sources" / "raw.txt").write_text("the raw text\n")
+    before = snapshot(tmp_path)
+    refused(capsys, ["import-hf", str(export), str(ckpt), "--overwrite"],
+            f"{ckpt}: holds a diff-transformer checkpoint and also NOTES.md, which are not part of it")
+    refused(capsys, ["export-hf", str(ckpt), str(export), "--overwrite"],
+            f"{export}: holds a diff-transformer Hugging Face export and also back, which are not part of it")
+    refused(capsys, ["prepare", str(tmp_path / "text.txt"), "--out", str(data), "--tokenizer", "bytes", "--overwrite"],
+            f"{data}: holds a diff-transformer dataset and also sources, which are not part of it")
+    with pytest.raises(OutputPathError, match="also NOTES.md, which are not part of it"):
+        LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(ckpt, overwrite=True)
+    assert snapshot(tmp_path) == before
+    (ckpt / "NOTES.md").unlink()  # the project's files alone: replaced when asked
+    assert main(["import-hf", str(export), str(ckpt), "--overwrite"]) == 0
+
+
+def test_training_never_deletes_files_put_into_its_checkpoint_directory(capsys, byte_dataset, tmp_path,  # noqa: F811
+                                                                         monkeypatch):
+    """Every save replaces the checkpoint directory: a file of the user's there is refused when the
+    run resumes, and when it appears during a run the save is refused and the step named, with the
+    file and the previous checkpoint intact."""
+    from diff_transformer.train import trainer as trainer_module
+
+    config = _write_config(tmp_path, byte_dataset, stop_at_step=1)
+    assert main(["train", "--config", str(config)]) == 0
+    capsys.readouterr()
+    checkpoint = tmp_path / "run" / "checkpoint"
+    (checkpoint / "NOTES.md").write_text("what I tried\n")
+    before = snapshot(tmp_path / "run")
+    refused(capsys, ["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=null"],
+            f"{checkpoint}: holds a diff-transformer checkpoint and also NOTES.md, which are not part of it")
+    assert snapshot(tmp_path / "run") == before
+    (checkpoint / "NOTES.md").unlink()
+
+    real = trainer_module.save_training_checkpoint
+
+    def save_after_a_note(directory, *args, **kwargs):  # the user writes into it while the run goes on
+        (Path(directory) / "NOTES.md").write_text("what I tried\n")
+        return real(directory, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "save_training_checkpoint", save_after_a_note)
+    assert main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=null"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: step 2: could not write the checkpoint to {checkpoint} ({checkpoint}: holds a "
+                              "diff-transformer checkpoint and also NOTES.md") and err[-1].endswith(
+        f"the previous checkpoint {checkpoint} (step 1) is intact"), err
+    assert (checkpoint / "NOTES.md").read_text() == "what I tried\n"
+    LanguageModel.from_pretrained(checkpoint)
+
+
+def test_a_new_run_never_replaces_the_logs_of_an_earlier_one(capsys, byte_dataset, tmp_path):  # noqa: F811
+    """An earlier run's metrics.jsonl and summary.json are results: a new run into the same
+    run.out_dir (its checkpoint elsewhere, or the earlier run ended before its first checkpoint)
+    is refused with the files intact; --resume continues the earlier run as before."""
+    config = _write_config(tmp_path, byte_dataset, checkpoint_dir=str(tmp_path / "first"))
+    assert main(["train", "--config", str(config)]) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path / "run")
+    refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={tmp_path / 'second'}"],
+            f"{tmp_path / 'run'} holds the logs of an earlier run (metrics.jsonl, summary.json), and there is no "
+            f"checkpoint of it in {tmp_path / 'second'} to resume")
+    assert snapshot(tmp_path / "run") == before and not (tmp_path / "second").exists()
+    (tmp_path / "run" / "summary.json").unlink()  # a run killed before its first checkpoint: its metrics alone
+    refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={tmp_path / 'second'}"],
+            "holds the logs of an earlier run (metrics.jsonl), and there is no checkpoint")
+    assert main(["train", "--config", str(config), "--resume"]) == 0

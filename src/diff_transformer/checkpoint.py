@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
-from .files import OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, naming_os_errors
+from .files import OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, naming_os_errors, os_error_naming
 from .tokenizer import BPE_FILE, BYTES_CONFIG, load_tokenizer
 
 FORMAT = "diff-transformer"
@@ -120,7 +120,10 @@ def _locked_temporary_directory(directory: Path) -> tuple[Path, int]:
     """A new temporary sibling of ``directory`` and an open descriptor holding its lock (flock: the
     kernel releases it if this process dies, which tells :func:`remove_abandoned_temporaries`)."""
     for _ in range(100):
-        tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(directory), dir=directory.parent))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(directory), dir=directory.parent))
+        except OSError as exc:  # a read-only or full file system: named by the directory being written
+            raise os_error_naming(directory, exc) from exc
         try:
             fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:  # removed by another process's clean-up between the two calls

@@ -11,7 +11,8 @@ Output directories never replace what the project did not write (:func:`check_ou
 a directory the project writes is known by its checkpoint's config.json or its dataset's
 meta.json, or else by a small marker file, ``.diff-transformer``, naming the kind of output it
 holds; a non-empty directory with neither is refused, as are the current directory, its
-ancestors, and the sources being read.
+ancestors, and the sources being read. An output replaced as a whole (a checkpoint, an export, a
+dataset) is replaced only if it holds nothing but what the project writes there.
 
 One writer per run (:func:`lock_output_dir`): a training run or a comparison holds an exclusive
 lock on its directory, ``DIR/.lock`` (``fcntl.flock``, which the kernel releases when the process
@@ -31,6 +32,7 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
+import fnmatch
 import json
 import os
 import re
@@ -46,9 +48,24 @@ OUTPUT_MARKER = ".diff-transformer"  # JSON {"kind": ...}: which of the project'
 # Output kinds: a model or training checkpoint, a transformers export, a prepared token dataset, a
 # training run's logs, a comparison, evaluation results, a benchmark report.
 OUTPUT_KINDS = ("checkpoint", "hf-export", "dataset", "train-run", "compare", "eval", "bench")
+# How the messages name each kind.
+OUTPUT_NAMES = {"checkpoint": "checkpoint", "hf-export": "Hugging Face export", "dataset": "dataset",
+                "train-run": "training run", "compare": "comparison", "eval": "evaluation", "bench": "benchmark report"}
 # Kinds whose own file says what they are (file name, its "format"), so they need no marker.
 SELF_IDENTIFYING = {"checkpoint": ("config.json", "diff-transformer"), "dataset": ("meta.json", "diff-transformer-tokens")}
 LOCK_FILE = ".lock"  # JSON {"pid", "host", "since"} of the process writing into the directory
+# What the project writes into the outputs it replaces as a whole (fnmatch patterns, beside the marker):
+# a model or training checkpoint, a transformers export (the names transformers gives its files), a
+# token dataset. Anything else in such a directory was put there by someone else, and replacing the
+# directory would delete it: the replacement is refused (check_output_dir).
+REPLACED_OUTPUT_FILES = {
+    "checkpoint": ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training_state.pt",
+                   "train_config.yaml"),
+    "hf-export": ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+                  "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                  "chat_template.*", "vocab.json", "merges.txt"),
+    "dataset": ("meta.json", "*.bin", "*.document_ends.npy", "tokenizer.json", "tokenizer_config.json"),
+}
 
 
 class OutputPathError(ValueError):
@@ -74,7 +91,10 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
     (which keeps ``path``'s suffix, so writers that infer a format from it still can)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    except OSError as exc:  # names the temporary file, which the user never asked for
+        raise os_error_naming(path, exc) from exc
     os.close(fd)
     tmp = Path(name)
     try:
@@ -93,6 +113,13 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
 def write_text_atomically(path: str | Path, text: str) -> Path:
     """``write_atomically`` for a string (UTF-8)."""
     return write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def os_error_naming(path: str | Path, exc: OSError) -> OSError:
+    """``exc`` (the failure to create a temporary file or directory beside ``path``, which names
+    that temporary) as an OSError naming ``path``, the output being written."""
+    code = exc.errno if exc.errno is not None else errno.EIO
+    return OSError(code, exc.strerror or os.strerror(code), str(path))
 
 
 # "(os error 28)": how the Rust writers (safetensors, tokenizers) end the message of an I/O failure.
@@ -172,16 +199,19 @@ def check_output_dir(directory: str | Path, kind: str, *, overwrite: bool = Fals
     ``reading`` (the sources of this command) or one containing them; a non-empty directory that
     holds no project output, or one of another kind. A directory holding an output of this kind
     is refused too unless ``overwrite`` (it will be replaced; ``hint`` says how to ask for that)
-    or ``reuse`` (the writer adds to it and replaces only its own files: logs, results).
+    or ``reuse`` (the writer adds to it and replaces only its own files: logs, results); and,
+    overwrite or not, one that is replaced as a whole (REPLACED_OUTPUT_FILES) while it also holds
+    files the project did not write there (the user's notes, an export made inside a checkpoint).
     """
     path = Path(directory)
     resolved = path.resolve()
+    name = _output_name(kind)
     if path.is_file() or (path.is_symlink() and not path.is_dir()):  # a dangling link counts as a file
-        raise OutputPathError(f"{path}: an existing file; the output {kind} needs a directory path")
+        raise OutputPathError(f"{path}: an existing file; the {name} needs a directory path")
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
         raise OutputPathError(f"{path}: the current directory{' or one containing it' if resolved != cwd else ''}; "
-                              f"write the {kind} into a new directory")
+                              f"write the {name} into a new directory")
     for source in reading:
         source = Path(source).resolve()
         if resolved == source or resolved in source.parents:
@@ -195,10 +225,36 @@ def check_output_dir(directory: str | Path, kind: str, *, overwrite: bool = Fals
             raise OutputPathError(f"{path}: a non-empty directory that diff-transformer did not write (it holds "
                                   f"{shown}); choose a new or empty directory")
         if found != kind:
-            raise OutputPathError(f"{path}: holds a diff-transformer {found}, not a {kind}; choose another directory")
+            other = _output_name(found)
+            raise OutputPathError(f"{path}: holds a diff-transformer {other}, not {_article(name)} {name}; choose another "
+                                  "directory")
+        foreign = [] if reuse else foreign_entries(path, kind)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise OutputPathError(f"{path}: holds a diff-transformer {name} and also {shown}, which are not part of "
+                                  f"it and would be deleted with it when it is replaced; move them out, or choose "
+                                  "another directory")
         if not (overwrite or reuse):
-            raise OutputPathError(f"{path}: already holds a diff-transformer {kind}; {hint}")
+            raise OutputPathError(f"{path}: already holds a diff-transformer {name}; {hint}")
     return path
+
+
+def _output_name(kind: str) -> str:
+    return OUTPUT_NAMES.get(kind, kind)
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[:1].lower() in "aeiou" else "a"
+
+
+def foreign_entries(directory: str | Path, kind: str) -> list[str]:
+    """The names in ``directory``, an output of ``kind`` that is replaced as a whole, that the project
+    does not write there (sorted; none for the other kinds)."""
+    patterns = REPLACED_OUTPUT_FILES.get(kind)
+    if patterns is None:
+        return []
+    return sorted(p.name for p in Path(directory).iterdir()
+                  if p.name != OUTPUT_MARKER and not any(fnmatch.fnmatchcase(p.name, pattern) for pattern in patterns))
 
 
 def mark_output_dir(directory: str | Path, kind: str) -> None:

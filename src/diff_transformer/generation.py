@@ -14,6 +14,7 @@ decoding step, the fused step is what makes DIFF decode as fast as the Transform
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from typing import Iterator, Sequence
 
@@ -57,11 +58,17 @@ def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) 
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer, a NumPy one included (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_array(value) -> bool:
+    """A tensor or an array (NumPy's, or any with a shape and tolist)."""
+    return isinstance(value, Tensor) or (hasattr(value, "shape") and hasattr(value, "tolist"))
 
 
 def check_generation_arguments(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens) -> list[int]:
@@ -71,17 +78,19 @@ def check_generation_arguments(model, prompts, max_new_tokens, temperature, top_
     if isinstance(prompts, (str, bytes)):
         raise TypeError(f"prompts must be a list of token-id lists, got a {type(prompts).__name__}; "
                         f"encode the text first: [tokenizer.encode(text)]")
-    if isinstance(prompts, Tensor):
-        raise TypeError(f"prompts must be a list of token-id lists, got a tensor of shape {tuple(prompts.shape)}; "
-                        "pass tensor.tolist() (one list per row, no padding)")
+    if _is_array(prompts):
+        kind = "tensor" if isinstance(prompts, Tensor) else "array"
+        raise TypeError(f"prompts must be a list of token-id lists, got {'a' if kind == 'tensor' else 'an'} {kind} of "
+                        f"shape {tuple(prompts.shape)}; pass {kind}.tolist() (one list per row, no padding)")
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise ValueError(f"prompts must be a non-empty list of token-id lists, got {prompts!r}")
     for i, prompt in enumerate(prompts):
         if _is_int(prompt):
             raise TypeError(f"prompts[{i}] is the integer {prompt}: prompts is a list of prompts, each a list of "
                             f"token ids, e.g. [[1, 2, 3]], not [1, 2, 3]")
-        if isinstance(prompt, (str, bytes, Tensor)) or not isinstance(prompt, Sequence):
-            raise TypeError(f"prompts[{i}] must be a list of token ids, got {type(prompt).__name__}")
+        if isinstance(prompt, (str, bytes)) or _is_array(prompt) or not isinstance(prompt, Sequence):
+            hint = "; pass .tolist()" if _is_array(prompt) else ""
+            raise TypeError(f"prompts[{i}] must be a list of token ids, got {type(prompt).__name__}{hint}")
         if len(prompt) == 0:
             raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token (e.g. end-of-text)")
         for j, token in enumerate(prompt):

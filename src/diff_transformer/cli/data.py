@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--out", required=True, type=types.output_file, metavar="FILE", help="tokenizer JSON file to write")
     train.add_argument("--text-field", default="text", help="field holding the text in JSONL records (default 'text')")
     train.add_argument("--min-frequency", type=types.positive_int, default=2, help="merge only pairs seen this often (default 2)")
-    train.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    train.add_argument("--overwrite", action="store_true", help="replace --out if it is a tokenizers JSON file (no other file)")
     train.set_defaults(run=run_tokenizer_train)
 
     prepare = subparsers.add_parser(
@@ -57,12 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_tokenizer_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..data.bpe import save_tokenizer_file, train_bpe
+    from ..data.bpe import check_tokenizer_out, save_tokenizer_file, train_bpe
     from ..data.inputs import iter_texts, scan_documents
 
-    out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
+    out = check_tokenizer_out(Path(args.out), overwrite=args.overwrite)  # before the work
     documents = scan_documents(args.input, args.text_field)
     start = time.perf_counter()
     tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size, min_frequency=args.min_frequency)

@@ -8,10 +8,11 @@ tokens and decodes back exactly.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable
 
-from ..files import write_atomically
+from ..files import OutputPathError, write_atomically
 from ..tokenizer import EOS_TOKEN, BPETokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -53,9 +54,30 @@ def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, min
     return tokenizer
 
 
-def save_tokenizer_file(tokenizer, path: str | Path, *, overwrite: bool = False) -> Path:
-    """Write a ``tokenizers.Tokenizer`` to ``path`` atomically (temporary file, then rename)."""
+def check_tokenizer_out(path: str | Path, *, overwrite: bool = False) -> Path:
+    """Refuse ``path`` as the file to write a tokenizer to if it exists, unless ``overwrite`` and it
+    is a tokenizers JSON file: any other file (the user's) is never replaced."""
     path = Path(path)
-    if path.exists() and not overwrite:
+    if not path.exists():
+        return path
+    if not overwrite:
         raise FileExistsError(f"{path} already exists; pass --overwrite to replace it")
+    if not _is_tokenizer_file(path):
+        raise OutputPathError(f"{path}: not a tokenizers JSON file, which is all --overwrite replaces; choose another "
+                              "--out")
+    return path
+
+
+def _is_tokenizer_file(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("model"), dict) and "added_tokens" in data
+
+
+def save_tokenizer_file(tokenizer, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write a ``tokenizers.Tokenizer`` to ``path`` atomically (temporary file, then rename); an
+    existing file is replaced only with ``overwrite`` and only if it is a tokenizer."""
+    path = check_tokenizer_out(path, overwrite=overwrite)
     return write_atomically(path, lambda tmp: tokenizer.save(str(tmp)))

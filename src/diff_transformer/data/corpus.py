@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..files import cache_root
+from ..files import cache_root, naming_os_errors, os_error_naming
 from .bpe import ASSETS, DEFAULT_TOKENIZER_FILE, default_tokenizer
 from .inputs import in_memory_documents
 from .prepare import DEFAULT_VAL_FRACTION, FORMAT_VERSION, META_FILE, write_shards
@@ -75,15 +75,21 @@ def default_dataset(cache_dir: str | Path | None = None, *, progress: bool = Tru
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (target / META_FILE).is_file():
             return target  # another process built it while this one waited
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
         try:
-            os.chmod(tmp, 0o755)
-            write_shards(
-                in_memory_documents(corpus_documents()), tmp, default_tokenizer(), tokenizer_source="default",
-                sources=[{"path": "embedded corpus", "kind": "corpus", "documents": len(_corpus_records())}],
-                val_fraction=DEFAULT_VAL_FRACTION, seed=DEFAULT_SPLIT_SEED, progress=progress,
-            )
-            os.rename(tmp, target)  # atomic; fails if the target appeared meanwhile (a lock-less writer)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
+        except OSError as exc:
+            raise os_error_naming(target, exc) from exc
+        try:
+            # a full disk (the shard writers' errors name no file) or no permission: named by the cache
+            # directory being built
+            with naming_os_errors(target, tmp):
+                os.chmod(tmp, 0o755)
+                write_shards(
+                    in_memory_documents(corpus_documents()), tmp, default_tokenizer(), tokenizer_source="default",
+                    sources=[{"path": "embedded corpus", "kind": "corpus", "documents": len(_corpus_records())}],
+                    val_fraction=DEFAULT_VAL_FRACTION, seed=DEFAULT_SPLIT_SEED, progress=progress,
+                )
+                os.rename(tmp, target)  # atomic; fails if the target appeared meanwhile (a lock-less writer)
         except OSError:
             if not (target / META_FILE).is_file():
                 raise

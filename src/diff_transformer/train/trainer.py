@@ -436,6 +436,10 @@ class _Run:
         run, data = config.run, config.data
         out_dir = Path(run.out_dir)
         checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
+        target, logs = checkpoint_dir.resolve(), out_dir.resolve()
+        if target == logs or target in logs.parents:  # each save replaces the checkpoint directory as a whole
+            raise ConfigError(f"run.checkpoint_dir: {checkpoint_dir} is run.out_dir {out_dir} or contains it, and every "
+                              f"save replaces it as a whole; leave it unset (run.out_dir/checkpoint) or choose another")
         seq_len = data.seq_len or model_config.max_seq_len
         if seq_len > model_config.max_seq_len:
             raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
@@ -460,6 +464,9 @@ class _Run:
         # weights it reads), and no other process may be writing into them.
         elsewhere = "choose another run.out_dir / run.checkpoint_dir"
         reading = [plan.directory] + ([init_from] if init_from is not None else [])
+        # A checkpoint directory refused whatever it holds is refused before run.out_dir is created
+        # (whether it may hold this run's checkpoint is known once the run directory is locked).
+        check_output_dir(checkpoint_dir, "checkpoint", overwrite=True, reading=reading, hint=elsewhere)
         for lock in _lock_run(out_dir, checkpoint_dir, env, reading=reading, hint=elsewhere):
             held.callback(lock.release)
         existing = find_checkpoint(checkpoint_dir)
@@ -470,8 +477,18 @@ class _Run:
                 f"{existing} already holds a training checkpoint: pass --resume to continue it, "
                 f"or choose another run.out_dir / run.checkpoint_dir"
             )
-        if existing is None:
-            check_output_dir(checkpoint_dir, "checkpoint", reading=reading, hint=elsewhere)
+        # A new run would replace an earlier run's logs (one whose checkpoint lies elsewhere, or one
+        # that ended before its first checkpoint): they are results too, so the run is refused.
+        earlier = [] if resume else [name for name in (METRICS_FILE, SUMMARY_FILE) if (out_dir / name).is_file()]
+        if earlier:
+            raise TrainingError(
+                f"{out_dir} holds the logs of an earlier run ({', '.join(earlier)}), and there is no checkpoint of it "
+                f"in {checkpoint_dir} to resume; choose another run.out_dir, or move them out of it to start a new "
+                "run there"
+            )
+        # Each save replaces the checkpoint directory: one that holds files the project did not write
+        # there (the user's, an export made inside it) is refused now, not deleted by the first save.
+        check_output_dir(checkpoint_dir, "checkpoint", overwrite=existing is not None, reading=reading, hint=elsewhere)
         if env.is_main:  # a save killed mid-write left its temporary directory: nobody else will remove it
             for leftover in remove_abandoned_temporaries(checkpoint_dir):
                 print(f"note: removed {leftover}, left by a checkpoint write that was interrupted", file=sys.stderr)
@@ -512,13 +529,15 @@ class _Run:
                 env=self.env,
             )
             return self.last_saved
-        except OSError as exc:  # a full disk, a lost mount: the atomic write left the old version
+        except (OSError, OutputPathError) as exc:  # a full disk, a lost mount, files of the user's put into
+            # the checkpoint directory since the run started: the atomic write left the old version
             previous = find_checkpoint(self.checkpoint_dir)
             kept = (f"the previous checkpoint {previous} (step {saved_step(previous)}) is intact" if previous
                     else "there is no earlier checkpoint")
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise CheckpointWriteError(
                 f"step {self.progress.step}: could not write the checkpoint to {self.checkpoint_dir} "
-                f"({exc.strerror or exc}); {kept}"
+                f"({reason}); {kept}"
             ) from exc
 
     def evaluate(self) -> float:
