@@ -289,3 +289,19 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
                     "## Sample efficiency", "### Learning curves", "| Under each recipe |"):
         assert heading in report, heading
     assert (out / "retrieval_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_earlier_run_is_replaced_only_when_it_holds_nothing_but_the_run(tmp_path, capsys):
+    from diff_transformer.experiments.compare import _clear_run
+    from diff_transformer.files import OutputPathError, claim_output_dir
+
+    run = claim_output_dir(tmp_path / "runs" / "diff" / "lr-0.002" / "seed-0", "train-run")
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "checkpoint").mkdir()
+    (run / "notes.md").write_text("my notes")
+    with pytest.raises(OutputPathError, match="notes.md, which are not part of it"):
+        _clear_run(run, "[1/1] diff")
+    assert (run / "notes.md").read_text() == "my notes" and (run / "metrics.jsonl").is_file()
+    (run / "notes.md").unlink()
+    _clear_run(run, "[1/1] diff")
+    assert not run.exists() and "replacing the earlier run" in capsys.readouterr().err

@@ -65,6 +65,9 @@ REPLACED_OUTPUT_FILES = {
                   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                   "chat_template.*", "vocab.json", "merges.txt"),
     "dataset": ("meta.json", "*.bin", "*.document_ends.npy", "tokenizer.json", "tokenizer_config.json"),
+    # A training run as compare lays it out (compare replaces an earlier run of the same model, lr and seed).
+    "train-run": ("config.yaml", "metrics.jsonl", "summary.json", "tensorboard", "checkpoint", ".lock",
+                  ".checkpoint.tmp-*"),
 }
 
 

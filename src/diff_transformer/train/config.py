@@ -56,6 +56,17 @@ def _require_finite(section: str, values: Any) -> None:
                 raise ConfigError(f"{section}.{f.name}{where} must be a finite number, got {item}")
 
 
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range
+
+
+def _require_seeds(section: str, values: Any, names: tuple[str, ...]) -> None:
+    """A ConfigError naming the first of ``names`` outside [0, MAX_SEED]."""
+    for name in names:
+        value = getattr(values, name)
+        if not 0 <= value <= MAX_SEED:
+            raise ConfigError(f"{section}.{name} must be in [0, 2**63 - 1], got {value}")
+
+
 @dataclass
 class ModelEntry:
     """One model of an experiment: a preset (or none) plus ModelConfig fields.
@@ -237,6 +248,7 @@ class RunConfig:
         for name in ("steps", "eval_every", "log_every"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"run.{name} must be positive, got {getattr(self, name)}")
+        _require_seeds("run", self, ("seed", "data_seed"))
         if self.stop_at_step is not None and not 0 < self.stop_at_step <= self.steps:
             raise ConfigError(f"run.stop_at_step must be in [1, run.steps={self.steps}], got {self.stop_at_step}")
         if self.checkpoint_every < 0:
@@ -290,6 +302,7 @@ class RetrievalConfig:
                 raise ConfigError(f"retrieval.{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or any(lr <= 0 for lr in self.lr_grid):
             raise ConfigError("retrieval: need lr > 0, warmup_steps >= 0, weight_decay >= 0")
+        _require_seeds("retrieval", self, ("data_seed",))
         if not self.needles or not self.pairs or not self.depths:
             raise ConfigError("retrieval.needles, retrieval.pairs and retrieval.depths must not be empty")
         if any(not 0.0 <= d <= 1.0 for d in self.depths):
