@@ -103,9 +103,10 @@ def test_compare_runs_the_evaluations_on_every_seed_into_the_report(byte_dataset
 
 def test_models_are_selected_by_attention_kind():
     config = load_config("tiny")
-    assert select_models(config, None) == ["standard", "diff"]
+    assert select_models(config, None) == ["standard", "diff", "diff_v2"]
+    assert select_models(config, ["standard", "diff"]) == ["standard", "diff"]
     assert select_models(config, ["diff_v2", "standard"]) == ["standard", "diff_v2"]
-    # tiny's ablation variants (diff-no-headnorm, standard-plain-init, ...) are not in compare.models
+    # tiny's ablation variants (diff-no-headnorm, diff-lambda-0.8) are not in compare.models
     assert select_models(config, ["standard", "diff", "diff_v2"]) == ["standard", "diff", "diff_v2"]
     ablation = load_config("ablation-1.4b")
     assert select_models(ablation, ["diff"]) == ["diff", "diff-no-groupnorm", "diff-lambda-0.8", "diff-lambda-0.5"]

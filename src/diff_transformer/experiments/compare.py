@@ -1,8 +1,9 @@
 """``diff-transformer compare``: train several attention kinds side by side and report.
 
 Two experiments, both fair by construction: every model gets the same search (the same
-learning-rate grid, warmup and schedule, data order and token budget), is reported at its own
-best learning rate, over several seeds, with mean ± std and the difference's 95% interval.
+learning-rate grid and init recipes, warmup and schedule, data order and token budget), is
+reported at its own best (recipe, learning rate), over several seeds, with mean ± std and the
+difference's 95% interval, along training and under each recipe (:mod:`.claims`).
 
 1. Language modelling: every model trained by the same ``train`` entry point, in its own process
    (a fresh interpreter, so that its peak memory is its own and no model inherits another's
@@ -16,14 +17,14 @@ The output directory:
 
     DIR/report.md            per claim of the paper: our effect, its spread, the paper's figure and
                              a verdict; the tables of both experiments; the evaluations
-    DIR/metrics.json         everything in the report, and the loss curves
-    DIR/loss.png, DIR/retrieval.png   the figures of the two experiments
+    DIR/metrics.json         everything in the report, and the loss and learning curves
+    DIR/loss.png, DIR/retrieval.png, DIR/retrieval_curves.png, DIR/diagnostics.png   the figures
     DIR/config.yaml          the resolved config every run used
-    DIR/<model>/             the final checkpoint of the model's first seed at its best learning
-                             rate (from_pretrained loads it; the tokenizer is inside)
-    DIR/runs/<model>/lr-<lr>/seed-<s>/   each run's exact config (config.yaml), logs
+    DIR/<model>/             the final checkpoint of the model's first seed at its best init recipe
+                             and learning rate (from_pretrained loads it; the tokenizer is inside)
+    DIR/runs/<model>/[<recipe>/]lr-<lr>/seed-<s>/   each run's exact config (config.yaml), logs
                              (metrics.jsonl, tensorboard/, summary.json) and final checkpoint (checkpoint/)
-    DIR/retrieval/           each retrieval run's results (JSON)
+    DIR/retrieval/<model>/[<recipe>/]lr-<lr>/seed-<s>.json   each retrieval run's results
     DIR/eval/                each evaluation's JSON and plot
     DIR/.lock                while the comparison runs: its pid (a second one on DIR is refused)
 """
@@ -153,6 +154,12 @@ def _run_children(commands: list[list[str]], jobs: int, on_exit: Callable[[int, 
             codes[index] = code
             if on_exit is not None and code not in _INTERRUPTED:
                 on_exit(index, code)
+    except BaseException:  # a failed run (on_exit raised): the others save a checkpoint and stop too
+        for child in running.values():
+            child.send_signal(signal.SIGTERM)
+        for child in running.values():
+            child.wait()
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
