@@ -28,9 +28,12 @@ point of the curve, DIFF − Transformer in our implementation next to DiffLlama
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
 import math
+import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -184,30 +187,48 @@ def scale_residual_writers(model: nn.Module, n_layers: int) -> None:
                 parameter.mul_(1 / math.sqrt(2 * n_layers))
 
 
+def retrieval_unit(settings, unit: tuple) -> dict:
+    """One retrieval model (recipe, seed, "ours" or "hf", kind, lr) trained, with its learning curve."""
+    recipe, seed, impl, kind, lr = unit
+    model_config = settings.model_config(kind, **INIT_RECIPES[recipe])
+    if impl == "ours":
+        torch.manual_seed(seed)
+        model = LanguageModel(model_config)
+    else:
+        model = build_hf(model_config, seed)
+        if INIT_RECIPES[recipe]["scale_residual_init"]:
+            scale_residual_writers(model, model_config.n_layers)
+    return {"parameters": count(model), **learning_curve(model, settings, lr)}
+
+
 def retrieval_check(config, picked: dict[str, str], recipes: list[str], grid: list[float] | None, seeds: list[int],
-                    out: Path) -> dict:
+                    out: Path, jobs: int = 1) -> dict:
     """The retrieval models of both implementations, every recipe, lr and seed; see the module docstring."""
     settings = config.retrieval
-    runs = []
     units = [(recipe, seed, impl, kind, lr) for recipe in recipes for seed in seeds for impl in ("ours", "hf")
              for kind in HF_NAMES
              for lr in (grid or [config.lr_for(picked[kind], recipe, "retrieval")])]
-    for index, (recipe, seed, impl, kind, lr) in enumerate(units, 1):
-        model_config = settings.model_config(kind, **INIT_RECIPES[recipe])
-        if impl == "ours":
-            torch.manual_seed(seed)
-            model = LanguageModel(model_config)
-        else:
-            model = build_hf(model_config, seed)
-            if INIT_RECIPES[recipe]["scale_residual_init"]:
-                scale_residual_writers(model, model_config.n_layers)
-        result = learning_curve(model, settings, lr)
+    runs = []
+
+    def done(unit: tuple, result: dict) -> None:
+        recipe, seed, impl, kind, lr = unit
         name = HF_NAMES[kind] if impl == "hf" else {"diff": "DIFF", "standard": "Transformer"}[kind]
-        print(f"[{index}/{len(units)}] {recipe} {impl} {name} lr {lr:g} seed {seed}: "
+        print(f"[{len(runs) + 1}/{len(units)}] {recipe} {impl} {name} lr {lr:g} seed {seed}: "
               + ", ".join(f"{t} {result['curve'][-1]['mean_accuracy'][t]:.3f}" for t in TASKS)
               + f" ({result['train_seconds']:.0f} s)", flush=True)
-        runs.append({"recipe": recipe, "seed": seed, "impl": impl, "kind": kind, "model": name, "lr": lr,
-                     "parameters": count(model), **result})
+        runs.append({"recipe": recipe, "seed": seed, "impl": impl, "kind": kind, "model": name, "lr": lr, **result})
+
+    if jobs > 1:  # worker processes of cores / jobs threads each, as compare's --jobs
+        threads = max(1, (os.cpu_count() or jobs) // jobs)
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=torch.set_num_threads,
+                                                    initargs=(threads,)) as pool:
+            futures = {pool.submit(retrieval_unit, settings, unit): unit for unit in units}
+            for future in concurrent.futures.as_completed(futures):
+                done(futures[future], future.result())
+    else:
+        for unit in units:
+            done(unit, retrieval_unit(settings, unit))
 
     def final(run: dict) -> float:
         return statistics.fmean(run["curve"][-1]["mean_accuracy"].values())
@@ -292,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="lm: the language models (default); retrieval: the retrieval experiment's models")
     parser.add_argument("--recipes", help="retrieval: init recipes, comma-separated (default: the config's "
                         "compare.recipes, else scaled-init)")
+    parser.add_argument("--jobs", type=int, default=1, help="retrieval: runs trained at the same time (default 1)")
     args = parser.parse_args(argv)
 
     key = "retrieval.steps" if args.task == "retrieval" else "run.steps"
@@ -304,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
         if unknown:
             sys.exit(f"--recipes: no init recipe {unknown[0]!r}; choose from {', '.join(INIT_RECIPES)}")
         grid = [float(v) for v in args.lr_grid.split(",")] if args.lr_grid else (config.retrieval.lr_grid or None)
-        return retrieval_check(config, picked, recipes, grid, seeds, args.out)
+        return retrieval_check(config, picked, recipes, grid, seeds, args.out, args.jobs)
     grid = [float(v) for v in args.lr_grid.split(",")] if args.lr_grid else (config.compare.lr_grid or [None])
     steps, model_configs = config.run.steps, {kind: config.models[name].model_config() for kind, name in picked.items()}
     seq_len = config.data.seq_len or model_configs["diff"].max_seq_len

@@ -82,3 +82,40 @@ def test_hf_models_train_on_our_batches_with_our_shapes(check, config_file, tmp_
     assert set(written["difference"]) == {"delta", "low", "high"} and written["difference"]["low"] is not None
     assert len(written["runs"]) == 4 and all(r["status"] == "completed" for r in written["runs"])
     assert "DiffLlama − Llama" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_scaled_init_on_an_hf_model_divides_its_residual_writers_by_sqrt_2l(check):
+    model = torch.nn.ModuleDict({"o_proj": torch.nn.Linear(4, 4), "down_proj": torch.nn.Linear(4, 4),
+                                 "q_proj": torch.nn.Linear(4, 4)})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    check.scale_residual_writers(model, n_layers=8)  # 1 / sqrt(16) = 1/4
+    after = model.state_dict()
+    assert torch.allclose(after["o_proj.weight"], before["o_proj.weight"] / 4)
+    assert torch.allclose(after["down_proj.weight"], before["down_proj.weight"] / 4)
+    for key in ("q_proj.weight", "o_proj.bias"):
+        assert torch.equal(after[key], before[key])
+
+
+@pytest.mark.slow  # trains ours and transformers' retrieval models
+def test_the_retrieval_check_trains_both_implementations_on_the_same_curve(check, config_file, tmp_path):
+    data = yaml.safe_load(config_file.read_text())
+    data["retrieval"] = dict(length=32, keys=8, values=8, noise_tokens=8, d_model=32, n_layers=1, n_heads=1, steps=4,
+                             batch_size=4, needles=[1, 2], depths=[0.0, 1.0], pairs=[2, 4], eval_samples=2,
+                             quantize_bits=[4], lr=2e-3)
+    config_file.write_text(yaml.safe_dump(data))
+    results = check.main(["--config", str(config_file), "--task", "retrieval", "--recipes", "scaled-init,plain-init",
+                          "--out", str(tmp_path / "out")])
+    assert len(results["runs"]) == 2 * 2 * 2 * 2  # recipes × seeds × implementations × kinds
+    llama = [r["parameters"] for r in results["runs"] if r["model"] == "Llama"]
+    ours = [r["parameters"] for r in results["runs"] if r["model"] == "Transformer"]
+    assert set(llama) == set(ours)  # the same shape
+    for key, row in results["table"].items():
+        assert row["steps"] == [0, 1, 2, 4] and set(row["difference"]) == {"needle", "mqar"}
+        first = row["difference"]["mqar"][-1]
+        diff_final = [r["curve"][-1]["mean_accuracy"]["mqar"] for r in results["runs"]
+                      if f"{r['recipe']}/{r['impl']}" == key and r["kind"] == "diff"]
+        base_final = [r["curve"][-1]["mean_accuracy"]["mqar"] for r in results["runs"]
+                      if f"{r['recipe']}/{r['impl']}" == key and r["kind"] == "standard"]
+        assert first["delta"] == pytest.approx(sum(diff_final) / 2 - sum(base_final) / 2)
+    text = (tmp_path / "out" / "retrieval.md").read_text()
+    assert "## scaled-init" in text and "## plain-init" in text and "DiffLlama − Llama" in text
