@@ -138,7 +138,11 @@ def test_a_claim_is_robust_only_when_every_recipe_and_budget_says_the_same():
              {"fraction": 1.0, **AGREE}]
     # 1/8 of the budget is before the robustness window: it does not count.
     assert dependence(AGREE, {"scaled-init": AGREE, "plain-init": AGREE}, along, word) == "robust: agrees"
-    assert dependence(AGAINST, {"scaled-init": AGAINST}, [], word) == "robust: contradicts"
+    assert dependence(AGAINST, {"scaled-init": AGAINST, "plain-init": AGAINST}, [], word) == "robust: contradicts"
+    # One recipe tried: the same word along training is not robustness to the recipe.
+    assert dependence(AGAINST, {"scaled-init": AGAINST}, [{"fraction": 1.0, **AGAINST}], word) == \
+        "contradicts along training (one init recipe tried: scaled-init)"
+    assert dependence(AGREE, {}, along[1:], word) == "agrees along training (the init recipe not varied)"
     assert dependence(NULL, {"scaled-init": NULL, "plain-init": NULL}, [], word) == \
         "inconclusive at every recipe and budget"
     assert dependence(AGREE, {}, [], word) == "agrees"  # nothing else measured: the plain word
@@ -156,7 +160,7 @@ def test_comparisons_the_paper_does_not_make_say_which_model_is_better():
     higher, lower = better_word("DIFF V2", "higher"), better_word("DIFF V2", "lower")
     assert higher(AGREE) == "DIFF V2 better" and higher(AGAINST) == "DIFF V2 worse" and higher(NULL) == "inconclusive"
     assert lower(AGREE) == "DIFF V2 worse" and lower(AGAINST) == "DIFF V2 better"
-    assert dependence(AGAINST, {"scaled-init": AGAINST}, [], lower) == "robust: DIFF V2 better"
+    assert dependence(AGAINST, {"scaled-init": AGAINST, "plain-init": AGAINST}, [], lower) == "robust: DIFF V2 better"
 
 
 def test_fractions_of_the_budget_are_named_as_people_say_them():

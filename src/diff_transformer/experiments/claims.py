@@ -106,13 +106,17 @@ def dependence(head: dict[str, Any], by_recipe: dict[str, dict[str, Any]], along
                word: Callable[[dict[str, Any]], str]) -> str:
     """The verdict of a claim from its difference at the end (``head``), under each recipe and along
     training (``along``: [{fraction, delta, low, high}], the last at the end): "robust: W" when every
-    one of them gives the same word W, else "depends on the recipe / the budget: ..." naming where."""
+    one of them gives the same word W (and two recipes or more were tried), else "depends on the recipe
+    / the budget: ..." naming where."""
     headword = word(head)
     recipe_words = {recipe: word(d) for recipe, d in by_recipe.items()}
     along_words = [(p, word(p)) for p in along if p["fraction"] >= ROBUST_FROM]
     if not recipe_words and not along_words:
         return headword
     if len({headword, *recipe_words.values(), *(w for _, w in along_words)}) == 1:
+        if len(recipe_words) < 2:  # the same along training, but the recipe was not varied: not "robust"
+            tried = f"one init recipe tried: {next(iter(recipe_words))}" if recipe_words else "the init recipe not varied"
+            return f"{headword}{' along training' if along_words else ''} ({tried})"
         return "inconclusive at every recipe and budget" if headword.startswith("inconclusive") else f"robust: {headword}"
     parts = []
     if len(set(recipe_words.values())) > 1:

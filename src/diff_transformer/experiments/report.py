@@ -470,13 +470,15 @@ def sample_efficiency_lines(metrics: dict) -> list[str]:
                 curve = [(t, -loss) for t, loss in mean_curve(fast)]  # rising, as examples_to_reach reads
                 tokens = examples_to_reach(curve, -target) if curve and target is not None else None
                 first = curve[0][0] if curve else 0
+                reaches = f"{models[fast]['label']} reaches {models[slow]['label']}'s final loss ({target:.4f})"
                 if tokens is None:
-                    text = "does not reach it within the budget"
+                    text = f"{models[fast]['label']} does not reach {models[slow]['label']}'s final loss ({target:.4f}) " \
+                           "within the budget"
                 elif tokens <= first:
-                    text = f"reaches it by its first evaluation ({first:,.0f} tokens, {first / budget:.0%} of the budget)"
+                    text = f"{reaches} by its first evaluation ({first:,.0f} tokens, {first / budget:.0%} of the budget)"
                 else:
-                    text = f"reaches it after {tokens:,.0f} tokens ({tokens / budget:.0%} of the budget)"
-                lines.append(f"- {models[fast]['label']} {text} ({models[slow]['label']}'s final loss {target:.4f}).")
+                    text = f"{reaches} after {tokens:,.0f} tokens ({tokens / budget:.0%} of the budget)"
+                lines.append(f"- {text}.")
         lines.append("")
     retrieval = metrics.get("retrieval")
     if retrieval and all("curve" in r for m in retrieval["models"].values() for r in m["runs"]):
