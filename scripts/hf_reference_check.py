@@ -11,8 +11,9 @@ trained exactly as ours are trained; what is not shared is the model code.
 ``--task lm`` (the default): the language models, on the batches of our trainer (``DataPlan``) with
 its loss normalisation (``trainer._forward_backward``), validation loss (``trainer.evaluate``),
 AdamW parameter groups, warmup + linear-decay schedule and gradient clipping, fp32 on the CPU,
-``torch.manual_seed(seed)`` before building each model. HF initialises every matrix N(0, init_std);
-ours scales o_proj and down_proj by 1/sqrt(2L) unless the config says ``scale_residual_init: false``.
+``torch.manual_seed(seed)`` before building each model. HF initialises every matrix N(0, init_std)
+(``--recipes plain-init``, the default); ``--recipes scaled-init`` then divides o_proj and down_proj
+by sqrt(2L), as ours initialises them by default.
 Writes DIR/results.json (every run; per model and learning rate the final validation loss over
 seeds; the difference at each model's best learning rate with Welch's 95% interval) and
 DIR/results.md.
@@ -98,9 +99,12 @@ def batches_digest(batches) -> str:
     return digest.hexdigest()
 
 
-def train_one(model_config, optim, plan: DataPlan, validation, steps: int, eval_every: int, seed: int, label: str) -> dict:
-    """One HF model trained as our trainer trains ours; returns the run's record."""
+def train_one(model_config, optim, plan: DataPlan, validation, steps: int, eval_every: int, seed: int, label: str,
+              recipe: str = "plain-init") -> dict:
+    """One HF model trained as our trainer trains ours, initialised by ``recipe``; the run's record."""
     model = build_hf(model_config, seed)
+    if INIT_RECIPES[recipe]["scale_residual_init"]:
+        scale_residual_writers(model, model_config.n_layers)
     optimizer = build_optimizer(model, optim, CPU.device)
     schedule = WarmupLinearSchedule(optimizer, optim, steps)
     seen = hashlib.sha256()  # every training batch this run read, in order
@@ -158,7 +162,7 @@ def parameter_counts(config, picked: dict[str, str]) -> dict[str, dict[str, int]
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# HF reference check: DiffLlama vs Llama on `{results['config']}`", "",
+    lines = [f"# HF reference check: DiffLlama vs Llama on `{results['config']}`, {results['recipe']}", "",
              f"{results['steps']} steps, seeds {results['seeds']}, the batches of our trainer "
              f"(sha256 {results['train_batches_sha256'][:12]}), fp32 CPU. Final validation loss (nats/token), "
              "mean ± std over seeds; **bold** = the model's best learning rate.", "",
@@ -311,8 +315,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=Path("out/hf-check"), help="output directory (default: out/hf-check)")
     parser.add_argument("--task", choices=("lm", "retrieval"), default="lm",
                         help="lm: the language models (default); retrieval: the retrieval experiment's models")
-    parser.add_argument("--recipes", help="retrieval: init recipes, comma-separated (default: the config's "
-                        "compare.recipes, else scaled-init)")
+    parser.add_argument("--recipes", help="init recipes, comma-separated (retrieval; default: the config's "
+                        "compare.recipes, else scaled-init), or one (lm; default: plain-init, HF's own)")
     parser.add_argument("--jobs", type=int, default=1, help="retrieval: runs trained at the same time (default 1)")
     args = parser.parse_args(argv)
 
@@ -328,6 +332,9 @@ def main(argv: list[str] | None = None) -> dict:
         grid = [float(v) for v in args.lr_grid.split(",")] if args.lr_grid else (config.retrieval.lr_grid or None)
         return retrieval_check(config, picked, recipes, grid, seeds, args.out, args.jobs)
     grid = [float(v) for v in args.lr_grid.split(",")] if args.lr_grid else (config.compare.lr_grid or [None])
+    recipe = args.recipes or "plain-init"  # HF's own initialisation
+    if recipe not in INIT_RECIPES:
+        sys.exit(f"--recipes: --task lm takes one init recipe ({', '.join(INIT_RECIPES)}), got {recipe!r}")
     steps, model_configs = config.run.steps, {kind: config.models[name].model_config() for kind, name in picked.items()}
     seq_len = config.data.seq_len or model_configs["diff"].max_seq_len
     plan = DataPlan(config, seq_len, CPU)
@@ -342,7 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
             for kind, name in picked.items():
                 optim = config.optim_for(name, lr)
                 label = f"[{len(runs) + 1}/{total}] {HF_NAMES[kind]} lr {optim.lr:g} seed {seed}"
-                run = train_one(model_configs[kind], optim, plan, validation, steps, config.run.eval_every, seed, label)
+                run = train_one(model_configs[kind], optim, plan, validation, steps, config.run.eval_every, seed, label,
+                                recipe)
                 runs.append({"model": HF_NAMES[kind], "ours": name, "lr": optim.lr, "seed": seed, **run})
 
     models = {}
@@ -357,7 +365,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "final_val_loss": by_lr[best]["final_val_loss"] if best else None}
     both = all(m["final_val_loss"] for m in models.values())
     results = {
-        "config": config.name, "steps": steps, "seq_len": seq_len, "batch_size": config.data.batch_size,
+        "config": config.name, "recipe": recipe, "steps": steps, "seq_len": seq_len, "batch_size": config.data.batch_size,
         "seeds": seeds, "lr_grid": list(dict.fromkeys(r["lr"] for r in runs)),
         "hf_configs": {HF_NAMES[k]: hf_config_dict(c, eos_id=None) for k, c in model_configs.items()},
         "parameters": params,
