@@ -332,6 +332,7 @@ def _compare(config: TrainConfig, out_dir: Path, names: list[str], seed_values: 
     for name in names:  # DIR/<model>: the first seed's final checkpoint at the model's best (recipe, lr)
         _replace_tree(Path(chosen[name][0]["checkpoint_dir"]), out_dir / name)
 
+    phases = {"language modelling": time.perf_counter() - start}
     metrics = build_metrics(config, chosen, wall_seconds=time.perf_counter() - start, nproc=nproc, jobs=jobs)
     metrics["lm_recipes"] = [r for r in recipes if r is not None]
     metrics["lr_sweep"] = {
@@ -348,8 +349,10 @@ def _compare(config: TrainConfig, out_dir: Path, names: list[str], seed_values: 
     if retrieval if retrieval is not None else config.retrieval.enabled:
         from .retrieval import run_experiment
 
+        mark = time.perf_counter()
         metrics["retrieval"] = run_experiment(config, names, seed_values, out_dir / "retrieval",
                                               lr_grid=retrieval_lr_grid, jobs=jobs, resume=resume, progress=progress)
+        phases["retrieval"] = time.perf_counter() - mark
 
     # The evaluations run on the final checkpoint of every seed (at the best recipe and learning rate);
     # their Markdown sections are appended to the report and their headline figures feed the claims.
@@ -358,10 +361,13 @@ def _compare(config: TrainConfig, out_dir: Path, names: list[str], seed_values: 
     if evaluation is not None and evaluated:
         checkpoints = {seed_label(config, name, r["seed"]): Path(r["checkpoint_dir"]) for name in evaluated
                        for r in chosen[name]}
+        mark = time.perf_counter()
         suite = evaluation(checkpoints, out_dir / "eval")
+        phases["evaluations"] = time.perf_counter() - mark
     metrics["claims"] = paper_claims(config, metrics, suite.data if suite else {})
     metrics["variant_comparisons"] = variant_comparisons(config, metrics)
     metrics["wall_seconds"] = time.perf_counter() - start  # both experiments and the evaluations
+    metrics["phase_seconds"] = phases  # minutes in the report
     write_plots(metrics, out_dir)
     report = render_report(metrics)
     if suite is not None:

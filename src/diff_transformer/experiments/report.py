@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .claims import mean_std, render_claims, render_variants
+from .claims import difference, interval_text, mean_std, render_claims, render_variants, task_figures
 from ..train.config import TrainConfig
 from ..files import write_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
@@ -82,7 +82,6 @@ def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seco
             "machine": platform.machine(),
         },
         "wall_seconds": wall_seconds,
-        "runs_wall_seconds": sum(r["wall_seconds"] for model_runs in runs.values() for r in model_runs),
         "models": models,
         "busy_load_average": machine_was_busy(models, os.cpu_count()) if first["device"] == "cpu" else None,
         "comparisons": _comparisons(models),
@@ -342,6 +341,10 @@ def _loss_cell(stats: dict[str, Any]) -> str:
     return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
 
 
+def _jobs_text(jobs: int) -> str:
+    return f"; {jobs} runs at a time, each on cores / {jobs} threads" if jobs > 1 else ""
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -408,8 +411,6 @@ def _sweep_lines(sweep: dict | None, models: dict[str, Any]) -> list[str]:
 def sensitivity_lines(metrics: dict) -> list[str]:
     """The init-recipe sensitivity table: under each recipe, every model at its best lr there, and the
     differences against the Transformer and DIFF with their intervals."""
-    from .claims import interval_text, task_figures
-
     models = metrics["models"]
     names = list(models)
     base = next((n for n in names if models[n]["attention"] == "standard"), None)
@@ -428,8 +429,6 @@ def sensitivity_lines(metrics: dict) -> list[str]:
              "differences with Welch's 95% interval. `scaled-init`: o_proj and down_proj at init_std/√(2·layers), as the "
              "authors' code and GPT-2; `plain-init`: every matrix N(0, init_std), as transformers' Llama and DiffLlama.",
              "", "| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
-    from .claims import difference
-
     for entry in entries:
         for recipe in recipes:
             values = {n: entry["figures"][n]["by_recipe"].get(recipe) for n in names}
@@ -605,10 +604,10 @@ def render_report(metrics: dict) -> str:
         + (f", mixture {budget['data_mix']}" if budget["data_mix"] else "")
         + f"), with {seeds} seed{'s' if seeds > 1 else ''} ({', '.join(str(s) for s in next(iter(models.values()))['seeds'])}). "
         f"Device: {env['device']} ({env['processes']} process{'es' if env['processes'] > 1 else ''}, "
-        f"{env['cpu_count']} CPU cores), torch {env['torch']}. Wall time: {metrics['wall_seconds'] / 60:.1f} min "
-        "for this command (language modelling, the retrieval experiment and the evaluations), "
-        f"{metrics['runs_wall_seconds'] / 60:.1f} min of it in the language-model training runs "
-        "(the last invocation of each, when resumed).",
+        f"{env['cpu_count']} CPU cores{_jobs_text(env.get('jobs', 1))}), torch {env['torch']}. Wall time: "
+        f"{metrics['wall_seconds'] / 60:.1f} min for this command"
+        + (" (" + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in metrics["phase_seconds"].items()) + ")"
+           if metrics.get("phase_seconds") else "") + ".",
         "",
         *([f"**The budget.** {metrics['budget_note']}", ""] if metrics.get("budget_note") else []),
         *render_claims(metrics.get("claims", []), seeds),
