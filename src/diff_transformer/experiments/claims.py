@@ -403,28 +403,32 @@ def _icl_chance(result: dict) -> float:
 
 
 def render_claims(rows: list[dict[str, Any]], seeds: int) -> list[str]:
-    """The claims table of report.md."""
+    """The claims table of report.md (with the along-training and per-recipe columns when any row has them)."""
     if not rows:
         return []
+    dependent = any(row.get("along") or row.get("by_recipe") for row in rows)
     lines = [
         "## The paper's claims at this scale",
         "",
-        f"DIFF minus the matched Transformer, each at its own best init recipe and learning rate, mean over {seeds} "
-        f"seed{'s' if seeds > 1 else ''}, at the end of the budget; the interval is Welch's 95% interval of the "
-        "difference. The same difference along training (at fractions of the budget, each model at its best) and "
-        "under each init recipe (both models under it, each at its best lr there) follows. Verdict: **agrees** or "
-        "**contradicts** when the interval excludes zero on one side, else **inconclusive**; **robust** when that "
-        "holds under every recipe and at every point from 1/4 of the budget on, else what it **depends on**.",
+        f"DIFF minus the matched Transformer, each at its own best {'init recipe and ' if dependent else ''}learning "
+        f"rate, mean over {seeds} seed{'s' if seeds > 1 else ''}, at the end of the budget; the interval is Welch's 95% "
+        "interval of the difference. "
+        + ("The same difference along training (at fractions of the budget, each model at its best) and under each "
+           "init recipe (both models under it, each at its best lr there) follows. " if dependent else "")
+        + "Verdict: **agrees** or **contradicts** when the interval excludes zero on one side, else **inconclusive**"
+        + ("; **robust** when that holds under every recipe (two or more) and at every point from 1/4 of the budget "
+           "on, else what it **depends on**." if dependent else "."),
         "",
-        "| Claim | Measure (better) | Transformer | DIFF | DIFF − Transformer [95% CI] | Along training | "
-        "Under each recipe | Paper | Verdict |",
-        "|---|---|---:|---:|---:|---|---|---|---|",
+        "| Claim | Measure (better) | Transformer | DIFF | DIFF − Transformer [95% CI] | "
+        + ("Along training | Under each recipe | " if dependent else "") + "Paper | Verdict |",
+        "|---|---|---:|---:|---:|" + ("---|---|" if dependent else "") + "---|---|",
     ]
     for row in rows:
         verdict_text = row["verdict"] + (f" ({row['note']})" if row["note"] else "")
+        middle = f"{along_text(row)} | {recipes_text(row)} | " if dependent else ""
         lines.append(f"| {row['claim']} | {row['measure']} ({row['better']}) | {_cell(row['transformer'])} | "
-                     f"{_cell(row['diff'])} | {interval_text(row['difference'])} | {along_text(row)} | "
-                     f"{recipes_text(row)} | {row['paper']} | **{verdict_text}** |")
+                     f"{_cell(row['diff'])} | {interval_text(row['difference'])} | {middle}{row['paper']} | "
+                     f"**{verdict_text}** |")
     return lines + [""]
 
 

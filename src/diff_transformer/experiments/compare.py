@@ -240,7 +240,7 @@ def compare(
                                   "(--set 'long_context.retrieval_lr_grid=[...]') or the models' own fields")
 
             return run_long_context(config, out_dir, models=models, seeds=seeds, lr_grid=lr_grid,
-                                    retrieval=retrieval, resume=resume, nproc=nproc, progress=progress)
+                                    retrieval=retrieval, resume=resume, nproc=nproc, jobs=jobs, progress=progress)
         return _compare(config, out_dir, names, seed_values, grid, start, retrieval=retrieval,
                         retrieval_lr_grid=retrieval_lr_grid, resume=resume, nproc=nproc, jobs=jobs,
                         evaluation=evaluation, progress=progress)

@@ -52,10 +52,10 @@ from ..train.state import find_checkpoint
 from ..train.trainer import SUMMARY_FILE, TrainingError
 from .claims import _deepest_measured_layer, difference, mean_std, render_claims, verdict
 from .compare import (
-    _best_lr, _clear_run, _final_losses, _finished_summary, _read_summary, _run_child, _run_config, _train_command,
+    _best_lr, _clear_run, _final_losses, _finished_summary, _read_summary, _run_children, _run_config, _train_command,
     compare, select_models,
 )
-from .retrieval import _SIZE_FIELDS, accuracy, attention_allocation, evaluation_sets, train_model
+from .retrieval import _SIZE_FIELDS, accuracy, attention_allocation, evaluation_sets, run_in_pool, train_model
 
 TASKS = ("needle", "mqar")
 
@@ -70,11 +70,13 @@ def run_long_context(
     retrieval: bool | None = None,
     resume: bool = False,
     nproc: int = 1,
+    jobs: int | None = None,
     progress: bool = True,
 ) -> dict:
     """The whole experiment (see the module docstring) into ``out_dir``; returns the metrics (also
     OUT/metrics.json). ``lr_grid`` is the short runs' grid (as compare's ``--lr-grid``); the
-    extension's grid is ``long_context.lr_grid``. ``retrieval=False`` leaves out the retrieval part."""
+    extension's grid is ``long_context.lr_grid``. ``retrieval=False`` leaves out the retrieval part.
+    ``jobs`` language-model runs train at a time (default: compare.jobs; 1 when ``nproc`` > 1)."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
     settings = config.long_context
@@ -86,8 +88,9 @@ def run_long_context(
 
     # 1. Short: compare itself, without its retrieval experiment and evaluations.
     short_config = dataclasses.replace(config, long_context=LongContextConfig(enabled=False))
+    jobs = jobs or (1 if nproc > 1 else config.compare.jobs)
     short = compare(short_config, out_dir / "short", models=names, seeds=n_seeds, lr_grid=lr_grid, retrieval=False,
-                    resume=resume, nproc=nproc, progress=progress)
+                    resume=resume, nproc=nproc, jobs=jobs, progress=progress)
     seconds = {"short": time.perf_counter() - start}
     short_checkpoints = {
         name: {seed: out_dir / "short" / "runs" / name / f"lr-{short['lr_sweep'][name]['best']:g}" / f"seed-{seed}"
@@ -98,7 +101,7 @@ def run_long_context(
     # 2. Extension: every model, seed and extension lr, each from its own seed's short checkpoint.
     mark = time.perf_counter()
     extension = _extend(config, names, seed_values, short_checkpoints, out_dir / "extend", resume=resume, nproc=nproc,
-                        progress=progress)
+                        jobs=jobs, progress=progress)
     seconds["extension"] = time.perf_counter() - mark
 
     # 3. Position-NLL before and after, on the same held-out windows.
@@ -120,7 +123,7 @@ def run_long_context(
     mark = time.perf_counter()
     by_length = None
     if retrieval if retrieval is not None else config.retrieval.enabled:
-        by_length = retrieval_by_length(config, names, seed_values, out_dir / "retrieval", resume=resume,
+        by_length = retrieval_by_length(config, names, seed_values, out_dir / "retrieval", resume=resume, jobs=jobs,
                                         progress=progress)
     seconds["retrieval"] = time.perf_counter() - mark
 
@@ -181,46 +184,60 @@ def extension_config(config: TrainConfig) -> dict:
 
 
 def _extend(config: TrainConfig, names: Sequence[str], seeds: Sequence[int], short_checkpoints: dict, out_dir: Path,
-            *, resume: bool, nproc: int, progress: bool) -> dict:
-    """Train every (seed, model, extension lr) as its own process, as compare trains the short runs;
-    returns per model the runs at its best extension lr and the sweep."""
+            *, resume: bool, nproc: int, jobs: int, progress: bool) -> dict:
+    """Train every (seed, model, extension lr) as its own process, ``jobs`` at a time, as compare
+    trains the short runs; returns per model the runs at its best extension lr and the sweep."""
     settings = config.long_context
     resolved = extension_config(config)
     extended = config_from_dict(resolved)
     lrs = {name: settings.lr_grid or [settings.lr.get(name, config.optim_for(name).lr)] for name in names}
     claim_output_dir(out_dir, "compare")
     write_text_atomically(out_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    units = [(seed, name, lr) for seed in seeds for name in names for lr in lrs[name]]
+    labels = {u: f"[extend {i}/{len(units)}] {u[1]} lr {u[2]:g} (seed {u[0]})" for i, u in enumerate(units, 1)}
+    log_dirs = {u: out_dir / "runs" / u[1] / f"lr-{u[2]:g}" / f"seed-{u[0]}" for u in units}
+    summaries: dict[tuple, dict] = {}
+    pending, commands = [], []
+    for unit in units:
+        seed, name, lr = unit
+        log_dir, label = log_dirs[unit], labels[unit]
+        checkpoint_dir = log_dir / "checkpoint"
+        done = _finished_summary(log_dir, checkpoint_dir, settings.steps) if resume else None
+        if done is not None:
+            if progress:
+                print(f"{label}: already trained, reusing {log_dir}", file=sys.stderr)
+            summaries[unit] = done
+            continue
+        continue_run = resume and find_checkpoint(checkpoint_dir) is not None
+        if not continue_run:
+            _clear_run(log_dir, label)
+        if progress and jobs == 1:
+            print(f"{label}: {'resuming' if continue_run else 'training'} -> {log_dir}", file=sys.stderr, flush=True)
+        run_data = copy.deepcopy(resolved)
+        run_data["run"]["init_from"] = str(short_checkpoints[name][seed])
+        run_data["run"]["progress"] = progress and jobs == 1
+        run_config = _run_config(run_data, extended, name, lr, seed, log_dir, checkpoint_dir)
+        (log_dir / SUMMARY_FILE).unlink(missing_ok=True)
+        pending.append(unit)
+        commands.append(_train_command(run_config, name, continue_run, nproc))
+
+    def finished(index: int, code: int) -> None:
+        unit = pending[index]
+        done = _read_summary(log_dirs[unit])
+        if done is None or done["status"] not in ("completed", "diverged"):
+            status = f", status {done['status']}" if done else ""
+            raise TrainingError(f"{labels[unit]}: training failed (exit code {code}{status}); see the messages above")
+        summaries[unit] = done
+        if progress and jobs > 1:
+            print(f"{labels[unit]}: {done['status']}, {done['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
+
+    _run_children(commands, jobs, on_exit=finished)
     runs: dict[str, dict[float, list[dict]]] = {name: {lr: [] for lr in lrs[name]} for name in names}
-    total = sum(len(v) for v in lrs.values()) * len(seeds)
-    position = 0
-    for seed in seeds:
-        for name in names:
-            for lr in lrs[name]:
-                position += 1
-                label = f"[extend {position}/{total}] {name} lr {lr:g} (seed {seed})"
-                log_dir = out_dir / "runs" / name / f"lr-{lr:g}" / f"seed-{seed}"
-                checkpoint_dir = log_dir / "checkpoint"
-                done = _finished_summary(log_dir, checkpoint_dir, settings.steps) if resume else None
-                if done is None:
-                    continue_run = resume and find_checkpoint(checkpoint_dir) is not None
-                    if not continue_run:
-                        _clear_run(log_dir, label)
-                    if progress:
-                        print(f"{label}: {'resuming' if continue_run else 'training'} -> {log_dir}", file=sys.stderr,
-                              flush=True)
-                    run_data = copy.deepcopy(resolved)
-                    run_data["run"]["init_from"] = str(short_checkpoints[name][seed])
-                    run_config = _run_config(run_data, extended, name, lr, seed, log_dir, checkpoint_dir)
-                    (log_dir / SUMMARY_FILE).unlink(missing_ok=True)
-                    code = _run_child(_train_command(run_config, name, continue_run, nproc))
-                    done = _read_summary(log_dir)
-                    if done is None or done["status"] not in ("completed", "diverged"):
-                        status = f", status {done['status']}" if done else ""
-                        raise TrainingError(f"{label}: training failed (exit code {code}{status}); see the messages above")
-                elif progress:
-                    print(f"{label}: already trained, reusing {log_dir}", file=sys.stderr)
-                done.update(seed=seed, lr=lr, log_dir=str(log_dir), checkpoint_dir=str(checkpoint_dir))
-                runs[name][lr].append(done)
+    for unit in units:
+        seed, name, lr = unit
+        done = summaries[unit]
+        done.update(seed=seed, lr=lr, log_dir=str(log_dirs[unit]), checkpoint_dir=str(log_dirs[unit] / "checkpoint"))
+        runs[name][lr].append(done)
     out = {}
     for name, by_lr in runs.items():
         sweep = {lr: _final_losses(model_runs) for lr, model_runs in by_lr.items()}
@@ -315,36 +332,51 @@ def retrieval_run(config: TrainConfig, name: str, seed: int, extension_lrs: Sequ
 
 
 def retrieval_by_length(config: TrainConfig, names: Sequence[str], seeds: Sequence[int], out_dir: Path, *,
-                        resume: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Every model and seed (:func:`retrieval_run`); each model's extension reported at the lr with the
-    highest mean accuracy (both tasks, every test length) over seeds. OUT/<model>/seed-<s>.json
-    holds each run; with ``resume`` a result already there for the same lrs is reused."""
+                        resume: bool = False, jobs: int = 1, progress: bool = True) -> dict[str, Any]:
+    """Every model and seed (:func:`retrieval_run`, ``jobs`` at a time); each model's extension
+    reported at the lr with the highest mean accuracy (both tasks, every test length) over seeds.
+    OUT/<model>/seed-<s>.json holds each run; with ``resume`` a result already there for the same lrs
+    is reused."""
     lc = config.long_context
-    models = {}
+    lrs = {name: lc.retrieval_lr_grid or [lc.retrieval_lr.get(name, config.models[name].retrieval_lr
+                                                               or config.retrieval.lr)] for name in names}
+    results: dict[tuple, dict] = {}
+    pending = []
     for name in names:
-        entry = config.models[name]
-        lrs = lc.retrieval_lr_grid or [lc.retrieval_lr.get(name, entry.retrieval_lr or config.retrieval.lr)]
-        runs = []
         for seed in seeds:
             path = out_dir / name / f"seed-{seed}.json"
             result = json.loads(path.read_text()) if resume and path.is_file() else None
-            if result is None or set(result["after"]) != {f"{lr:g}" for lr in lrs}:
-                result = retrieval_run(config, name, seed, lrs)
-                write_json(path, result)
-            runs.append(result)
-            if progress:
-                print(f"[retrieval by length] {name} (seed {seed}): " + "; ".join(
-                    f"{length}: " + ", ".join(f"{t} {result['before'][length]['mean_accuracy'][t]:.2f}" for t in TASKS)
-                    for length in result["before"]) + " before the extension", file=sys.stderr, flush=True)
+            if result is None or set(result["after"]) != {f"{lr:g}" for lr in lrs[name]}:
+                pending.append(((name, seed), (config, name, seed, lrs[name])))
+            else:
+                results[name, seed] = result
+
+    def done(unit: tuple, result: dict, position: int) -> None:
+        name, seed = unit
+        write_json(out_dir / name / f"seed-{seed}.json", result)
+        results[unit] = result
+        if progress:
+            print(f"[retrieval by length] {name} (seed {seed}): " + "; ".join(
+                f"{length}: " + ", ".join(f"{t} {result['before'][length]['mean_accuracy'][t]:.2f}" for t in TASKS)
+                for length in result["before"]) + " before the extension", file=sys.stderr, flush=True)
+
+    if jobs > 1 and len(pending) > 1:
+        run_in_pool(retrieval_run, pending, jobs, done)
+    else:
+        for position, (unit, arguments) in enumerate(pending, 1):
+            done(unit, retrieval_run(*arguments), position)
+    models = {}
+    for name in names:
+        runs = [results[name, seed] for seed in seeds]
 
         def score(lr: str) -> float:  # mean accuracy over the tasks and test lengths, then the seeds
             return statistics.fmean(statistics.fmean(at["mean_accuracy"][task] for at in r["after"][lr].values()
                                                      for task in TASKS) for r in runs)
 
-        best = max((f"{lr:g}" for lr in lrs), key=score)
+        best = max((f"{lr:g}" for lr in lrs[name]), key=score)
         models[name] = {
             "short_lr": runs[0]["short_lr"], "best_lr": float(best),
-            "sweep": {f"{lr:g}": score(f"{lr:g}") for lr in lrs},
+            "sweep": {f"{lr:g}": score(f"{lr:g}") for lr in lrs[name]},
             "before": [r["before"] for r in runs], "after": [r["after"][best] for r in runs],
         }
     return {"lengths": list(lc.retrieval_lengths), "train_length": config.retrieval.length,

@@ -374,6 +374,7 @@ def run_experiment(config: TrainConfig, names: Sequence[str], seeds: Sequence[in
             pending.append((unit, (settings, config.models[name].attention, seed, lr, fields)))
 
     def done(unit: tuple, result: dict, position: int) -> None:
+        write_json(paths[unit], result)
         results[unit] = result
         if progress:
             seed, name, recipe, lr = unit
@@ -382,12 +383,10 @@ def run_experiment(config: TrainConfig, names: Sequence[str], seeds: Sequence[in
                   f"{result['train_tokens_per_second']:,.0f} tokens/s", file=sys.stderr, flush=True)
 
     if jobs > 1 and len(pending) > 1:
-        _run_in_pool(pending, paths, jobs, done)
+        run_in_pool(run_one, pending, jobs, done)
     else:
         for position, (unit, arguments) in enumerate(pending, 1):
-            result = run_one(*arguments)
-            write_json(paths[unit], result)
-            done(unit, result, position)
+            done(unit, run_one(*arguments), position)
     for unit in units:
         seed, name, recipe, lr = unit
         runs[name][recipe][lr].append(results[unit])
@@ -434,22 +433,19 @@ def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_in_pool(pending: list[tuple[tuple, tuple]], paths: dict[tuple, Path], jobs: int,
-                 done: Callable[[tuple, dict, int], None]) -> None:
-    """Run ``pending`` [(unit, run_one's arguments)] in ``jobs`` worker processes (each with cores /
-    jobs threads), writing each result to ``paths[unit]`` as it finishes. Ctrl-C waits for the runs in
-    progress and cancels the rest; every finished result stays on disk for --resume."""
+def run_in_pool(function: Callable[..., dict], pending: list[tuple[tuple, tuple]], jobs: int,
+                done: Callable[[tuple, dict, int], None]) -> None:
+    """``function(*arguments)`` for every (unit, arguments) of ``pending`` in ``jobs`` worker processes
+    (each with cores / jobs threads), ``done(unit, result, position)`` as each finishes. Ctrl-C waits
+    for the runs in progress and cancels the rest; what ``done`` saved stays for --resume."""
     threads = max(1, (os.cpu_count() or jobs) // jobs)
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
                                                 initargs=(threads,)) as pool:
-        futures = {pool.submit(run_one, *arguments): unit for unit, arguments in pending}
+        futures = {pool.submit(function, *arguments): unit for unit, arguments in pending}
         try:
             for position, future in enumerate(concurrent.futures.as_completed(futures), 1):
-                unit = futures[future]
-                result = future.result()
-                write_json(paths[unit], result)
-                done(unit, result, position)
+                done(futures[future], future.result(), position)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
