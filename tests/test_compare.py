@@ -306,3 +306,61 @@ def test_an_earlier_run_is_replaced_only_when_it_holds_nothing_but_the_run(tmp_p
     (run / "notes.md").unlink()
     _clear_run(run, "[1/1] diff")
     assert not run.exists() and "replacing the earlier run" in capsys.readouterr().err
+
+
+def _planted_metrics():
+    """Two models' figures, planted by hand: the Transformer's validation curve falls 5.0, 4.6, 4.4, 4.2
+    over 10..40 tokens, DIFF's 5.2, 4.9, 4.7, 4.5; one retrieval run each under two recipes."""
+    def lm(curve):
+        return {"label": {5.0: "Transformer", 5.2: "DIFF"}[curve[0]], "attention": "standard" if curve[0] == 5.0 else "diff",
+                "final_val_loss": {"mean": curve[-1], "per_seed": [curve[-1]]},
+                "curves": {"val": {"step": [1, 2, 3, 4], "tokens": [10, 20, 30, 40], "loss": [curve]}}}
+
+    def run(points):  # accuracy after steps 0, 2, 4 (2 MQAR examples a step)
+        return {"mean_accuracy": {"needle": points[-1], "mqar": points[-1]},
+                "curve_area": {"needle": 0.0, "mqar": 0.0},
+                "curve": [{"step": s, "mean_accuracy": {"needle": a, "mqar": a}} for s, a in zip((0, 2, 4), points)]}
+
+    def retrieval_model(label, scaled, plain):
+        return {"label": label, "best_lr": 1e-3, "best_recipe": "plain-init", "runs": [run(plain)],
+                "recipes": {"scaled-init": {"runs": [run(scaled)], "best_lr": 1e-3},
+                            "plain-init": {"runs": [run(plain)], "best_lr": 1e-3}}}
+
+    return {
+        "budget": {"steps": 4, "tokens_per_model": 40},
+        "lm_recipes": ["scaled-init"],
+        "models": {"standard": lm([5.0, 4.6, 4.4, 4.2]), "diff": lm([5.2, 4.9, 4.7, 4.5])},
+        "lr_sweep": {n: {"best": 1e-3, "best_recipe": "scaled-init", "by_recipe": {"scaled-init": {
+            "best": 1e-3, "final_val_loss": {"0.001": {"per_seed": [v]}}}}} for n, v in (("standard", 4.2), ("diff", 4.5))},
+        "retrieval": {"chance": 0.01, "settings": {"batch_size": 4, "steps": 4, "target_accuracy": 0.25},
+                      "models": {"standard": retrieval_model("Transformer", [0.0, 0.1, 0.2], [0.0, 0.1, 0.3]),
+                                 "diff": retrieval_model("DIFF", [0.0, 0.5, 0.6], [0.0, 0.2, 0.4])}},
+    }
+
+
+def test_sample_efficiency_reads_each_curve_as_a_hand_interpolation_does():
+    from diff_transformer.experiments.report import sample_efficiency_lines
+
+    text = "\n".join(sample_efficiency_lines(_planted_metrics()))
+    # The Transformer reaches DIFF's final 4.5 between 20 tokens (4.6) and 30 (4.4): at 25 tokens, 62% of 40.
+    assert "Transformer reaches DIFF's final loss (4.5000) after 25 tokens (62% of the budget)" in text
+    assert "DIFF does not reach Transformer's final loss (4.2000) within the budget" in text
+    # Retrieval, target 0.25, at 0, 4 and 8 examples of each task (2 a step; the needle curve is planted the
+    # same): the Transformer under plain-init reaches it between 4 (0.1) and 8 (0.3), at 7; DIFF under
+    # scaled-init between 0 (0.0) and 4 (0.5), at 2, under plain-init between 4 (0.2) and 8 (0.4), at 5.
+    assert "| Transformer | plain-init | 7 | 7 |" in text and "| Transformer | scaled-init | not within the budget " in text
+    assert "| DIFF | scaled-init | 2 | 2 |" in text and "| DIFF | plain-init | 5 | 5 |" in text
+
+
+def test_the_sensitivity_table_gives_each_recipe_its_own_difference():
+    from diff_transformer.experiments.report import sensitivity_lines
+
+    metrics = _planted_metrics()
+    for name, values in (("standard", [4.2, 4.4]), ("diff", [4.5, 4.5])):  # two seeds for an interval
+        metrics["lr_sweep"][name]["by_recipe"]["scaled-init"]["final_val_loss"]["0.001"]["per_seed"] = values
+    lines = {line.split(" | ")[0] + " | " + line.split(" | ")[1]: line for line in sensitivity_lines(metrics)
+             if line.startswith("| ")}
+    lm = lines["| Language modelling (lower) | scaled-init"]
+    assert "| 4.3000 ± 0.1414 | 4.5000 ± 0.0000 | +0.2 [" in lm  # DIFF − Transformer = 4.5 − 4.3
+    mqar = lines["| Retrieval: mqar (higher) | plain-init"]
+    assert "| 0.3000 | 0.4000 | +0.1 |" in mqar  # one seed each: the difference without an interval
