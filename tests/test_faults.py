@@ -375,9 +375,9 @@ def test_compare_reads_a_child_stopped_by_a_signal_as_an_interruption(code, name
 
     compare_module = importlib.import_module("diff_transformer.experiments.compare")  # the package exports the function
     with pytest.raises(compare_module.CompareInterrupted, match=f"interrupted by {name}: ") as caught:
-        compare_module._run_child([sys.executable, "-c", f"raise SystemExit({code})"])
+        compare_module._run_children([[sys.executable, "-c", f"raise SystemExit({code})"]], jobs=1)
     assert caught.value.exit_status == code
-    assert compare_module._run_child([sys.executable, "-c", "raise SystemExit(2)"]) == 2  # a failure stays one
+    assert compare_module._run_children([[sys.executable, "-c", "raise SystemExit(2)"]], jobs=1) == [2]  # a failure stays one
 
     def interrupted(*args, **kwargs):
         raise compare_module.CompareInterrupted(f"interrupted by {name}: ...", code - 128)

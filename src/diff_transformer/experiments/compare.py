@@ -42,8 +42,10 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Hashable
 
 import yaml
 
@@ -115,9 +117,60 @@ def _train_command(config_file: Path, model: str, resume: bool, nproc: int) -> l
     return command + (["--resume"] if resume else [])
 
 
-def _run_child(command: list[str]) -> int:
-    """Run one training process (see :func:`_run_children`); its exit status."""
-    return _run_children([command], jobs=1)[0]
+@dataclass
+class TrainingRun:
+    """One run of a comparison: its name in the log, its directory, the model it trains, and how
+    to write its exact config (LOG_DIR/config.yaml, whose path it returns)."""
+
+    label: str
+    log_dir: Path
+    model: str
+    write_config: Callable[[], Path]
+
+
+def train_runs(runs: dict[Hashable, TrainingRun], steps: int, *, resume: bool, nproc: int, jobs: int
+               ) -> dict[Hashable, dict]:
+    """Each run's summary (summary.json): with ``resume``, one that finished ``steps`` steps is reused
+    and an interrupted one continues from its checkpoint; any other earlier run there is replaced;
+    the rest train ``jobs`` at a time (:func:`_run_children`). A run that diverged (loss NaN/inf) is
+    a result (that lr counts as the worst); any other failure is a TrainingError."""
+    summaries: dict[Hashable, dict] = {}
+    pending: list[Hashable] = []
+    commands: list[list[str]] = []
+    for key, run in runs.items():
+        checkpoint_dir = run.log_dir / "checkpoint"
+        done = _finished_summary(run.log_dir, checkpoint_dir, steps) if resume else None
+        if done is not None:
+            print(f"{run.label}: already trained, reusing {run.log_dir}", file=sys.stderr)
+            summaries[key] = done
+            continue
+        continue_run = resume and find_checkpoint(checkpoint_dir) is not None
+        if not continue_run:
+            _clear_run(run.log_dir, run.label)
+        config_file = run.write_config()
+        (run.log_dir / SUMMARY_FILE).unlink(missing_ok=True)  # an interrupted run's summary is not a result
+        pending.append(key)
+        commands.append(_train_command(config_file, run.model, continue_run, nproc))
+        if jobs == 1:
+            print(f"{run.label}: {'resuming' if continue_run else 'training'} -> {run.log_dir}", file=sys.stderr,
+                  flush=True)
+
+    def finished(index: int, code: int) -> None:
+        run = runs[pending[index]]
+        done = _read_summary(run.log_dir)
+        if done is None or done["status"] not in ("completed", "diverged"):
+            status = f", status {done['status']}" if done else ""
+            raise TrainingError(f"{run.label}: training failed (exit code {code}{status}); see the messages above")
+        summaries[pending[index]] = done
+        if jobs > 1:
+            loss = done["final_val_loss"]
+            print(f"{run.label}: {done['status']}, final validation loss {'-' if loss is None else f'{loss:.4f}'}, "
+                  f"{done['tokens_per_s']:,.0f} tokens/s -> {run.log_dir}", file=sys.stderr, flush=True)
+
+    if jobs > 1 and commands:
+        print(f"{len(commands)} training runs, {jobs} at a time", file=sys.stderr, flush=True)
+    _run_children(commands, jobs, on_exit=finished)
+    return summaries
 
 
 def _run_children(commands: list[list[str]], jobs: int, on_exit: Callable[[int, int], None] | None = None) -> list[int]:
@@ -268,48 +321,15 @@ def _compare(config: TrainConfig, out_dir: Path, names: list[str], seed_values: 
     lrs = {(name, recipe): grid or [config.lr_for(name, recipe, "lm")] for name in names for recipe in recipes}
     units = [(seed, name, recipe, lr) for seed in seed_values for name in names for recipe in recipes
              for lr in lrs[name, recipe]]
-    labels = {u: f"[{i}/{len(units)}] {u[1]}{f' {u[2]}' if u[2] else ''} lr {u[3]:g} (seed {u[0]})"
-              for i, u in enumerate(units, 1)}
     log_dirs = {u: out_dir / "runs" / u[1] / (u[2] or "") / f"lr-{u[3]:g}" / f"seed-{u[0]}" for u in units}
-    summaries: dict[tuple, dict] = {}
-    pending: list[tuple] = []
-    commands: list[list[str]] = []
-    for unit in units:
-        seed, name, recipe, lr = unit
-        log_dir, label = log_dirs[unit], labels[unit]
-        checkpoint_dir = log_dir / "checkpoint"
-        done = _finished_summary(log_dir, checkpoint_dir, config.run.steps) if resume else None
-        if done is not None:
-            print(f"{label}: already trained, reusing {log_dir}", file=sys.stderr)
-            summaries[unit] = done
-            continue
-        continue_run = resume and find_checkpoint(checkpoint_dir) is not None
-        if not continue_run:
-            _clear_run(log_dir, label)
-        run_config = _run_config(resolved, config, name, lr, seed, log_dir, checkpoint_dir, recipe)
-        (log_dir / SUMMARY_FILE).unlink(missing_ok=True)  # an interrupted run's summary is not a result
-        pending.append(unit)
-        commands.append(_train_command(run_config, name, continue_run, nproc))
-        if jobs == 1:
-            print(f"{label}: {'resuming' if continue_run else 'training'} -> {log_dir}", file=sys.stderr, flush=True)
-
-    def finished(index: int, code: int) -> None:
-        unit = pending[index]
-        done = _read_summary(log_dirs[unit])
-        # A run that diverged (loss NaN/inf) is a result of the sweep: that lr counts as the worst.
-        if done is None or done["status"] not in ("completed", "diverged"):
-            status = f", status {done['status']}" if done else ""
-            raise TrainingError(f"{labels[unit]}: training failed (exit code {code}{status}); see the messages above")
-        summaries[unit] = done
-        if jobs > 1:
-            loss = done["final_val_loss"]
-            print(f"{labels[unit]}: {done['status']}, final validation loss "
-                  f"{'-' if loss is None else f'{loss:.4f}'}, {done['tokens_per_s']:,.0f} tokens/s -> {log_dirs[unit]}",
-                  file=sys.stderr, flush=True)
-
-    if jobs > 1 and commands:
-        print(f"language modelling: {len(commands)} runs, {jobs} at a time", file=sys.stderr, flush=True)
-    _run_children(commands, jobs, on_exit=finished)
+    summaries = train_runs({
+        unit: TrainingRun(
+            label=f"[{i}/{len(units)}] {unit[1]}{f' {unit[2]}' if unit[2] else ''} lr {unit[3]:g} (seed {unit[0]})",
+            log_dir=log_dirs[unit], model=unit[1],
+            write_config=partial(_run_config, resolved, config, unit[1], unit[3], unit[0], log_dirs[unit],
+                                 log_dirs[unit] / "checkpoint", unit[2]))
+        for i, unit in enumerate(units, 1)
+    }, config.run.steps, resume=resume, nproc=nproc, jobs=jobs)
 
     runs: dict[str, dict[str | None, dict[float, list[dict]]]] = {
         name: {recipe: {lr: [] for lr in lrs[name, recipe]} for recipe in recipes} for name in names}

@@ -34,6 +34,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,12 +49,9 @@ from ..files import claim_output_dir, write_atomically, write_text_atomically
 from ..model import LanguageModel
 from ..paper import ATTENTION_TABLE3, PAPER_REFERENCE
 from ..train.config import LongContextConfig, RetrievalConfig, TrainConfig, config_from_dict
-from ..train.state import find_checkpoint
-from ..train.trainer import SUMMARY_FILE, TrainingError
 from .claims import _deepest_measured_layer, difference, mean_std, render_claims, verdict
 from .compare import (
-    _best_lr, _clear_run, _final_losses, _finished_summary, _read_summary, _run_children, _run_config, _train_command,
-    compare, select_models,
+    TrainingRun, _best_lr, _final_losses, _run_config, compare, select_models, train_runs,
 )
 from .retrieval import _SIZE_FIELDS, accuracy, attention_allocation, evaluation_sets, run_in_pool, train_model
 
@@ -194,44 +192,20 @@ def _extend(config: TrainConfig, names: Sequence[str], seeds: Sequence[int], sho
     claim_output_dir(out_dir, "compare")
     write_text_atomically(out_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
     units = [(seed, name, lr) for seed in seeds for name in names for lr in lrs[name]]
-    labels = {u: f"[extend {i}/{len(units)}] {u[1]} lr {u[2]:g} (seed {u[0]})" for i, u in enumerate(units, 1)}
     log_dirs = {u: out_dir / "runs" / u[1] / f"lr-{u[2]:g}" / f"seed-{u[0]}" for u in units}
-    summaries: dict[tuple, dict] = {}
-    pending, commands = [], []
-    for unit in units:
+
+    def write_config(unit: tuple) -> Path:
         seed, name, lr = unit
-        log_dir, label = log_dirs[unit], labels[unit]
-        checkpoint_dir = log_dir / "checkpoint"
-        done = _finished_summary(log_dir, checkpoint_dir, settings.steps) if resume else None
-        if done is not None:
-            if progress:
-                print(f"{label}: already trained, reusing {log_dir}", file=sys.stderr)
-            summaries[unit] = done
-            continue
-        continue_run = resume and find_checkpoint(checkpoint_dir) is not None
-        if not continue_run:
-            _clear_run(log_dir, label)
-        if progress and jobs == 1:
-            print(f"{label}: {'resuming' if continue_run else 'training'} -> {log_dir}", file=sys.stderr, flush=True)
         run_data = copy.deepcopy(resolved)
         run_data["run"]["init_from"] = str(short_checkpoints[name][seed])
         run_data["run"]["progress"] = progress and jobs == 1
-        run_config = _run_config(run_data, extended, name, lr, seed, log_dir, checkpoint_dir)
-        (log_dir / SUMMARY_FILE).unlink(missing_ok=True)
-        pending.append(unit)
-        commands.append(_train_command(run_config, name, continue_run, nproc))
+        return _run_config(run_data, extended, name, lr, seed, log_dirs[unit], log_dirs[unit] / "checkpoint")
 
-    def finished(index: int, code: int) -> None:
-        unit = pending[index]
-        done = _read_summary(log_dirs[unit])
-        if done is None or done["status"] not in ("completed", "diverged"):
-            status = f", status {done['status']}" if done else ""
-            raise TrainingError(f"{labels[unit]}: training failed (exit code {code}{status}); see the messages above")
-        summaries[unit] = done
-        if progress and jobs > 1:
-            print(f"{labels[unit]}: {done['status']}, {done['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
-
-    _run_children(commands, jobs, on_exit=finished)
+    summaries = train_runs({
+        unit: TrainingRun(label=f"[extend {i}/{len(units)}] {unit[1]} lr {unit[2]:g} (seed {unit[0]})",
+                          log_dir=log_dirs[unit], model=unit[1], write_config=partial(write_config, unit))
+        for i, unit in enumerate(units, 1)
+    }, settings.steps, resume=resume, nproc=nproc, jobs=jobs)
     runs: dict[str, dict[float, list[dict]]] = {name: {lr: [] for lr in lrs[name]} for name in names}
     for unit in units:
         seed, name, lr = unit
