@@ -51,7 +51,7 @@ from diff_transformer.model import LanguageModel
 from diff_transformer.train import load_config
 from diff_transformer.experiments.claims import difference
 from diff_transformer.experiments.retrieval import TASKS, learning_curve
-from diff_transformer.train.config import INIT_RECIPES
+from diff_transformer.train.config import INIT_RECIPES, retrieval_examples_per_step
 from diff_transformer.train.distributed import Environment
 from diff_transformer.train.optim import WarmupLinearSchedule, build_optimizer
 from diff_transformer.train.trainer import DataPlan, _forward_backward, evaluate
@@ -272,8 +272,7 @@ def retrieval_check(config, picked: dict[str, str], recipes: list[str], grid: li
 
 def retrieval_markdown(results: dict) -> str:
     settings = results["settings"]
-    half = settings["batch_size"] // 2
-    per_step = {"needle": half, "mqar": settings["batch_size"] - half}
+    per_step = retrieval_examples_per_step(settings["batch_size"])
 
     def cell(values: list[float]) -> str:
         return f"{statistics.fmean(values):.3f}"

@@ -23,9 +23,7 @@ import statistics
 from typing import Any, Callable, Sequence
 
 from ..paper import ATTENTION_TABLE3, OUTLIERS_TABLE5, PAPER_TABLE6
-from ..train.config import TrainConfig
-
-TASKS = ("needle", "mqar")  # the retrieval experiment's tasks
+from ..train.config import TrainConfig, retrieval_examples_per_step
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1..30); 1.96 beyond.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -201,8 +199,7 @@ def retrieval_figures(retrieval: dict[str, Any], name: str, figure: Callable[[di
     runs = model["runs"]
     if curve is not None and all("curve" in r for r in runs):
         settings = retrieval["settings"]
-        half = settings["batch_size"] // 2
-        per_step = half if task == "needle" else settings["batch_size"] - half
+        per_step = retrieval_examples_per_step(settings["batch_size"])[task]
         for i, point in enumerate(runs[0]["curve"]):
             if point["step"] > 0:
                 along.append((point["step"] / settings["steps"], f"{point['step'] * per_step:,} {task} examples",
@@ -229,6 +226,8 @@ def task_figures(metrics: dict[str, Any], names: Sequence[str]) -> list[dict[str
     retrieval = metrics.get("retrieval")
     if not retrieval or not all(n in retrieval["models"] for n in names):
         return out
+    from .retrieval import TASKS  # here: the retrieval module imports this one
+
     for task in TASKS:
         out.append({"task": f"Retrieval: {task}", "measure": f"{task} accuracy, mean over difficulty cells",
                     "better": "higher", "figures": {n: retrieval_figures(

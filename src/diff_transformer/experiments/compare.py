@@ -56,6 +56,7 @@ from ..checkpoint import write_directory_atomically
 from ..files import check_output_dir, claim_output_dir, lock_output_dir, write_text_atomically
 from .claims import mean_std, paper_claims, variant_comparisons
 from .report import build_metrics, evaluation_intro, lm_curves, render_report, write_plots
+from .retrieval import run_experiment, threads_per_job
 from ..train.state import find_checkpoint
 from ..train.trainer import SUMMARY_FILE, TrainingError, read_metrics
 
@@ -181,7 +182,7 @@ def _run_children(commands: list[list[str]], jobs: int, on_exit: Callable[[int, 
     by a signal (sent to us, or to it: exit status 130 or 143) is a :class:`CompareInterrupted`."""
     env = None
     if jobs > 1:
-        threads = str(max(1, (os.cpu_count() or jobs) // jobs))
+        threads = str(threads_per_job(jobs))
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     codes: list[int | None] = [None] * len(commands)
     running: dict[int, subprocess.Popen] = {}
@@ -367,8 +368,6 @@ def _compare(config: TrainConfig, out_dir: Path, names: list[str], seed_values: 
     }
 
     if retrieval if retrieval is not None else config.retrieval.enabled:
-        from .retrieval import run_experiment
-
         mark = time.perf_counter()
         metrics["retrieval"] = run_experiment(config, names, seed_values, out_dir / "retrieval",
                                               lr_grid=retrieval_lr_grid, jobs=jobs, resume=resume, progress=progress)

@@ -53,9 +53,8 @@ from .claims import _deepest_measured_layer, difference, mean_std, render_claims
 from .compare import (
     TrainingRun, _best_lr, _final_losses, _run_config, compare, select_models, train_runs,
 )
-from .retrieval import _SIZE_FIELDS, accuracy, attention_allocation, evaluation_sets, run_in_pool, train_model
+from .retrieval import _SIZE_FIELDS, TASKS, accuracy, attention_allocation, evaluation_sets, run_in_pool, train_model
 
-TASKS = ("needle", "mqar")
 
 
 def run_long_context(

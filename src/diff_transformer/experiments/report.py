@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .claims import difference, interval_text, mean_std, render_claims, render_variants, task_figures
-from ..train.config import TrainConfig
+from ..train.config import TrainConfig, retrieval_examples_per_step
 from ..files import write_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
 
@@ -267,8 +267,7 @@ def _learning_curves_plot(retrieval: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     settings = retrieval["settings"]
-    half = settings["batch_size"] // 2
-    per_step = {"needle": half, "mqar": settings["batch_size"] - half}
+    per_step = retrieval_examples_per_step(settings["batch_size"])
     styles = ["-", "--", "-.", ":"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for index, m in enumerate(retrieval["models"].values()):
@@ -483,8 +482,7 @@ def sample_efficiency_lines(metrics: dict) -> list[str]:
     if retrieval and all("curve" in r for m in retrieval["models"].values() for r in m["runs"]):
         settings = retrieval["settings"]
         target = settings["target_accuracy"]
-        half = settings["batch_size"] // 2
-        per_step = {"needle": half, "mqar": settings["batch_size"] - half}
+        per_step = retrieval_examples_per_step(settings["batch_size"])
         lines += [f"Retrieval: the examples of each task a model needs to reach accuracy {target:g} (its mean curve over "
                   "seeds, linear between measurements), under each recipe at its best lr there; "
                   f"the budget is {settings['steps'] * per_step['needle']:,} needle and "
@@ -510,11 +508,11 @@ def learning_curve_lines(retrieval: dict | None) -> list[str]:
     if not retrieval or not all("curve" in r for m in retrieval["models"].values() for r in m["runs"]):
         return []
     settings, models = retrieval["settings"], retrieval["models"]
-    half = settings["batch_size"] // 2
+    per_step = retrieval_examples_per_step(settings["batch_size"])
     steps = [p["step"] for p in next(iter(models.values()))["runs"][0]["curve"]]
     lines = ["### Learning curves", "",
              "Accuracy (mean over the difficulty cells, mean ± std over seeds) after each number of training steps, each "
-             f"model at its best recipe and lr; a step is {half} needle and {settings['batch_size'] - half} MQAR examples.",
+             f"model at its best recipe and lr; a step is {per_step['needle']} needle and {per_step['mqar']} MQAR examples.",
              "", "| Task | Model | " + " | ".join(f"step {s:,}" for s in steps) + " |", "|---|---|" + "---:|" * len(steps)]
     for task in ("needle", "mqar"):
         for m in models.values():

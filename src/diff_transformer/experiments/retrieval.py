@@ -50,7 +50,7 @@ from ..ops import AttentionMaps
 from ..evaluation.attention_noise import MIN_ROW_SUM
 from ..evaluation.output import write_json
 from ..evaluation.quantization import QuantizeTap
-from ..train.config import OptimConfig, RetrievalConfig, TrainConfig
+from ..train.config import OptimConfig, RetrievalConfig, TrainConfig, retrieval_examples_per_step
 from ..train.optim import WarmupLinearSchedule, build_optimizer
 from .claims import mean_std
 
@@ -147,9 +147,9 @@ def to_batch(examples: Sequence[Example]) -> tuple[Tensor, Tensor]:
 def training_batch(config: RetrievalConfig, step: int) -> tuple[Tensor, Tensor]:
     """The batch of ``step``: the same for every model and seed (seeded by data_seed and step)."""
     rng = random.Random(f"retrieval-train/{config.data_seed}/{step}")
-    half = config.batch_size // 2
-    examples = [needle_example(rng, config, rng.choice(config.needles), rng.random()) for _ in range(half)]
-    examples += [mqar_example(rng, config, rng.choice(config.pairs)) for _ in range(config.batch_size - half)]
+    count = retrieval_examples_per_step(config.batch_size)
+    examples = [needle_example(rng, config, rng.choice(config.needles), rng.random()) for _ in range(count["needle"])]
+    examples += [mqar_example(rng, config, rng.choice(config.pairs)) for _ in range(count["mqar"])]
     return to_batch(examples)
 
 
@@ -426,6 +426,11 @@ def run_experiment(config: TrainConfig, names: Sequence[str], seeds: Sequence[in
     }
 
 
+def threads_per_job(jobs: int) -> int:
+    """The CPU threads each of ``jobs`` runs at a time gets: the cores shared out, at least one."""
+    return max(1, (os.cpu_count() or jobs) // jobs)
+
+
 def _worker_init(threads: int) -> None:
     """A pool worker: ``threads`` CPU threads; Ctrl-C is the parent's to handle (a run in progress
     finishes and is saved, the rest are cancelled)."""
@@ -438,7 +443,7 @@ def run_in_pool(function: Callable[..., dict], pending: list[tuple[tuple, tuple]
     """``function(*arguments)`` for every (unit, arguments) of ``pending`` in ``jobs`` worker processes
     (each with cores / jobs threads), ``done(unit, result, position)`` as each finishes. Ctrl-C waits
     for the runs in progress and cancels the rest; what ``done`` saved stays for --resume."""
-    threads = max(1, (os.cpu_count() or jobs) // jobs)
+    threads = threads_per_job(jobs)
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
                                                 initargs=(threads,)) as pool:

@@ -264,6 +264,12 @@ class RunConfig:
                 raise ConfigError(f"run.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
 
+def retrieval_examples_per_step(batch_size: int) -> dict[str, int]:
+    """The examples of each retrieval task in one training batch: half needle documents, half MQAR."""
+    half = batch_size // 2
+    return {"needle": half, "mqar": batch_size - half}
+
+
 @dataclass
 class RetrievalConfig:
     """The retrieval experiment of ``compare`` (the ``retrieval`` section of a config)."""
@@ -330,8 +336,7 @@ class RetrievalConfig:
 
     def examples_seen(self, task: str, step: int) -> int:
         """Training examples of ``task`` after ``step`` steps (each batch: half needle, half mqar)."""
-        half = self.batch_size // 2
-        return step * (half if task == "needle" else self.batch_size - half)
+        return step * retrieval_examples_per_step(self.batch_size)[task]
 
     @property
     def vocab_size(self) -> int:
