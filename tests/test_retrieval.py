@@ -197,6 +197,14 @@ def test_the_curve_is_measured_before_training_and_after_each_fraction_of_the_st
         RetrievalConfig(curve=[0.0, 0.5])
 
 
+def test_an_odd_batch_holds_one_needle_document_fewer_than_mqar_examples_and_the_counts_say_so():
+    config = RetrievalConfig(**{**SMALL, "batch_size": 5})
+    inputs, _ = training_batch(config, step=0)
+    needle_rows = sum(int((row == NEEDLE).any()) for row in inputs)  # only needle documents hold NEEDLE
+    assert (needle_rows, len(inputs) - needle_rows) == (2, 3)
+    assert config.examples_seen("needle", 7) == 14 and config.examples_seen("mqar", 7) == 21
+
+
 def test_a_run_records_its_learning_curve_from_the_untrained_model_to_the_end():
     config = RetrievalConfig(**{**SMALL, "steps": 4, "curve": [0.5]})
     result = run_one(config, "diff", 0, 3e-3)
