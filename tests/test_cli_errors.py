@@ -313,6 +313,29 @@ def test_an_unexpected_error_is_one_line_with_status_1(files, monkeypatch, capsy
     assert err == ["error: unexpected KeyError: 'a bug' (a bug? rerun with --debug for the traceback)"]
 
 
+class _Writes:
+    """A stderr that keeps each write call apart (as a pipe shared by several processes sees them)."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_an_error_line_is_one_write_so_that_the_ranks_lines_do_not_run_together(files, monkeypatch):
+    for argv, status in ((["info", str(files["damaged"])], 2), (["train", "--steps", "0"], 2)):
+        stderr = _Writes()
+        monkeypatch.setattr(sys, "stderr", stderr)
+        assert main(argv) == status
+        errors = [call for call in stderr.calls if "error" in call]
+        assert len(errors) == 1 and errors[0].startswith("error: ") and errors[0].endswith("\n"), stderr.calls
+
+
 def test_a_good_command_still_runs(files, capsys):
     assert main(["generate", str(files["ckpt"]), "--max-new-tokens", "3", "--temperature", "0", "--top-p", "1"]) == 0
     assert capsys.readouterr().err == ""

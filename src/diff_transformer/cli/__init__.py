@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error_line(str(exc))
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -66,11 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         if isinstance(exc, _input_errors()):
-            print(f"error: {_describe(exc)}", file=sys.stderr)
+            _error_line(_describe(exc))
             return 2
-        print(f"error: unexpected {type(exc).__name__}: {exc} (a bug? rerun with --debug for the traceback)",
-              file=sys.stderr)
+        _error_line(f"unexpected {type(exc).__name__}: {exc} (a bug? rerun with --debug for the traceback)")
         return 1
+
+
+def _error_line(message: str) -> None:
+    """"error: MESSAGE" and its newline in one write: under torchrun every rank writes to the same
+    stderr, and print's two writes (text, then newline) let the ranks' lines run into each other."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
 
 
 def _describe(exc: BaseException) -> str:
