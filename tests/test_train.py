@@ -18,7 +18,7 @@ from diff_transformer.data import corpus_documents, prepare
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import ConfigError, TrainingError, train
 from diff_transformer.train import state as state_module
-from diff_transformer.train import trainer as trainer_module
+from diff_transformer.train import step as step_module
 from diff_transformer.train.config import OptimConfig, config_from_dict
 from diff_transformer.train.distributed import Environment
 from diff_transformer.train.config import RECIPES
@@ -37,8 +37,9 @@ def byte_dataset(tmp_path_factory) -> Path:
     return directory / "shards"
 
 
-def debug_config(dataset: Path, out_dir: Path, models=None, **sections) -> "TrainConfig":  # noqa: F821
-    """A debug-preset config: 6 steps of 8 sequences of 32 tokens, evaluation every 3 steps."""
+def debug_data(dataset: Path, out_dir: Path, models=None, **sections) -> dict:
+    """A debug-preset config file's data: 6 steps of 8 sequences of 32 tokens, evaluation every 3 steps;
+    ``sections`` merged over it."""
     data = {
         "model": {"preset": "debug"},
         "models": models or {"diff": {"attention": "diff"}},
@@ -49,7 +50,19 @@ def debug_config(dataset: Path, out_dir: Path, models=None, **sections) -> "Trai
     }
     for section, values in sections.items():
         data[section] = {**data.get(section, {}), **values}
-    return config_from_dict(data)
+    return data
+
+
+def debug_config(dataset: Path, out_dir: Path, models=None, **sections) -> "TrainConfig":  # noqa: F821
+    """The trainer's config of :func:`debug_data`."""
+    return config_from_dict(debug_data(dataset, out_dir, models, **sections))
+
+
+def debug_experiment(dataset: Path, out_dir: Path, models=None, **sections) -> "ExperimentConfig":  # noqa: F821
+    """The whole config of :func:`debug_data`, its experiment sections too."""
+    from diff_transformer.experiments.config import experiment_from_dict
+
+    return experiment_from_dict(debug_data(dataset, out_dir, models, **sections))
 
 
 def losses(out_dir: Path, kind: str = "train") -> dict[int, float]:
@@ -201,7 +214,7 @@ def test_resume_refuses_a_config_that_changes_the_model_or_the_data(byte_dataset
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(byte_dataset, tmp_path, monkeypatch):
-    real = trainer_module._token_loss_sum
+    real = step_module.token_loss_sum
     calls = {"n": 0}
 
     def poisoned(model, inputs, targets):
@@ -209,7 +222,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(byte_dataset,
         loss = real(model, inputs, targets)
         return loss * float("nan") if calls["n"] == 3 else loss  # the third training forward: step 3
 
-    monkeypatch.setattr(trainer_module, "_token_loss_sum", poisoned)
+    monkeypatch.setattr(step_module, "token_loss_sum", poisoned)
     config = debug_config(byte_dataset, tmp_path, run={"checkpoint_every": 1, "eval_every": 100})
     result = train(config)
     assert result.status == "diverged" and result.steps == 2

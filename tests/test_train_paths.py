@@ -15,7 +15,7 @@ import yaml
 
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import train
-from diff_transformer.train import trainer as trainer_module
+from diff_transformer.train import step as step_module
 from diff_transformer.train.state import rng_states, set_rng_states
 from test_distributed import LOSS_TOLERANCE, free_port
 from test_train import byte_dataset, debug_config, losses  # noqa: F401  (byte_dataset is a fixture)
@@ -39,13 +39,13 @@ def test_rng_states_survive_a_save_and_load(tmp_path):
 def test_resume_replays_the_random_streams_bit_for_bit(byte_dataset, tmp_path, monkeypatch):  # noqa: F811
     """A loss that draws from torch's and Python's global RNGs (as dropout would) at every micro-batch:
     a run paused at step 3 and resumed logs exactly the losses of a straight run."""
-    real = trainer_module._token_loss_sum
+    real = step_module.token_loss_sum
 
     def noisy(model, inputs, targets):
         noise = torch.rand(()) + random.random()  # in [0, 2): changes the loss by up to 2e-3 of itself
         return real(model, inputs, targets) * (1 + 1e-3 * noise)
 
-    monkeypatch.setattr(trainer_module, "_token_loss_sum", noisy)
+    monkeypatch.setattr(step_module, "token_loss_sum", noisy)
     def seed_all(seed):  # the streams a fresh process would start from (the trainer seeds only torch's)
         torch.manual_seed(seed)
         random.seed(seed)

@@ -58,6 +58,7 @@ from .diagnostics import PROBE_SEQUENCES, GradientSpikes, probe
 from .distributed import Environment, all_reduce_sum, broadcast_from_main, parallelize, setup, teardown, unwrap
 from .events import EventFile
 from .optim import WarmupLinearSchedule, build_optimizer
+from .step import advance, clip_gradients, forward_backward, token_loss_sum
 from .state import (
     Progress, check_initial_tokenizer, check_initializable, check_resumable, find_checkpoint, load_training_checkpoint,
     load_weights, save_training_checkpoint, saved_step,
@@ -109,10 +110,10 @@ class DataPlan:
     """Which samples each process reads at each step, and the fixed validation set."""
 
     def __init__(self, config: TrainConfig, seq_len: int, env: Environment) -> None:
-        from ..data import MixedBatches, TokenShards, default_dataset
+        from ..data import MixedBatches, TokenShards, dataset_directory
 
         data = config.data
-        directory = default_dataset(data.cache_dir, progress=env.is_main) if data.dataset == "default" else Path(data.dataset)
+        directory = dataset_directory(data.dataset, data.cache_dir, progress=env.is_main)
         try:
             shards = TokenShards(directory, "train", within_documents=data.within_documents,
                                  long_document_tokens=data.long_document_tokens,
@@ -267,43 +268,6 @@ def _autocast(env: Environment, precision: str):
     return contextlib.nullcontext()
 
 
-def _no_gradient_sync(model: nn.Module, parallel: str, last_micro_batch: bool):
-    """Skip the gradient all-reduce on all but the last micro-batch of a step."""
-    if isinstance(model, nn.parallel.DistributedDataParallel) and not last_micro_batch:
-        return model.no_sync()
-    if parallel == "fsdp" and hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(last_micro_batch)
-    return contextlib.nullcontext()
-
-
-def _token_loss_sum(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum of the cross-entropy over the counted targets (those not -100), in fp32, without the
-    logits (the model's fused head and loss; called through DDP / FSDP / compile wrappers)."""
-    return model(inputs, targets, return_logits=False, reduction="sum")[1]
-
-
-def _forward_backward(model, forward_model, batches, env: Environment, parallel: str, autocast) -> tuple[float, int]:
-    """Accumulate the gradient of the global batch's mean loss over this process's micro-batches.
-
-    The targets of the whole global batch are counted first (one all-reduce) and each micro-batch's
-    loss sum is divided by that count, so the step's loss is the mean over every counted target of
-    the global batch, however it is cut. Returns (this process's loss sum, the global count).
-    """
-    local_count = sum(int((t != IGNORE_INDEX).sum()) for _, t in batches)
-    (global_count,) = all_reduce_sum([local_count], env)
-    # DDP and FSDP average the gradients over processes: scaling by world_size makes that a sum.
-    scale = env.world_size / max(global_count, 1)
-    loss_sum = torch.zeros((), device=env.device)
-    for m, (inputs, targets) in enumerate(batches):
-        inputs, targets = inputs.to(env.device, non_blocking=True), targets.to(env.device, non_blocking=True)
-        with _no_gradient_sync(model, parallel, last_micro_batch=m == len(batches) - 1):
-            with autocast:
-                micro_sum = _token_loss_sum(forward_model, inputs, targets)
-            (micro_sum * scale).backward()
-        loss_sum += micro_sum.detach()
-    return float(loss_sum), int(global_count)
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, batches, env: Environment, autocast) -> float:
     """Mean validation loss per counted target token over all processes' batches."""
@@ -312,7 +276,7 @@ def evaluate(model: nn.Module, batches, env: Environment, autocast) -> float:
     for inputs, targets in batches:
         inputs, targets = inputs.to(env.device), targets.to(env.device)
         with autocast:
-            loss_sum += float(_token_loss_sum(model, inputs, targets))
+            loss_sum += float(token_loss_sum(model, inputs, targets))
         count += int((targets != IGNORE_INDEX).sum())
     model.train()
     loss_sum, count = all_reduce_sum([loss_sum, count], env)
@@ -552,21 +516,16 @@ class _Run:
         """Forward and backward over this step's global batch, then clip:
         (mean loss per target token, gradient norm before clipping, processes asking to stop)."""
         batches = list(self.plan.micro_batches(self.progress.step))
-        local_loss_sum, global_count = _forward_backward(
+        local_loss_sum, global_count = forward_backward(
             self.model, self.forward_model, batches, self.env, self.config.run.parallel, self.autocast
         )
-        clip = self.optim.grad_clip if self.optim.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
-        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_gradients(self.raw_model, self.optim.grad_clip)
         step_loss_sum, stop_votes = all_reduce_sum([local_loss_sum, float(stop_requested)], self.env)
         return step_loss_sum / max(global_count, 1), float(grad_norm), stop_votes
 
     def update(self) -> None:
         """The optimizer and schedule step, and the counters of the step just taken."""
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.schedule.step()
+        advance(self.optimizer, self.schedule)
         self.progress.step += 1
         self.progress.samples += self.plan.batch_size
         self.progress.tokens += self.plan.batch_size * self.plan.seq_len
