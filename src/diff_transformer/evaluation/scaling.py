@@ -3,11 +3,10 @@ training tokens, and find the fraction of x DIFF needs to reach the Transformer'
 
 Input: several runs, each {attention, params, tokens, loss} (a JSON list, a {"runs": [...]}
 file, or the metrics.json that ``diff-transformer compare`` writes), or checkpoints whose
-validation loss is measured here. The fit has no scipy: for each c on a grid below the smallest
-loss, log(L − c) = log a − b·log x is a least-squares line; the c with the smallest squared
-error in L wins, then a golden-section search refines c between its grid neighbours. Three
-distinct x per architecture are needed for the three parameters; with two, c is fixed at 0
-(a pure power law) and the report says so; with one there is no fit, only the losses.
+validation loss is measured here. The fit is :func:`~diff_transformer.evaluation.stats.fit_power_law`
+(SciPy's least squares, c in [0, the smallest loss)). Three distinct x per architecture are needed
+for the three parameters; with two, c is fixed at 0 (a pure power law) and the report says so;
+with one there is no fit, only the losses.
 
 Matching fraction: at each baseline x_T, the fitted baseline loss L_T(x_T) and the DIFF x_D
 with L_D(x_D) = L_T(x_T); the fraction is x_D / x_T (the paper: ~0.62-0.65 for parameters,
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -29,75 +28,14 @@ from ..checkpoint import read_config
 from .models import BASELINE, DIFF_KINDS, ModelUnderTest
 from .output import KIND_COLORS, fmt, markdown_table, new_figure, save_figure
 from .scoring import token_nll
+from .stats import PowerLaw, fit_power_law
 from .texts import EvalText
 
 NAME = "scaling"
 TITLE = "Scaling laws (paper Fig. 3)"
 X_KINDS = ("params", "tokens")
 
-
-@dataclass
-class PowerLaw:
-    """L(x) = a·x^(−b) + c fitted to ``points`` runs; ``fixed_c`` when c was held at 0."""
-
-    a: float
-    b: float
-    c: float
-    rmse: float
-    points: int
-    fixed_c: bool = False
-
-    def __call__(self, x: float) -> float:
-        return self.a * x ** (-self.b) + self.c
-
-    def inverse(self, loss: float) -> float | None:
-        """The x where the law reaches ``loss``; None below its floor c (or for a flat law)."""
-        if loss <= self.c or self.a <= 0 or self.b == 0:
-            return None
-        return ((loss - self.c) / self.a) ** (-1.0 / self.b)
-
-
-def _line_fit(log_x: np.ndarray, y: np.ndarray, c: float) -> tuple[float, float, float]:
-    """(a, b, squared error in y) of the best power law with floor c."""
-    slope, intercept = np.polyfit(log_x, np.log(y - c), 1)
-    a, b = math.exp(intercept), -slope
-    sse = float(np.sum((a * np.exp(-b * log_x) + c - y) ** 2))
-    return a, b, sse
-
-
-def fit_power_law(x: Iterable[float], loss: Iterable[float], *, grid: int = 400) -> PowerLaw:
-    """Fit L = a·x^(−b) + c (see the module docstring); needs two or more distinct x > 0."""
-    x = np.asarray(list(x), dtype=np.float64)
-    y = np.asarray(list(loss), dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError("x and loss must be two sequences of the same length")
-    if np.any(x <= 0) or np.any(~np.isfinite(x)) or np.any(~np.isfinite(y)) or np.any(y <= 0):
-        raise ValueError("x and loss must be positive and finite")
-    distinct = len(np.unique(x))
-    if distinct < 2:
-        raise ValueError(f"a power law needs at least two distinct x, got {distinct}")
-    log_x = np.log(x)
-    if distinct == 2:
-        a, b, sse = _line_fit(log_x, y, 0.0)
-        return PowerLaw(a, b, 0.0, math.sqrt(sse / len(y)), len(y), fixed_c=True)
-    top = float(y.min()) * (1 - 1e-9)
-    cs = np.linspace(0.0, top, grid, endpoint=False)
-    errors = [_line_fit(log_x, y, c)[2] for c in cs]
-    best = int(np.argmin(errors))
-    lo, hi = cs[max(best - 1, 0)], (cs[best + 1] if best + 1 < len(cs) else top)
-    golden = (math.sqrt(5) - 1) / 2
-    for _ in range(100):  # golden-section search for the c of least error in [lo, hi]
-        m1, m2 = hi - golden * (hi - lo), lo + golden * (hi - lo)
-        if _line_fit(log_x, y, m1)[2] <= _line_fit(log_x, y, m2)[2]:
-            hi = m2
-        else:
-            lo = m1
-    c = (lo + hi) / 2
-    a, b, sse = _line_fit(log_x, y, c)
-    if sse > errors[best]:
-        c = float(cs[best])
-        a, b, sse = _line_fit(log_x, y, c)
-    return PowerLaw(a, b, c, math.sqrt(sse / len(y)), len(y))
+__all__ = ["PowerLaw", "evaluate", "fit_power_law", "load_runs", "runs_from_json"]
 
 
 # --- runs ------------------------------------------------------------------------------------------------
@@ -114,9 +52,12 @@ def _run_record(item: dict, source: str) -> dict[str, Any]:
 
 
 def runs_from_json(data: Any, source: str = "results") -> list[dict[str, Any]]:
-    """Runs from a list of run dicts, {"runs": [...]}, or a compare metrics.json ({"models": {...}})."""
+    """Runs from a list of run dicts, {"runs": [...]}, or a compare metrics.json ({"lm": {"models": {...}}},
+    or {"models": {...}} as comparisons wrote it before)."""
     if isinstance(data, dict) and isinstance(data.get("runs"), list):
         data = data["runs"]
+    if isinstance(data, dict) and isinstance(data.get("lm"), dict):
+        data = data["lm"]
     if isinstance(data, dict) and isinstance(data.get("models"), dict):
         data = [{"label": name, **_compare_model(model, f"{source}: models.{name}")} for name, model in data["models"].items()]
     if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
