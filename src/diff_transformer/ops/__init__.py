@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .limits import TRITON_HEAD_DIMS
 from .decode import decode_diff_attention, decode_diff_attention_packed
 from .materialized import materialized_diff_attention, materialized_diff_attention_grouped
 from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
@@ -65,7 +66,6 @@ __all__ = [
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # read once at import
 _TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # Triton's test-only CPU mode
-TRITON_HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # d the fused kernel takes (96: padded to 128 inside)
 
 # Longest keys for which "auto" picks "math" on CPU: at the tiny model's shapes (batch 8), in
 # forward + backward, it is 2.3–2.5x faster than "sdpa_split" up to 512 keys, 1.2–1.7x at 1,024

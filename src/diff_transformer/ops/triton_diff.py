@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import TRITON_HEAD_DIMS
+from .limits import TRITON_HEAD_DIMS
 
 _TRUE = ("1", "true", "yes", "on")
 
