@@ -12,7 +12,7 @@ prepare (text -> shards), shards (TokenShards), mixture (MixedBatches), syntheti
 
 from ..loss import IGNORE_INDEX
 from .bpe import default_tokenizer, train_bpe
-from .corpus import cache_root, corpus_documents, default_dataset
+from .corpus import EMBEDDED_DATASETS, cache_root, corpus_documents, dataset_directory, default_dataset
 from .inputs import InputError
 from .mixture import MixedBatches
 from .prepare import prepare, read_meta
@@ -24,7 +24,9 @@ __all__ = [
     "MixedBatches",
     "TokenShards",
     "cache_root",
+    "EMBEDDED_DATASETS",
     "corpus_documents",
+    "dataset_directory",
     "default_dataset",
     "default_tokenizer",
     "prepare",

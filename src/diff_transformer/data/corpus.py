@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ..files import cache_root, naming_os_errors, os_error_naming
+from ..tokenizer import ByteTokenizer
 from .bpe import ASSETS, DEFAULT_TOKENIZER_FILE, default_tokenizer
 from .inputs import in_memory_documents
 from .prepare import DEFAULT_VAL_FRACTION, FORMAT_VERSION, META_FILE, write_shards
@@ -49,25 +50,41 @@ def corpus_titles() -> dict[str, str]:
     return {r["name"]: r["title"] for r in _corpus_records()}
 
 
-def _fingerprint() -> str:
+# The embedded corpus as a dataset name (data.dataset): tokenized with the shipped BPE, or byte by byte
+# (257 tokens: small models spend their parameters on the network rather than the embedding).
+EMBEDDED_DATASETS = {"default": "bpe", "default-bytes": "bytes"}
+
+
+def _fingerprint(tokenizer: str = "bpe") -> str:
     """What the prepared corpus depends on: corpus files, tokenizer, format, split settings."""
     digest = hashlib.sha256()
-    for path in [CORPUS_DIR / name for name in CORPUS_FILES] + [DEFAULT_TOKENIZER_FILE]:
+    for path in [CORPUS_DIR / name for name in CORPUS_FILES] + ([DEFAULT_TOKENIZER_FILE] if tokenizer == "bpe" else []):
         digest.update(path.read_bytes())
+    if tokenizer != "bpe":
+        digest.update(f"tokenizer {tokenizer}".encode())
     # The layout written: token shards with their document ends (another layout, another directory).
     digest.update(f"format {FORMAT_VERSION} document ends val {DEFAULT_VAL_FRACTION} seed {DEFAULT_SPLIT_SEED}".encode())
     return digest.hexdigest()[:16]
 
 
-def default_dataset(cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
-    """The embedded corpus prepared with the shipped BPE: a dataset directory for TokenShards.
+def dataset_directory(name: str, cache_dir: str | Path | None = None, *, progress: bool = True) -> Path:
+    """The directory of data.dataset ``name``: the embedded corpus (``default``, ``default-bytes``),
+    prepared on first use, or a ``prepare``d folder."""
+    if name in EMBEDDED_DATASETS:
+        return default_dataset(cache_dir, progress=progress, tokenizer=EMBEDDED_DATASETS[name])
+    return Path(name)
+
+
+def default_dataset(cache_dir: str | Path | None = None, *, progress: bool = True, tokenizer: str = "bpe") -> Path:
+    """The embedded corpus prepared with the shipped BPE (``tokenizer="bytes"``: byte by byte): a
+    dataset directory for TokenShards.
 
     Built once (about ten seconds) into ``cache_root(cache_dir)/corpus-<fingerprint>`` and reused.
     Safe when several processes ask at once (torchrun ranks): they take turns under a file lock,
     the first builds into a temporary directory and renames it into place, the others find it.
     """
     root = cache_root(cache_dir)
-    target = root / f"corpus-{_fingerprint()}"
+    target = root / f"corpus-{_fingerprint(tokenizer)}"
     if (target / META_FILE).is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -85,7 +102,9 @@ def default_dataset(cache_dir: str | Path | None = None, *, progress: bool = Tru
             with naming_os_errors(target, tmp):
                 os.chmod(tmp, 0o755)
                 write_shards(
-                    in_memory_documents(corpus_documents()), tmp, default_tokenizer(), tokenizer_source="default",
+                    in_memory_documents(corpus_documents()), tmp,
+                    default_tokenizer() if tokenizer == "bpe" else ByteTokenizer(),
+                    tokenizer_source="default" if tokenizer == "bpe" else "bytes",
                     sources=[{"path": "embedded corpus", "kind": "corpus", "documents": len(_corpus_records())}],
                     val_fraction=DEFAULT_VAL_FRACTION, seed=DEFAULT_SPLIT_SEED, progress=progress,
                 )

@@ -20,6 +20,10 @@ Registered generators (``GENERATORS``; a training config mixes them with ``data.
 The same builders (:func:`build_needle_example`, :func:`build_mqar_example`,
 :func:`keyword_task`, :func:`format_demonstration`) make the evaluation suite's test items, so
 training and evaluation see exactly the same format.
+
+The retrieval experiment's tasks on a small symbolic vocabulary (:class:`SymbolicTask`:
+:func:`symbolic_needle`, :func:`symbolic_mqar`, :func:`symbolic_batch`) are here too: the same two
+skills without a corpus, learnt by a 2-layer model in about a minute.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
+
+import torch
+
+from ..loss import IGNORE_INDEX
 
 Filler = Callable[[random.Random, int], list[int]]
 
@@ -402,3 +410,118 @@ def icl_generator(rng: random.Random, tokenizer, length: int, filler: Filler) ->
         body += answer + newline
     tokens, offset = _with_prefix(rng, filler, body, length)
     return tokens, _loss_mask(len(tokens), [(s + offset, e + offset) for s, e in label_spans])
+
+
+# --- symbolic retrieval (the retrieval experiment's small vocabulary) ------------------------------------
+#
+#   needle   BOS noise … NEEDLE k₁ v₁ … noise … NEEDLE k₂ v₂ … noise … QUERY kᵢ → vᵢ
+#            N needles (N − 1 distractors with other keys) among random noise tokens; the
+#            queried needle sits at a chosen depth; one answer token is scored.
+#   mqar     BOS k₁ v₁ k₂ v₂ … k_D v_D noise … kₐ → vₐ  k_b → v_b …
+#            multi-query associative recall: D pairs, then several of their keys again;
+#            every value after a repeated key is scored.
+
+# Token layout of the symbolic vocabulary: markers, then keys, values and noise tokens.
+BOS, NEEDLE, QUERY = 0, 1, 2
+FIRST_KEY = 4  # 4 markers: BOS, NEEDLE, QUERY and one spare
+
+
+@dataclass(frozen=True)
+class SymbolicTask:
+    """The vocabulary and length of the symbolic retrieval examples: ``length`` tokens of model input
+    per example, ``keys``, ``values`` and ``noise_tokens`` distinct tokens; ``queries`` MQAR keys
+    asked again per example (None: every pair, in a random order)."""
+
+    length: int
+    keys: int
+    values: int
+    noise_tokens: int
+    queries: int | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST_KEY + self.keys + self.values + self.noise_tokens
+
+    @property
+    def key_tokens(self) -> range:
+        return range(FIRST_KEY, FIRST_KEY + self.keys)
+
+    @property
+    def value_tokens(self) -> range:
+        return range(FIRST_KEY + self.keys, FIRST_KEY + self.keys + self.values)
+
+    @property
+    def noise(self) -> range:
+        return range(self.value_tokens.stop, self.value_tokens.stop + self.noise_tokens)
+
+
+@dataclass
+class SymbolicExample:
+    """One generated example: ``tokens`` (length + 1), and the positions (in the model's input,
+    i.e. predicting tokens[pos + 1]) whose next token is scored."""
+
+    tokens: list[int]
+    answer_positions: list[int]
+    answer_span: tuple[int, int] = (0, 0)  # needle: [start, end) of the queried needle's tokens
+    query_start: int = 0  # needle: where the query begins
+
+
+def symbolic_needle(rng: random.Random, task: SymbolicTask, n_needles: int, depth: float) -> SymbolicExample:
+    """BOS, noise with ``n_needles`` (NEEDLE key value) triples, then QUERY key → value.
+
+    The queried needle starts at ``depth`` of the body (0 = first, 1 = last possible slot);
+    the distractors take random free slots, keys are distinct.
+    """
+    body = task.length - 2  # tokens[0] = BOS; the query's two tokens and the answer close the example
+    n_body = body - 1
+    keys = rng.sample(task.key_tokens, n_needles)
+    values = [rng.choice(task.value_tokens) for _ in keys]
+    slots = n_body - 3 * n_needles  # noise tokens
+    # Place needles as items among noise: the queried one at the position matching depth.
+    queried = round(depth * slots)
+    others = sorted(rng.randint(0, slots) for _ in range(n_needles - 1))
+    starts_in_noise = sorted([(queried, 0)] + [(p, i + 1) for i, p in enumerate(others)])
+    tokens = [BOS]
+    span = (0, 0)
+    noise_used = 0
+    for position, index in starts_in_noise:
+        tokens += [rng.choice(task.noise) for _ in range(position - noise_used)]
+        noise_used = position
+        if index == 0:
+            span = (len(tokens), len(tokens) + 3)
+        tokens += [NEEDLE, keys[index], values[index]]
+    tokens += [rng.choice(task.noise) for _ in range(slots - noise_used)]
+    query_start = len(tokens)
+    tokens += [QUERY, keys[0], values[0]]
+    assert len(tokens) == task.length + 1
+    return SymbolicExample(tokens, [task.length - 1], span, query_start)
+
+
+def symbolic_mqar(rng: random.Random, task: SymbolicTask, n_pairs: int) -> SymbolicExample:
+    """BOS, ``n_pairs`` key-value pairs, noise, then ``task.queries`` of the keys again (default: all,
+    shuffled), each followed by its value (scored)."""
+    keys = rng.sample(task.key_tokens, n_pairs)
+    values = [rng.choice(task.value_tokens) for _ in keys]
+    tokens = [BOS]
+    for k, v in zip(keys, values):
+        tokens += [k, v]
+    asked = rng.sample(range(n_pairs), task.queries or n_pairs)
+    gap = task.length + 1 - len(tokens) - 2 * len(asked)
+    tokens += [rng.choice(task.noise) for _ in range(gap)]
+    positions = []
+    for i in asked:
+        tokens += [keys[i], values[i]]
+        positions.append(len(tokens) - 2)  # the key's position predicts the value
+    assert len(tokens) == task.length + 1
+    return SymbolicExample(tokens, positions)
+
+
+def symbolic_batch(examples: Sequence[SymbolicExample]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets), each (B, length); targets are -100 (not counted) except at the answers."""
+    tokens = torch.tensor([e.tokens for e in examples])
+    inputs = tokens[:, :-1]
+    targets = torch.full_like(inputs, IGNORE_INDEX)
+    for row, example in enumerate(examples):
+        for position in example.answer_positions:
+            targets[row, position] = tokens[row, position + 1]
+    return inputs, targets
