@@ -8,9 +8,9 @@ ours, are built with the shapes of the config's first DIFF and first standard mo
 come from ``interop.hf.hf_config_dict``, which export uses; the parameter counts are checked) and
 trained exactly as ours are trained; what is not shared is the model code.
 
-``--task lm`` (the default): the language models, on the batches of our trainer (``DataPlan``) with
-its loss normalisation (``trainer._forward_backward``), validation loss (``trainer.evaluate``),
-AdamW parameter groups, warmup + linear-decay schedule and gradient clipping, fp32 on the CPU,
+``--task lm`` (the default): the language models, on the batches of our trainer (``DataPlan``),
+through the trainer's step (``train.step``: its loss normalisation, AdamW parameter groups, warmup +
+linear-decay schedule and gradient clipping) and validation loss (``trainer.evaluate``), fp32 on the CPU,
 ``torch.manual_seed(seed)`` before building each model. HF initialises every matrix N(0, init_std)
 (``--recipes plain-init``, the default); ``--recipes scaled-init`` then divides o_proj and down_proj
 by sqrt(2L), as ours initialises them by default.
@@ -20,7 +20,8 @@ DIR/results.md.
 
 ``--task retrieval``: the retrieval experiment's models (``experiments.retrieval``, the config's
 ``retrieval`` section), ours and HF's, trained on the same generated batches with the same recipe
-and measured along training on the same held-out cells (``learning_curve``), under each init recipe:
+and measured along training on the same held-out cells (``learning_curve``, the trainer's step with
+the config's optimizer), run by the studies' runner (``--jobs``), under each init recipe:
 ``plain-init`` is HF's own initialisation, ``scaled-init`` rescales HF's o_proj and down_proj by
 1/sqrt(2L) after it (what ours does). Writes DIR/retrieval.json and DIR/retrieval.md: per recipe and
 point of the curve, DIFF − Transformer in our implementation next to DiffLlama − Llama in HF's.
@@ -29,35 +30,35 @@ point of the curve, DIFF − Transformer in our implementation next to DiffLlama
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import hashlib
 import json
 import math
-import multiprocessing
-import os
 import statistics
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diff_transformer.evaluation.stats import MeanStd, welch_difference
+from diff_transformer.experiments import load_experiment
+from diff_transformer.experiments.config import INIT_RECIPES, retrieval_examples_per_step
+from diff_transformer.experiments.results import CurvePoint, to_json
+from diff_transformer.experiments.retrieval import TASKS, learning_curve
+from diff_transformer.experiments.runner import PoolJob, run_jobs
+from diff_transformer.experiments.study import RunKey
 from diff_transformer.interop.hf import hf_config_dict
 from diff_transformer.loss import IGNORE_INDEX
 from diff_transformer.model import LanguageModel
-from diff_transformer.train import load_config
-from diff_transformer.experiments.claims import difference
-from diff_transformer.experiments.retrieval import TASKS, learning_curve
-from diff_transformer.train.config import INIT_RECIPES, retrieval_examples_per_step
-from diff_transformer.train.distributed import Environment
 from diff_transformer.train.optim import WarmupLinearSchedule, build_optimizer
-from diff_transformer.train.trainer import DataPlan, _forward_backward, evaluate
+from diff_transformer.train.step import CPU, advance, clip_gradients, forward_backward
+from diff_transformer.train.trainer import DataPlan, evaluate
 
 HF_NAMES = {"diff": "DiffLlama", "standard": "Llama"}  # our attention kind -> the HF model trained for it
-CPU = Environment(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
 class HFAdapter(nn.Module):
@@ -114,16 +115,14 @@ def train_one(model_config, optim, plan: DataPlan, validation, steps: int, eval_
     for step in range(1, steps + 1):
         batches = list(plan.micro_batches(step - 1))
         seen.update(batches_digest(batches).encode())
-        loss_sum, n_targets = _forward_backward(model, model, batches, CPU, "ddp", nullcontext())
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip or float("inf")))
+        loss_sum, n_targets = forward_backward(model, model, batches, CPU)
+        grad_norm = clip_gradients(model, optim.grad_clip)
         loss = loss_sum / max(n_targets, 1)
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             record["status"] = "diverged"
             print(f"{label}: step {step}: loss {loss} / gradient norm {grad_norm} is not finite: stopped", flush=True)
             break
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
+        advance(optimizer, schedule)
         if step % eval_every == 0 or step == steps:
             record["final_val_loss"] = record["val_curve"][step] = evaluate(model, validation, CPU, nullcontext())
             print(f"{label}: step {step}/{steps} train {loss:.4f} val {record['final_val_loss']:.4f} "
@@ -132,15 +131,10 @@ def train_one(model_config, optim, plan: DataPlan, validation, steps: int, eval_
     return record
 
 
-def stats(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values) if values else None,
-            "std": statistics.stdev(values) if len(values) > 1 else None, "per_seed": values}
-
-
 def pick_models(config) -> dict[str, str]:
     """{"diff": the first DIFF entry, "standard": the first standard one} among the compared models."""
-    names = config.compare.models or list(config.models)
-    picked = {kind: next((n for n in names if config.models[n].attention == kind), None) for kind in HF_NAMES}
+    names = config.compare.models or list(config.train.models)
+    picked = {kind: next((n for n in names if config.attention(n) == kind), None) for kind in HF_NAMES}
     missing = [kind for kind, name in picked.items() if name is None]
     if missing:
         sys.exit(f"config {config.name!r} has no {' or '.join(missing)} model among {', '.join(names)}")
@@ -151,7 +145,7 @@ def parameter_counts(config, picked: dict[str, str]) -> dict[str, dict[str, int]
     """Ours vs HF's per kind; Llama must equal ours, DiffLlama lacks only the head-norm weights (2d a layer)."""
     counts = {}
     for kind, name in picked.items():
-        model_config = config.models[name].model_config()
+        model_config = config.train.model(name).model_config()
         ours = LanguageModel(model_config, device="meta").num_parameters()
         hf = count(build_hf(model_config, 0))
         head_norm = model_config.n_layers * 2 * model_config.head_dim if kind == "diff" else 0
@@ -191,9 +185,29 @@ def scale_residual_writers(model: nn.Module, n_layers: int) -> None:
                 parameter.mul_(1 / math.sqrt(2 * n_layers))
 
 
-def retrieval_unit(settings, unit: tuple) -> dict:
-    """One retrieval model (recipe, seed, "ours" or "hf", kind, lr) trained, with its learning curve."""
-    recipe, seed, impl, kind, lr = unit
+@dataclass
+class ReferenceRun:
+    """One retrieval model of the check: which one, and its learning curve."""
+
+    recipe: str
+    seed: int
+    impl: str  # "ours" or "hf"
+    kind: str  # our attention kind ("diff", "standard")
+    model: str  # how the tables name it
+    lr: float
+    parameters: int
+    curve: list[CurvePoint]
+    curve_area: dict[str, float]
+    train_seconds: float
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ReferenceRun":
+        return cls(**{**data, "curve": [CurvePoint(**p) for p in data["curve"]]})
+
+
+def retrieval_unit(config, recipe: str, seed: int, impl: str, kind: str, lr: float) -> ReferenceRun:
+    """One retrieval model trained (ours or HF's, of attention ``kind``), with its learning curve."""
+    settings = config.retrieval
     model_config = settings.model_config(kind, **INIT_RECIPES[recipe])
     if impl == "ours":
         torch.manual_seed(seed)
@@ -202,7 +216,10 @@ def retrieval_unit(settings, unit: tuple) -> dict:
         model = build_hf(model_config, seed)
         if INIT_RECIPES[recipe]["scale_residual_init"]:
             scale_residual_writers(model, model_config.n_layers)
-    return {"parameters": count(model), **learning_curve(model, settings, lr)}
+    trained = learning_curve(model, settings, config.retrieval_optim(lr))
+    name = HF_NAMES[kind] if impl == "hf" else {"diff": "DIFF", "standard": "Transformer"}[kind]
+    return ReferenceRun(recipe, seed, impl, kind, name, lr, count(model), trained.curve, trained.curve_area,
+                        trained.train_seconds)
 
 
 def retrieval_check(config, picked: dict[str, str], recipes: list[str], grid: list[float] | None, seeds: list[int],
@@ -212,30 +229,22 @@ def retrieval_check(config, picked: dict[str, str], recipes: list[str], grid: li
     units = [(recipe, seed, impl, kind, lr) for recipe in recipes for seed in seeds for impl in ("ours", "hf")
              for kind in HF_NAMES
              for lr in (grid or [config.lr_for(picked[kind], recipe, "retrieval")])]
-    runs = []
+    pool = [PoolJob(RunKey(f"{impl}-{kind}", seed, lr, recipe), f"{recipe} {impl} {kind} lr {lr:g} seed {seed}",
+                    out / "runs" / recipe / impl / kind / f"lr-{lr:g}" / f"seed-{seed}.json", retrieval_unit,
+                    (config, recipe, seed, impl, kind, lr), ReferenceRun.from_dict)
+            for recipe, seed, impl, kind, lr in units]
 
-    def done(unit: tuple, result: dict) -> None:
-        recipe, seed, impl, kind, lr = unit
-        name = HF_NAMES[kind] if impl == "hf" else {"diff": "DIFF", "standard": "Transformer"}[kind]
-        print(f"[{len(runs) + 1}/{len(units)}] {recipe} {impl} {name} lr {lr:g} seed {seed}: "
-              + ", ".join(f"{t} {result['curve'][-1]['mean_accuracy'][t]:.3f}" for t in TASKS)
-              + f" ({result['train_seconds']:.0f} s)", flush=True)
-        runs.append({"recipe": recipe, "seed": seed, "impl": impl, "kind": kind, "model": name, "lr": lr, **result})
+    def describe(job: PoolJob, run: ReferenceRun) -> str:
+        return (f"{job.label}: " + ", ".join(f"{t} {run.curve[-1].mean_accuracy[t]:.3f}" for t in TASKS)
+                + f" ({run.train_seconds:.0f} s)")
 
-    if jobs > 1:  # worker processes of cores / jobs threads each, as compare's --jobs
-        threads = max(1, (os.cpu_count() or jobs) // jobs)
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=torch.set_num_threads,
-                                                    initargs=(threads,)) as pool:
-            futures = {pool.submit(retrieval_unit, settings, unit): unit for unit in units}
-            for future in concurrent.futures.as_completed(futures):
-                done(futures[future], future.result())
-    else:
-        for unit in units:
-            done(unit, retrieval_unit(settings, unit))
+    runs = [to_json(run) for run in run_jobs(pool, at_once=jobs, describe=describe).values()]
 
     def final(run: dict) -> float:
         return statistics.fmean(run["curve"][-1]["mean_accuracy"].values())
+
+    def difference(ours: list[float], base: list[float]) -> dict:
+        return to_json(welch_difference(ours, base))
 
     table = {}
     for recipe in recipes:
@@ -320,9 +329,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     key = "retrieval.steps" if args.task == "retrieval" else "run.steps"
-    config = load_config(args.config, [f"{key}={args.steps}"] if args.steps else [])
+    config = load_experiment(args.config, [f"{key}={args.steps}"] if args.steps else [])
     picked = pick_models(config)
-    seeds = [config.run.seed + i for i in range(args.seeds or config.compare.seeds)]
+    seeds = [config.train.run.seed + i for i in range(args.seeds or config.compare.seeds)]
     if args.task == "retrieval":
         recipes = args.recipes.split(",") if args.recipes else (config.compare.recipes or ["scaled-init"])
         unknown = [r for r in recipes if r not in INIT_RECIPES]
@@ -334,9 +343,10 @@ def main(argv: list[str] | None = None) -> dict:
     recipe = args.recipes or "plain-init"  # HF's own initialisation
     if recipe not in INIT_RECIPES:
         sys.exit(f"--recipes: --task lm takes one init recipe ({', '.join(INIT_RECIPES)}), got {recipe!r}")
-    steps, model_configs = config.run.steps, {kind: config.models[name].model_config() for kind, name in picked.items()}
-    seq_len = config.data.seq_len or model_configs["diff"].max_seq_len
-    plan = DataPlan(config, seq_len, CPU)
+    train = config.train
+    steps, model_configs = train.run.steps, {kind: train.model(name).model_config() for kind, name in picked.items()}
+    seq_len = train.data.seq_len or model_configs["diff"].max_seq_len
+    plan = DataPlan(train, seq_len, CPU)
     validation = plan.validation_batches()
     params = parameter_counts(config, picked)
     for name, p in params.items():
@@ -346,9 +356,9 @@ def main(argv: list[str] | None = None) -> dict:
     for seed in seeds:
         for lr in grid:
             for kind, name in picked.items():
-                optim = config.optim_for(name, lr)
+                optim = train.optim_for(name, lr)
                 label = f"[{len(runs) + 1}/{total}] {HF_NAMES[kind]} lr {optim.lr:g} seed {seed}"
-                run = train_one(model_configs[kind], optim, plan, validation, steps, config.run.eval_every, seed, label,
+                run = train_one(model_configs[kind], optim, plan, validation, steps, train.run.eval_every, seed, label,
                                 recipe)
                 runs.append({"model": HF_NAMES[kind], "ours": name, "lr": optim.lr, "seed": seed, **run})
 
@@ -357,22 +367,22 @@ def main(argv: list[str] | None = None) -> dict:
         by_lr = {}
         for lr in dict.fromkeys(r["lr"] for r in runs if r["model"] == name):
             done = [r["final_val_loss"] for r in runs if r["model"] == name and r["lr"] == lr and r["status"] == "completed"]
-            by_lr[f"{lr:g}"] = {"final_val_loss": stats(done), "diverged": len(seeds) - len(done)}
+            by_lr[f"{lr:g}"] = {"final_val_loss": to_json(MeanStd.of(done)), "diverged": len(seeds) - len(done)}
         finished = {lr: cell["final_val_loss"]["mean"] for lr, cell in by_lr.items() if cell["diverged"] == 0}
         best = min(finished, key=finished.get) if finished else None
         models[name] = {"by_lr": by_lr, "best_lr": None if best is None else float(best),
                         "final_val_loss": by_lr[best]["final_val_loss"] if best else None}
     both = all(m["final_val_loss"] for m in models.values())
     results = {
-        "config": config.name, "recipe": recipe, "steps": steps, "seq_len": seq_len, "batch_size": config.data.batch_size,
+        "config": config.name, "recipe": recipe, "steps": steps, "seq_len": seq_len, "batch_size": train.data.batch_size,
         "seeds": seeds, "lr_grid": list(dict.fromkeys(r["lr"] for r in runs)),
         "hf_configs": {HF_NAMES[k]: hf_config_dict(c, eos_id=None) for k, c in model_configs.items()},
         "parameters": params,
         "train_batches_sha256": runs[0]["train_batches_sha256"], "validation_sha256": batches_digest(validation),
         "same_batches": len({r["train_batches_sha256"] for r in runs}) == 1,
         "models": models,
-        "difference": difference(models["DiffLlama"]["final_val_loss"]["per_seed"],
-                                 models["Llama"]["final_val_loss"]["per_seed"]) if both else None,
+        "difference": to_json(welch_difference(models["DiffLlama"]["final_val_loss"]["per_seed"],
+                                               models["Llama"]["final_val_loss"]["per_seed"])) if both else None,
         "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)

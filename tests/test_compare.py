@@ -7,15 +7,19 @@ from functools import partial
 
 import pytest
 
+import yaml
+
 from diff_transformer.checkpoint import load_checkpoint_tokenizer
 from diff_transformer.cli import main
 from diff_transformer.evaluation import SuiteResult, run_suite
+from diff_transformer.experiments import compare, load_experiment, select_models
+from diff_transformer.experiments.language_models import LanguageModelling, run_config
+from diff_transformer.experiments.report import render_report
+from diff_transformer.experiments.study import NoBestLearningRate, RunKey, sweep
 from diff_transformer.model import LanguageModel
-from diff_transformer.experiments import compare
-from diff_transformer.train import ConfigError, TrainingError, load_config
-from diff_transformer.experiments.compare import select_models
-from diff_transformer.experiments.report import build_metrics, render_report
-from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset is a fixture)
+from diff_transformer.train import ConfigError, load_config
+from planted import compare_metrics, lm, lm_sweep, retrieval, retrieval_run, summary, training_run
+from test_train import byte_dataset, debug_experiment  # noqa: F401  (byte_dataset is a fixture)
 
 MODELS = {
     "standard": {"attention": "standard", "label": "Transformer", "paper_row": "transformer"},
@@ -25,7 +29,7 @@ MODELS = {
 
 @pytest.mark.slow  # a learning-rate sweep of both models
 def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(byte_dataset, tmp_path):  # noqa: F811
-    config = debug_config(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 3, "eval_every": 3})
+    config = debug_experiment(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 3, "eval_every": 3})
     seen = {}
 
     def evaluation(checkpoints, out_dir):
@@ -36,26 +40,26 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
     grid = [1e-3, 1e-2]
     metrics = compare(config, out, lr_grid=grid, evaluation=evaluation, progress=False)
 
-    assert list(metrics["models"]) == ["standard", "diff"]
-    for name, m in metrics["models"].items():
-        sweep = metrics["lr_sweep"][name]
-        losses = {lr: sweep["by_recipe"][""]["final_val_loss"][f"{lr:g}"]["mean"] for lr in grid}  # no recipe dimension
-        assert sweep["best"] == min(losses, key=losses.get)  # its own best, by final validation loss
-        assert m["final_val_loss"]["mean"] == pytest.approx(losses[sweep["best"]])
+    assert list(metrics.models) == ["standard", "diff"]
+    for name, m in metrics.models.items():
+        by_lr = metrics.lm.sweeps[name].runs[None]  # no recipe dimension
+        losses = {lr: sum(r.summary.final_val_loss for r in runs) / len(runs) for lr, runs in by_lr.items()}
+        assert m.lr == min(losses, key=losses.get)  # its own best, by final validation loss
+        assert m.final_val_loss.mean == pytest.approx(losses[m.lr])
         # min_lr keeps its ratio to lr (3e-4 / 3e-3) at every grid value.
         for lr in grid:
             first = json.loads((out / "runs" / name / f"lr-{lr:g}" / "seed-0" / "metrics.jsonl").read_text().splitlines()[0])
             assert first["lr"] == pytest.approx(lr / 2)  # step 0 of a 2-step warmup
-        assert m["tokens"] == 3 * 8 * 32 and m["status"] == ["completed"]
-        assert m["final_val_loss"]["mean"] > 0 and m["tokens_per_s"]["mean"] > 0 and m["peak_memory_bytes"] > 0
+        assert m.tokens == 3 * 8 * 32 and m.status == ["completed"]
+        assert m.final_val_loss.mean > 0 and m.tokens_per_s.mean > 0 and m.peak_memory_bytes > 0
         model = LanguageModel.from_pretrained(out / name)  # the best run's final checkpoint, with its tokenizer
-        assert model.config.attention == m["attention"] and model.num_parameters() == m["parameters"]
+        assert model.config.attention == m.attention and model.num_parameters() == m.parameters
         assert load_checkpoint_tokenizer(out / name) is not None
-        best_dir = out / "runs" / name / f"lr-{sweep['best']:g}" / "seed-0" / "checkpoint"
-        assert seen[f"{config.models[name].display_name} s0"] == best_dir
+        best_dir = out / "runs" / name / f"lr-{m.lr:g}" / "seed-0" / "checkpoint"
+        assert seen[f"{config.model_name(name)} s0"] == best_dir
         assert (out / name / "model.safetensors").read_bytes() == (best_dir / "model.safetensors").read_bytes()
-    assert metrics["models"]["diff"]["parameters"] - metrics["models"]["standard"]["parameters"] == 2 * 6 * 16
-    assert [c["claim"] for c in metrics["claims"]] == ["Language modelling"]
+    assert metrics.models["diff"].parameters - metrics.models["standard"].parameters == 2 * 6 * 16
+    assert [c.claim for c in metrics.claims] == ["Language modelling"]
 
     report = (out / "report.md").read_text()
     assert "| Transformer | standard |" in report and "| DIFF | diff |" in report
@@ -66,20 +70,20 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
     assert "DIFF vs Transformer, parameters**: +192 (" in report
     assert report.rstrip().endswith("section from the hook")
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((out / "metrics.json").read_text())["budget"]["tokens_per_model"] == 3 * 8 * 32
+    assert json.loads((out / "metrics.json").read_text())["lm"]["budget"]["steps"] == 3
 
     # --resume reuses finished runs: nothing is trained again.
     stamp = (out / "runs" / "diff" / "lr-0.01" / "seed-0" / "checkpoint" / "model.safetensors").stat().st_mtime_ns
     again = compare(config, out, lr_grid=grid, resume=True, progress=False)
     assert (out / "runs" / "diff" / "lr-0.01" / "seed-0" / "checkpoint" / "model.safetensors").stat().st_mtime_ns == stamp
-    assert again["models"]["diff"]["final_val_loss"] == metrics["models"]["diff"]["final_val_loss"]
+    assert again.models["diff"].final_val_loss == metrics.models["diff"].final_val_loss
 
 
 @pytest.mark.slow  # both experiments, every seed, the evaluations
 def test_compare_runs_the_evaluations_on_every_seed_into_the_report(byte_dataset, tmp_path):  # noqa: F811
     """What the CLI wires: the config's evaluations on every seed's model, a report section each,
     and the claims table fed by their figures."""
-    config = debug_config(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 2, "eval_every": 2})
+    config = debug_experiment(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 2, "eval_every": 2})
     out = tmp_path / "compare"
     names = ["outliers", "quantization", "ar-hit"]
     metrics = compare(config, out, seeds=2, evaluation=partial(run_suite, quick=True, evaluations=names),
@@ -92,23 +96,23 @@ def test_compare_runs_the_evaluations_on_every_seed_into_the_report(byte_dataset
         assert set(results["models"]) == labels, name
         assert (out / "eval" / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
         assert f"eval/{name}.png" in report, name
-    claims = {c["measure"]: c for c in metrics["claims"]}
+    claims = {c.measure: c for c in metrics.claims}
     outliers = claims["top-1 / median magnitude of attention logits"]
     result = json.loads((out / "eval" / "outliers.json").read_text())["models"]
     expected = [result[f"DIFF s{s}"]["attention_logits"]["top1"] / result[f"DIFF s{s}"]["attention_logits"]["median"]
                 for s in (0, 1)]
-    assert outliers["diff"]["per_seed"] == pytest.approx(expected)
-    assert outliers["difference"]["low"] is not None  # two seeds: an interval
+    assert outliers.ours.per_seed == pytest.approx(expected)
+    assert outliers.difference.low is not None  # two seeds: an interval
 
 
 def test_models_are_selected_by_attention_kind():
-    config = load_config("tiny")
+    config = load_experiment("tiny")
     assert select_models(config, None) == ["standard", "diff", "diff_v2"]
     assert select_models(config, ["standard", "diff"]) == ["standard", "diff"]
     assert select_models(config, ["diff_v2", "standard"]) == ["standard", "diff_v2"]
     # tiny's ablation variants (diff-no-headnorm, diff-lambda-0.8) are not in compare.models
     assert select_models(config, ["standard", "diff", "diff_v2"]) == ["standard", "diff", "diff_v2"]
-    ablation = load_config("ablation-1.4b")
+    ablation = load_experiment("ablation-1.4b")
     assert select_models(ablation, ["diff"]) == ["diff", "diff-no-groupnorm", "diff-lambda-0.8", "diff-lambda-0.5"]
     with pytest.raises(ConfigError, match="diff_v2"):
         select_models(ablation, ["diff_v2"])
@@ -119,58 +123,59 @@ def test_compare_command_rejects_a_kind_the_config_lacks(capsys, tmp_path):
     assert "no model of that kind" in capsys.readouterr().err
 
 
-def fake_runs(standard_losses, diff_losses, tokens_per_s=(1000.0, 950.0)):
-    """Run summaries as the trainer writes them, without training."""
-
-    def run(loss, seed, speed, params):
-        return dict(status="completed", final_val_loss=loss, tokens_per_s=speed, peak_memory_bytes=500 << 20,
-                    peak_memory_kind="peak RSS", parameters=params, tokens=1000, train_seconds=1.0, wall_seconds=2.0,
-                    load_average=0.5, seed=seed,
-                    message="", device="cpu", metrics=[])
-
-    return {
-        "standard": [run(x, i, tokens_per_s[0], 100) for i, x in enumerate(standard_losses)],
-        "diff": [run(x, i, tokens_per_s[1], 106) for i, x in enumerate(diff_losses)],
-    }
-
-
-def report_for(tmp_path, runs):
-    config = load_config("tiny")
-    return render_report(build_metrics(config, runs, wall_seconds=60.0, nproc=1))
+def report_for(standard_losses, diff_losses, tokens_per_s=(1000.0, 950.0), busy=None, budget_note=None):
+    """report.md of two models whose runs finished with these final losses (one run a seed), without training."""
+    config = load_experiment("tiny")
+    runs = {RunKey(name, i, 1e-3): training_run(name, i, loss, tokens_per_s=speed, parameters=params)
+            for name, losses, speed, params in (("standard", standard_losses, tokens_per_s[0], 100),
+                                                ("diff", diff_losses, tokens_per_s[1], 106))
+            for i, loss in enumerate(losses)}
+    sweeps = sweep(runs, lambda run: run.final_val_loss, lower_is_better=True)
+    language_models = LanguageModelling.of(config, sweeps, ["standard", "diff"], [None])
+    note = config.compare.budget_note if budget_note is None else budget_note
+    return render_report(compare_metrics(language_models, busy=busy, budget_note=note))
 
 
 def test_the_report_says_plainly_when_the_result_contradicts_the_paper(tmp_path):
-    worse = report_for(tmp_path, fake_runs([4.00, 4.01, 4.02], [4.10, 4.11, 4.12]))
+    worse = report_for([4.00, 4.01, 4.02], [4.10, 4.11, 4.12])
     assert "contradicts the paper" in worse and "+0.1000" in worse
-    noise = report_for(tmp_path, fake_runs([4.00, 4.10, 4.05], [4.06, 3.99, 4.07]))
+    noise = report_for([4.00, 4.10, 4.05], [4.06, 3.99, 4.07])
     assert "no difference either way" in noise and "contradicts" not in noise
-    better = report_for(tmp_path, fake_runs([4.10, 4.11, 4.12], [4.00, 4.01, 4.02]))
+    better = report_for([4.10, 4.11, 4.12], [4.00, 4.01, 4.02])
     assert "Same direction as the paper" in better
-    one_seed = report_for(tmp_path, fake_runs([4.0], [4.1]))
+    one_seed = report_for([4.0], [4.1])
     assert "contradicts the paper" in one_seed and "one seed" in one_seed
 
 
 def test_the_report_states_the_throughput_ratio_against_the_target(tmp_path):
-    slow = report_for(tmp_path, fake_runs([4.0], [4.0], tokens_per_s=(1000.0, 850.0)))
+    slow = report_for([4.0], [4.0], tokens_per_s=(1000.0, 850.0))
     assert "0.85× here" in slow and "**missed**" in slow
-    fast = report_for(tmp_path, fake_runs([4.0], [4.0], tokens_per_s=(1000.0, 950.0)))
+    fast = report_for([4.0], [4.0], tokens_per_s=(1000.0, 950.0))
     assert "0.95× here" in fast and "met." in fast
 
 
-def test_the_report_does_not_judge_throughput_measured_on_a_busy_machine(tmp_path):
-    runs = fake_runs([4.0], [4.0], tokens_per_s=(1000.0, 2200.0))
-    runs["standard"][0]["load_average"] = 2.0 + os.cpu_count() * 2  # other jobs competing
-    busy = report_for(tmp_path, runs)
+def test_the_report_does_not_judge_throughput_measured_on_a_busy_machine():
+    from diff_transformer.experiments.language_models import busy_load_average
+
+    models = {"standard": summary("standard", [4.0]), "diff": summary("diff", [4.0])}
+    models["standard"].load_average = [2.0 + os.cpu_count() * 2]  # other jobs competing
+    assert busy_load_average(list(models.values()), os.cpu_count()) == 2.0 + os.cpu_count() * 2
+    models["standard"].load_average = [float(os.cpu_count())]  # its own threads only
+    assert busy_load_average(list(models.values()), os.cpu_count()) is None
+    busy = report_for([4.0], [4.0], tokens_per_s=(1000.0, 2200.0), busy=2.0 + os.cpu_count() * 2)
     assert "2.20× here" in busy and "not judged from this run" in busy and "met." not in busy
 
 
 def test_the_best_learning_rate_ignores_one_where_a_seed_diverged():
-    from diff_transformer.experiments.compare import _best_lr
-
-    by_lr = {1e-3: [4.0, 4.2], 1e-2: [3.0], 3e-3: [3.9, 3.95]}  # 1e-2: one of two seeds diverged
-    assert _best_lr("diff", by_lr, 2) == 3e-3
-    with pytest.raises(TrainingError, match="no learning rate"):
-        _best_lr("diff", {1e-2: []}, 2)
+    by_lr = {1e-3: [4.0, 4.2], 1e-2: [3.0, None], 3e-3: [3.9, 3.95]}  # 1e-2: one of two seeds diverged
+    runs = {RunKey("diff", seed, lr): training_run("diff", seed, loss, lr=lr, status="completed" if loss else "diverged")
+            for lr, losses in by_lr.items() for seed, loss in enumerate(losses)}
+    best = sweep(runs, lambda run: run.final_val_loss, lower_is_better=True)["diff", None, None]
+    assert best.lr == 3e-3 and best.missing[None] == {1e-3: 0, 1e-2: 1, 3e-3: 0}
+    assert [r.key.seed for r in best.chosen] == [0, 1]
+    diverged = {RunKey("diff", 0, 1e-2): training_run("diff", 0, None, lr=1e-2, status="diverged")}
+    with pytest.raises(NoBestLearningRate, match="no learning rate"):
+        sweep(diverged, lambda run: run.final_val_loss, lower_is_better=True)
 
 
 def test_evaluation_sentences_pair_the_same_seed_only():
@@ -187,23 +192,21 @@ def test_evaluation_sentences_pair_the_same_seed_only():
 
 
 def test_each_run_reads_its_own_config_even_for_a_model_name_with_dots(tmp_path):
-    from diff_transformer.experiments.compare import _run_config
-
     config = load_config("tiny")
-    path = _run_config(config.to_dict(), config, "diff-lambda-0.8", 8e-3, 2, tmp_path / "run", tmp_path / "run" / "ck")
+    run = run_config(config, RunKey("diff-lambda-0.8", 2, 8e-3), tmp_path / "run", progress=False)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))  # as the runner writes it
     again = load_config(path)
     optim = again.optim_for("diff-lambda-0.8")
     assert optim.lr == 8e-3 and optim.min_lr == pytest.approx(8e-4)  # min_lr keeps the config's ratio 1/10
-    assert again.run.seed == 2 and again.run.checkpoint_dir == str(tmp_path / "run" / "ck")
+    assert again.run.seed == 2 and again.run.checkpoint_dir == str(tmp_path / "run" / "checkpoint")
     assert again.model("diff-lambda-0.8").model_config().lambda_init == 0.8
     assert again.optim_for("standard").lr == config.optim_for("standard").lr  # other models untouched
 
 
-def test_the_report_says_why_the_budget_is_what_it_is(tmp_path):
-    report = report_for(tmp_path, fake_runs([4.0], [4.1]))
-    assert "**The budget.** Sized to finish within 12 minutes" in report
-    config = load_config("tiny", ['compare.budget_note=""'])
-    assert "**The budget.**" not in render_report(build_metrics(config, fake_runs([4.0], [4.1]), wall_seconds=1.0, nproc=1))
+def test_the_report_says_why_the_budget_is_what_it_is():
+    assert "**The budget.** Sized to finish within 12 minutes" in report_for([4.0], [4.1])
+    assert "**The budget.**" not in report_for([4.0], [4.1], budget_note="")
 
 
 CHILD = """
@@ -219,21 +222,38 @@ while not (folder / other).exists() or sys.argv[4] == "wait":  # finishes only o
     if time.time() - start > 60:
         sys.exit(3)
     time.sleep(0.01)
-sys.exit(int(me[-1]))
+sys.exit(0)
 """
 
 
-def _children(folder, mode):
-    return [[sys.executable, "-c", CHILD, str(folder), "a0", "b1", mode],
-            [sys.executable, "-c", CHILD, str(folder), "b1", "a0", mode]]
+def _process_jobs(folder, mode, third=False):
+    """The runner's training jobs with a stand-in for the trainer: each process writes its thread count,
+    then waits for the other to start (``mode`` "finish") or forever ("wait")."""
+    from diff_transformer.experiments.runner import TrainingJob
+
+    class Child(TrainingJob):
+        def __init__(self, me, other):
+            super().__init__(RunKey(me, 0, 1e-3), me, folder / me, me, None)
+            self.argv = [sys.executable, "-c", CHILD, str(folder), me, other, mode]
+
+        def command(self, resume, nproc):
+            return self.argv
+
+        def result(self, exit_status):
+            return exit_status
+
+    jobs = [Child("a0", "b1"), Child("b1", "a0")]
+    if third:
+        jobs.append(Child("c2", "a0"))
+        jobs[-1].argv = [sys.executable, "-c", f"open({str(folder / 'third')!r}, 'w')"]
+    return jobs
 
 
 def test_jobs_run_side_by_side_each_on_its_share_of_the_cores(tmp_path):
-    from diff_transformer.experiments.compare import _run_children
+    from diff_transformer.experiments.runner import run_jobs
 
-    ended = []
-    codes = _run_children(_children(tmp_path, "finish"), jobs=2, on_exit=lambda index, code: ended.append(index))
-    assert codes == [0, 1] and sorted(ended) == [0, 1]  # neither could finish unless both ran at once
+    results = run_jobs(_process_jobs(tmp_path, "finish"), at_once=2, progress=False)
+    assert list(results.values()) == [0, 0]  # neither could finish unless both ran at once
     threads = str(max(1, (os.cpu_count() or 2) // 2))
     assert (tmp_path / "a0").read_text() == threads and (tmp_path / "b1").read_text() == threads
 
@@ -243,7 +263,7 @@ def test_a_signal_reaches_every_running_job_once_and_none_starts_after_it(tmp_pa
     import threading
     import time
 
-    from diff_transformer.experiments.compare import CompareInterrupted, _run_children
+    from diff_transformer.experiments.runner import StudyInterrupted, run_jobs
 
     def send_when_both_run():
         while not ((tmp_path / "a0").exists() and (tmp_path / "b1").exists()):
@@ -251,9 +271,8 @@ def test_a_signal_reaches_every_running_job_once_and_none_starts_after_it(tmp_pa
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=send_when_both_run, daemon=True).start()
-    third = [sys.executable, "-c", f"open({str(tmp_path / 'third')!r}, 'w')"]
-    with pytest.raises(CompareInterrupted, match="interrupted by SIGTERM") as caught:
-        _run_children([*_children(tmp_path, "wait"), third], jobs=2)
+    with pytest.raises(StudyInterrupted, match="interrupted by SIGTERM") as caught:
+        run_jobs(_process_jobs(tmp_path, "wait", third=True), at_once=2, progress=False)
     assert caught.value.exit_status == 143
     assert (tmp_path / "a0.stopped").read_text() == (tmp_path / "b1.stopped").read_text() == str(int(signal.SIGTERM))
     assert not (tmp_path / "third").exists()
@@ -264,9 +283,9 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
     models = {**MODELS, "diff_v2": {"attention": "diff_v2", "label": "DIFF V2"}}
     retrieval = dict(length=32, keys=8, values=8, noise_tokens=8, d_model=32, n_layers=1, n_heads=1, steps=4,
                      batch_size=4, needles=[1, 2], depths=[0.0, 1.0], pairs=[2, 4], eval_samples=2, quantize_bits=[4])
-    config = debug_config(byte_dataset, tmp_path / "unused", models=models, run={"steps": 4, "eval_every": 2},
-                          compare={"recipes": ["scaled-init", "plain-init"], "lm_recipes": ["plain-init"], "jobs": 2},
-                          retrieval=retrieval)
+    config = debug_experiment(byte_dataset, tmp_path / "unused", models=models, run={"steps": 4, "eval_every": 2},
+                              compare={"recipes": ["scaled-init", "plain-init"], "lm_recipes": ["plain-init"], "jobs": 2},
+                              retrieval=retrieval)
     out = tmp_path / "compare"
     metrics = compare(config, out, seeds=2, progress=False)
 
@@ -276,15 +295,15 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
         assert load_config(run / "config.yaml").model(name).model_config().scale_residual_init is False
         assert not (out / "runs" / name / "scaled-init").exists()
         assert (out / "retrieval" / name / "scaled-init" / "lr-0.003" / "seed-1.json").is_file()
-        assert metrics["models"][name]["recipe"] == "plain-init"
-        assert set(metrics["retrieval"]["models"][name]["recipes"]) == {"scaled-init", "plain-init"}
-    assert metrics["lm_recipes"] == ["plain-init"] and metrics["environment"]["jobs"] == 2
-    claims = {c["measure"].split(",")[0]: c for c in metrics["claims"]}
-    assert set(claims["final validation loss (nats/token)"]["by_recipe"]) == {"plain-init"}
-    assert set(claims["mqar accuracy"]["by_recipe"]) == {"scaled-init", "plain-init"}
-    assert [p["fraction"] for p in claims["mqar accuracy"]["along"]] == [0.25, 0.5, 1.0]  # steps 1, 2, 4 of 4
-    variants = metrics["variant_comparisons"]
-    assert {(v["model"], v["baseline"]) for v in variants} == {("DIFF V2", "Transformer"), ("DIFF V2", "DIFF")}
+        assert metrics.models[name].recipe == "plain-init"
+        assert set(metrics.retrieval.models[name].sweep.runs) == {"scaled-init", "plain-init"}
+    assert metrics.lm.recipes == ["plain-init"] and metrics.machine.jobs == 2
+    claims = {c.measure.split(",")[0]: c for c in metrics.claims}
+    assert set(claims["final validation loss (nats/token)"].by_recipe) == {"plain-init"}
+    assert set(claims["mqar accuracy"].by_recipe) == {"scaled-init", "plain-init"}
+    assert [p.fraction for p in claims["mqar accuracy"].along] == [0.25, 0.5, 1.0]  # steps 1, 2, 4 of 4
+    variants = metrics.variant_comparisons
+    assert {(v.model, v.baseline) for v in variants} == {("DIFF V2", "Transformer"), ("DIFF V2", "DIFF")}
     report = (out / "report.md").read_text()
     for heading in ("## The paper's claims at this scale", "## The other attention kinds", "## Sensitivity to the init recipe",
                     "## Sample efficiency", "### Learning curves", "| Under each recipe |"):
@@ -293,7 +312,7 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
 
 
 def test_an_earlier_run_is_replaced_only_when_it_holds_nothing_but_the_run(tmp_path, capsys):
-    from diff_transformer.experiments.compare import _clear_run
+    from diff_transformer.experiments.runner import clear_run as _clear_run
     from diff_transformer.files import OutputPathError, claim_output_dir
 
     run = claim_output_dir(tmp_path / "runs" / "diff" / "lr-0.002" / "seed-0", "train-run")
@@ -308,34 +327,26 @@ def test_an_earlier_run_is_replaced_only_when_it_holds_nothing_but_the_run(tmp_p
     assert not run.exists() and "replacing the earlier run" in capsys.readouterr().err
 
 
-def _planted_metrics():
+def _planted_metrics(standard_scaled=(4.2,), diff_scaled=(4.5,)):
     """Two models' figures, planted by hand: the Transformer's validation curve falls 5.0, 4.6, 4.4, 4.2
-    over 10..40 tokens, DIFF's 5.2, 4.9, 4.7, 4.5; one retrieval run each under two recipes."""
-    def lm(curve):
-        return {"label": {5.0: "Transformer", 5.2: "DIFF"}[curve[0]], "attention": "standard" if curve[0] == 5.0 else "diff",
-                "final_val_loss": {"mean": curve[-1], "per_seed": [curve[-1]]},
-                "curves": {"val": {"step": [1, 2, 3, 4], "tokens": [10, 20, 30, 40], "loss": [curve]}}}
+    over 10..40 tokens, DIFF's 5.2, 4.9, 4.7, 4.5; their final losses under scaled-init as given; one
+    retrieval run each under two recipes."""
+    models = {"standard": summary("standard", [4.2], [[5.0, 4.6, 4.4, 4.2]], (1, 2, 3, 4), (10, 20, 30, 40)),
+              "diff": summary("diff", [4.5], [[5.2, 4.9, 4.7, 4.5]], (1, 2, 3, 4), (10, 20, 30, 40))}
+    sweeps = {"standard": lm_sweep("standard", {"scaled-init": (1e-3, {1e-3: list(standard_scaled)})}),
+              "diff": lm_sweep("diff", {"scaled-init": (1e-3, {1e-3: list(diff_scaled)})})}
+    language_models = lm(models, sweeps, ["scaled-init"])
+    language_models.budget.batch_size, language_models.budget.seq_len = 1, 10  # 40 tokens in all
 
     def run(points):  # accuracy after steps 0, 2, 4 (2 MQAR examples a step)
-        return {"mean_accuracy": {"needle": points[-1], "mqar": points[-1]},
-                "curve_area": {"needle": 0.0, "mqar": 0.0},
-                "curve": [{"step": s, "mean_accuracy": {"needle": a, "mqar": a}} for s, a in zip((0, 2, 4), points)]}
+        return retrieval_run(points[-1], points[-1], curve=list(zip((0, 2, 4), points)))
 
-    def retrieval_model(label, scaled, plain):
-        return {"label": label, "best_lr": 1e-3, "best_recipe": "plain-init", "runs": [run(plain)],
-                "recipes": {"scaled-init": {"runs": [run(scaled)], "best_lr": 1e-3},
-                            "plain-init": {"runs": [run(plain)], "best_lr": 1e-3}}}
-
-    return {
-        "budget": {"steps": 4, "tokens_per_model": 40},
-        "lm_recipes": ["scaled-init"],
-        "models": {"standard": lm([5.0, 4.6, 4.4, 4.2]), "diff": lm([5.2, 4.9, 4.7, 4.5])},
-        "lr_sweep": {n: {"best": 1e-3, "best_recipe": "scaled-init", "by_recipe": {"scaled-init": {
-            "best": 1e-3, "final_val_loss": {"0.001": {"per_seed": [v]}}}}} for n, v in (("standard", 4.2), ("diff", 4.5))},
-        "retrieval": {"chance": 0.01, "settings": {"batch_size": 4, "steps": 4, "target_accuracy": 0.25},
-                      "models": {"standard": retrieval_model("Transformer", [0.0, 0.1, 0.2], [0.0, 0.1, 0.3]),
-                                 "diff": retrieval_model("DIFF", [0.0, 0.5, 0.6], [0.0, 0.2, 0.4])}},
-    }
+    runs = {"standard": ([0.0, 0.1, 0.2], [0.0, 0.1, 0.3]), "diff": ([0.0, 0.5, 0.6], [0.0, 0.2, 0.4])}
+    result = retrieval({name: [run(plain)] for name, (_, plain) in runs.items()}, chance=0.01, steps=4,
+                       target_accuracy=0.25,
+                       recipes={name: {"scaled-init": [run(scaled)], "plain-init": [run(plain)]}
+                                for name, (scaled, plain) in runs.items()})
+    return compare_metrics(language_models, result)
 
 
 def test_sample_efficiency_reads_each_curve_as_a_hand_interpolation_does():
@@ -355,12 +366,10 @@ def test_sample_efficiency_reads_each_curve_as_a_hand_interpolation_does():
 def test_the_sensitivity_table_gives_each_recipe_its_own_difference():
     from diff_transformer.experiments.report import sensitivity_lines
 
-    metrics = _planted_metrics()
-    for name, values in (("standard", [4.2, 4.4]), ("diff", [4.5, 4.5])):  # two seeds for an interval
-        metrics["lr_sweep"][name]["by_recipe"]["scaled-init"]["final_val_loss"]["0.001"]["per_seed"] = values
+    metrics = _planted_metrics(standard_scaled=(4.2, 4.4), diff_scaled=(4.5, 4.5))  # two seeds for an interval
     lines = {line.split(" | ")[0] + " | " + line.split(" | ")[1]: line for line in sensitivity_lines(metrics)
              if line.startswith("| ")}
-    lm = lines["| Language modelling (lower) | scaled-init"]
-    assert "| 4.3000 ± 0.1414 | 4.5000 ± 0.0000 | +0.2 [" in lm  # DIFF − Transformer = 4.5 − 4.3
+    lm_row = lines["| Language modelling (lower) | scaled-init"]
+    assert "| 4.3000 ± 0.1414 | 4.5000 ± 0.0000 | +0.2 [" in lm_row  # DIFF − Transformer = 4.5 − 4.3
     mqar = lines["| Retrieval: mqar (higher) | plain-init"]
     assert "| 0.3000 | 0.4000 | +0.1 |" in mqar  # one seed each: the difference without an interval

@@ -4,25 +4,31 @@ them; command-line overrides."""
 import pytest
 
 from diff_transformer.cli import main
+from diff_transformer.experiments import load_experiment
+from diff_transformer.experiments.config import experiment_from_dict
 from diff_transformer.model import LanguageModel
 from diff_transformer.train.config import ConfigError, config_from_dict, load_config, shipped_configs
 
 
 @pytest.mark.parametrize("name", sorted(shipped_configs()))
 def test_every_shipped_config_loads_and_builds_its_models(name):
-    config = load_config(name)
-    assert config.models
-    for entry in config.models.values():
+    config = load_experiment(name)
+    assert config.train.models
+    for entry in config.train.models.values():
         model = LanguageModel(entry.model_config(), device="meta")
         assert model.num_parameters() > 0
-    assert config_from_dict(config.to_dict()).to_dict() == config.to_dict()  # what runs save reads back
+    assert experiment_from_dict(config.to_dict()).to_dict() == config.to_dict()  # what a comparison saves
+    train = load_config(name)  # the trainer's part alone, as a run's config.yaml holds it
+    assert train.to_dict() == config.train.to_dict() and config_from_dict(train.to_dict()).to_dict() == train.to_dict()
 
 
 def test_the_shipped_set_holds_the_named_experiments():
     assert {"tiny", "ablation-1.4b", "paper-3b"} <= set(shipped_configs())
-    tiny = load_config("tiny")
-    assert tiny.compare.models == ["standard", "diff", "diff_v2"]
-    assert tiny.compare.recipes == ["scaled-init", "plain-init"] and tiny.compare.language_model_recipes == ["scaled-init"]
+    experiment = load_experiment("tiny")
+    assert experiment.compare.models == ["standard", "diff", "diff_v2"]
+    assert experiment.compare.recipes == ["scaled-init", "plain-init"]
+    assert experiment.compare.language_model_recipes == ["scaled-init"]
+    tiny = experiment.train
     standard, diff = tiny.model("standard").model_config(), tiny.model("diff").model_config()
     assert (standard.n_heads, diff.n_heads) == (2 * diff.n_heads, diff.n_heads) and standard.head_dim == diff.head_dim
     ablation = load_config("ablation-1.4b")
@@ -88,19 +94,32 @@ def minimal(**sections):
         (minimal(retrieval={"bogus": 1}), "retrieval.bogus"),
         (minimal(run={"attn_backend": "flash9"}), "run.attn_backend"),
         (minimal(models={"diff": {"preset": "debug", "attn_backend": "sdpa"}}), "attn_backend is a runtime setting"),
+        (minimal(retrieval={"lr_by_model": {"transformer": 1e-3}}), "retrieval.lr_by_model: no model named"),
+        (minimal(compare={"lr_by_recipe": {"xavier": {"diff": 1e-3}}}), "compare.lr_by_recipe.xavier: no such"),
+        (minimal(models={"diff": {"preset": "debug", "paper_row": "gpt"}}), "models.diff.paper_row"),
     ],
 )
 def test_bad_keys_and_values_are_errors_naming_them(data, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
-        config_from_dict(data)
+        experiment_from_dict(data)
+
+
+@pytest.mark.parametrize("key, moved", [
+    ("retrieval_lr", "retrieval.lr_by_model.diff"),
+    ("lr_by_recipe", "compare.lr_by_recipe.RECIPE.diff"),
+])
+def test_a_model_key_that_moved_to_an_experiment_section_names_where_it_went(key, moved):
+    with pytest.raises(ConfigError, match=f"models.diff.{key} has moved: set {moved}"):
+        load_config("tiny", [f"models.diff.{key}=1.0e-3"])
 
 
 def test_overrides_apply_dotted_keys_with_yaml_values():
-    config = load_config(
+    experiment = load_experiment(
         "tiny",
         ["optim.lr=1e-3", "run.compile=true", "optim.betas=[0.8, 0.9]", "models.diff.lambda_init=0.8",
          "data.mix.mqar=0.1", "models.diff.optim.lr=5e-3", "retrieval.steps=7"],
     )
+    config = experiment.train
     assert config.optim.lr == 1e-3 and config.run.compile is True and config.optim.betas == (0.8, 0.9)
     assert config.model("diff").model_config().lambda_init == 0.8
     assert config.data.mix == {"mqar": 0.1}
@@ -108,7 +127,7 @@ def test_overrides_apply_dotted_keys_with_yaml_values():
     assert config.optim_for("diff").lr == 5e-3 and config.optim_for("standard").lr == 1e-3
     assert config.optim_for("standard").min_lr == 2e-4  # the fields not overridden stay each model's own
     assert config.optim_for("diff_v2").lr == 1e-3  # no lr of its own: the section's
-    assert config.retrieval.steps == 7 and config.retrieval.enabled
+    assert experiment.retrieval.steps == 7 and experiment.retrieval.enabled
     with pytest.raises(ConfigError, match=r"run\.bogus"):
         load_config("tiny", ["run.bogus=1"])
     with pytest.raises(ConfigError, match="section.key=value"):
@@ -158,7 +177,7 @@ def test_an_optim_override_applies_to_every_model_over_its_own_value(overrides):
      ("optim.weight_decay=-.inf", "optim.weight_decay must be a finite number, got -inf"),
      ("optim.betas=[.nan, 0.9]", "optim.betas[0] must be a finite number"),
      ("models.diff.optim.lr=nan", "models.diff.optim.lr must be a finite number, got nan"),
-     ("models.diff.retrieval_lr=.inf", "models.diff.retrieval_lr must be a finite number, got inf"),
+     ("retrieval.lr_by_model.diff=.inf", "retrieval.lr_by_model.diff must be a finite number, got inf"),
      ("data.mix.needle=nan", "data.mix.needle must be a finite number, got nan"),
      ("retrieval.lr=nan", "retrieval.lr must be a finite number, got nan"),
      ("retrieval.depths=[0.5, .nan]", "retrieval.depths[1] must be a finite number"),
@@ -173,13 +192,14 @@ def test_an_optim_override_applies_to_every_model_over_its_own_value(overrides):
 )
 def test_every_number_is_checked_finite_and_in_range_wherever_it_is_set(override, named):
     with pytest.raises(ConfigError) as caught:
-        load_config("tiny", [override])
+        load_experiment("tiny", [override])
     assert named in str(caught.value)
 
 
 def test_numbers_are_checked_when_the_dataclasses_are_built_directly():
     from diff_transformer.config import ModelConfig
-    from diff_transformer.train.config import DataConfig, OptimConfig, RetrievalConfig
+    from diff_transformer.experiments.config import RetrievalConfig
+    from diff_transformer.train.config import DataConfig, OptimConfig
 
     nan = float("nan")
     with pytest.raises(ConfigError, match=r"optim\.lr must be a finite number, got nan"):
@@ -218,14 +238,12 @@ def test_an_empty_config_and_one_without_a_model_are_refused(tmp_path):
 
 
 def _recipe_config(**compare):
-    return config_from_dict({
+    return experiment_from_dict({
         "model": {"preset": "debug"},
-        "models": {"standard": {"attention": "standard", "optim": {"lr": 2e-3},
-                                "lr_by_recipe": {"plain-init": {"lr": 4e-3, "retrieval_lr": 5e-4}}},
-                   "diff": {"attention": "diff"}},
+        "models": {"standard": {"attention": "standard", "optim": {"lr": 2e-3}}, "diff": {"attention": "diff"}},
         "optim": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 1, "betas": [0.9, 0.95], "weight_decay": 0.1},
-        "compare": compare,
-        "retrieval": {"lr": 3e-3},
+        "compare": {"lr_by_recipe": {"plain-init": {"standard": 4e-3}}, **compare},
+        "retrieval": {"lr": 3e-3, "lr_by_recipe": {"plain-init": {"standard": 5e-4}}},
     })
 
 
@@ -240,7 +258,7 @@ def test_init_recipes_set_the_model_fields_and_each_model_its_lr_under_each():
     assert config.lr_for("diff", "plain-init") == 1e-3 and config.lr_for("diff", "plain-init", "retrieval") == 3e-3
     assert config.compare.language_model_recipes == ["scaled-init"]
     assert _recipe_config(recipes=["plain-init"]).compare.language_model_recipes == ["plain-init"]
-    assert config_from_dict(config.to_dict()).to_dict() == config.to_dict()
+    assert experiment_from_dict(config.to_dict()).to_dict() == config.to_dict()
 
 
 @pytest.mark.parametrize("compare, message", [
@@ -255,22 +273,20 @@ def test_bad_recipe_settings_are_named(compare, message):
 
 
 @pytest.mark.parametrize("lr_by_recipe, message", [
-    ({"xavier": {"lr": 1e-3}}, "models.standard.lr_by_recipe.xavier: no such init recipe"),
-    ({"plain-init": {"learning_rate": 1e-3}}, "unknown key models.standard.lr_by_recipe.plain-init.learning_rate"),
-    ({"plain-init": {"lr": -1e-3}}, "lr_by_recipe.plain-init.lr must be positive"),
-    ({"plain-init": {"lr": "fast"}}, "lr_by_recipe.plain-init.lr must be a number"),
+    ({"xavier": {"standard": 1e-3}}, "compare.lr_by_recipe.xavier: no such init recipe"),
+    ({"plain-init": {"transformer": 1e-3}}, "compare.lr_by_recipe.plain-init: no model named 'transformer'"),
+    ({"plain-init": {"standard": -1e-3}}, "compare.lr_by_recipe.plain-init.standard must be a positive learning rate"),
+    ({"plain-init": {"standard": "fast"}}, "compare.lr_by_recipe.plain-init.standard must be a number"),
 ])
 def test_bad_lr_by_recipe_entries_are_named(lr_by_recipe, message):
-    data = _recipe_config().to_dict()
-    data["models"]["standard"]["lr_by_recipe"] = lr_by_recipe
     with pytest.raises(ConfigError, match=message):
-        config_from_dict(data)
+        _recipe_config(lr_by_recipe=lr_by_recipe)
 
 
 def test_a_model_that_pins_a_recipe_field_is_refused_under_another_recipe():
     data = _recipe_config(recipes=["scaled-init", "plain-init"]).to_dict()
     data["models"]["diff"]["scale_residual_init"] = False
-    config = config_from_dict(data)
+    config = experiment_from_dict(data)
     assert config.entry_fields("diff", "plain-init")["scale_residual_init"] is False  # agrees: fine
     with pytest.raises(ConfigError, match="models.diff.scale_residual_init=False disagrees with init recipe 'scaled-init'"):
         config.entry_fields("diff", "scaled-init")

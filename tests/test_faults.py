@@ -370,19 +370,30 @@ def test_a_killed_saves_temporary_directory_is_removed_on_resume_and_on_the_next
 
 
 @pytest.mark.parametrize("code, name", [(130, "SIGINT"), (143, "SIGTERM")])
-def test_compare_reads_a_child_stopped_by_a_signal_as_an_interruption(code, name, monkeypatch, capsys):
-    import importlib
+def test_compare_reads_a_child_stopped_by_a_signal_as_an_interruption(code, name, monkeypatch, capsys, tmp_path):
+    import diff_transformer.experiments as experiments
+    from diff_transformer.experiments.runner import StudyInterrupted, TrainingJob, run_jobs
+    from diff_transformer.experiments.study import RunKey
+    from diff_transformer.train import TrainingError
 
-    compare_module = importlib.import_module("diff_transformer.experiments.compare")  # the package exports the function
-    with pytest.raises(compare_module.CompareInterrupted, match=f"interrupted by {name}: ") as caught:
-        compare_module._run_children([[sys.executable, "-c", f"raise SystemExit({code})"]], jobs=1)
+    class Exits(TrainingJob):  # a training process that exits with ``status`` at once
+        def __init__(self, status):
+            super().__init__(RunKey("m", 0, 1e-3), f"exits {status}", tmp_path / str(status), "m", None)
+            self.status = status
+
+        def command(self, resume, nproc):
+            return [sys.executable, "-c", f"raise SystemExit({self.status})"]
+
+    with pytest.raises(StudyInterrupted, match=f"interrupted by {name}: ") as caught:
+        run_jobs([Exits(code)], progress=False)
     assert caught.value.exit_status == code
-    assert compare_module._run_children([[sys.executable, "-c", "raise SystemExit(2)"]], jobs=1) == [2]  # a failure stays one
+    with pytest.raises(TrainingError, match=r"training failed \(exit code 2"):  # a failure stays one
+        run_jobs([Exits(2)], progress=False)
 
     def interrupted(*args, **kwargs):
-        raise compare_module.CompareInterrupted(f"interrupted by {name}: ...", code - 128)
+        raise StudyInterrupted(f"interrupted by {name}: ...", code - 128)
 
-    monkeypatch.setattr(compare_module, "compare", interrupted)
+    monkeypatch.setattr(experiments, "compare", interrupted)
     assert main(["compare", "--steps", "1"]) == code
     assert capsys.readouterr().err == f"interrupted by {name}: ...\n"
 

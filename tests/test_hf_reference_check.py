@@ -3,6 +3,7 @@ batches, Llama has our standard model's parameter count, results.json has its fi
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hf_reference_check.p
 def check():
     spec = importlib.util.spec_from_file_location("hf_reference_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
-    return module
+    yield module
+    del sys.modules[spec.name]
 
 
 @pytest.fixture
@@ -49,13 +52,13 @@ def config_file(tmp_path) -> Path:
 @pytest.mark.slow  # trains transformers' models
 def test_hf_models_train_on_our_batches_with_our_shapes(check, config_file, tmp_path, monkeypatch):
     seen = []  # (HF class, batches) of every training step, in order
-    real = check._forward_backward
+    real = check.forward_backward
 
     def spy(model, forward_model, batches, *args):
         seen.append((type(model.hf).__name__, batches))
         return real(model, forward_model, batches, *args)
 
-    monkeypatch.setattr(check, "_forward_backward", spy)
+    monkeypatch.setattr(check, "forward_backward", spy)
     results = check.main(["--config", str(config_file), "--out", str(tmp_path / "out")])
 
     # Every run (2 seeds x 2 models) read exactly the trainer's batches for steps 0 and 1.

@@ -10,16 +10,20 @@ import torch
 from diff_transformer.evaluation import position_nll
 from diff_transformer.evaluation.models import ModelUnderTest
 from diff_transformer.evaluation.texts import EvalText
-from diff_transformer.experiments import compare
+from diff_transformer.evaluation.models import load_with_context
+from diff_transformer.experiments import compare, load_experiment
 from diff_transformer.experiments import long_context
+from diff_transformer.experiments.config import LongContextConfig, RetrievalConfig
 from diff_transformer.experiments.long_context import (
-    extension_config, far_nll, load_with_context, long_context_claims, measure_at_lengths, position_nll_curve,
+    AtLength, LengthModel, LongContextMetrics, PositionNLL, RetrievalByLength, extension_config, far_nll,
+    long_context_claims, measure_at_lengths, position_nll_curve,
 )
+from diff_transformer.experiments.results import AnswerShares
 from diff_transformer.model import LanguageModel
 from diff_transformer.tokenizer import ByteTokenizer
-from diff_transformer.train import load_config, train
-from diff_transformer.train.config import RetrievalConfig
-from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset is a fixture)
+from diff_transformer.train import train
+from planted import lm, summary
+from test_train import byte_dataset, debug_config, debug_experiment  # noqa: F401  (byte_dataset is a fixture)
 
 MODELS = {
     "standard": {"attention": "standard", "label": "Transformer"},
@@ -37,7 +41,7 @@ def long_config(dataset, out, **sections):
             "compare": {"seeds": 2, "evaluations": []}}
     for section, values in sections.items():
         base[section] = {**base.get(section, {}), **values}
-    return debug_config(dataset, out, models=MODELS, **base)
+    return debug_experiment(dataset, out, models=MODELS, **base)
 
 
 def test_far_nll_is_the_mean_nll_of_the_positions_past_the_short_length():
@@ -49,13 +53,12 @@ def test_far_nll_is_the_mean_nll_of_the_positions_past_the_short_length():
 
 def test_the_extension_config_sets_context_theta_data_and_budget(byte_dataset, tmp_path):  # noqa: F811
     config = long_config(byte_dataset, tmp_path)
-    data = extension_config(config)
-    for entry in data["models"].values():
-        assert entry["max_seq_len"] == 64 and entry["rope_theta"] == 40_000.0
-    assert data["data"]["seq_len"] == 64 and data["data"]["batch_size"] == 4 and data["data"]["within_documents"]
-    assert data["optim"]["warmup_steps"] == 1 and data["run"]["steps"] == 2 and data["run"]["eval_every"] == 2
-    assert not data["long_context"]["enabled"]
-    assert load_config("long-context").long_context.enabled  # the shipped experiment
+    extended = extension_config(config)
+    for entry in extended.models.values():
+        assert entry.model_config().max_seq_len == 64 and entry.model_config().rope_theta == 40_000.0
+    assert extended.data.seq_len == 64 and extended.data.batch_size == 4 and extended.data.within_documents
+    assert extended.optim.warmup_steps == 1 and extended.run.steps == 2 and extended.run.eval_every == 2
+    assert load_experiment("long-context").long_context.enabled  # the shipped experiment
 
 
 def test_the_context_is_raised_without_changing_what_the_short_model_computes(byte_dataset, tmp_path):  # noqa: F811
@@ -86,60 +89,58 @@ def test_retrieval_is_measured_on_examples_of_each_test_length(monkeypatch):
     result = measure_at_lengths(model, settings, [24, 48])
     cells = len(settings.needles) * len(settings.depths) + len(settings.pairs)
     assert seen == [25] * cells + [49] * cells  # length + 1 tokens: inputs and the last target
-    assert set(result) == {"24", "48"} and result["48"]["mean_accuracy"] == {"needle": 0.5, "mqar": 0.5}
-    assert len(result["48"]["attention"]) == settings.n_layers
+    assert set(result) == {24, 48} and result[48].mean_accuracy == {"needle": 0.5, "mqar": 0.5}
+    assert len(result[48].attention) == settings.n_layers
 
 
-def planted_metrics() -> dict:
-    """Results of a comparison, planted: two seeds each; position-NLL curves of 4 positions (short
+def planted_metrics() -> LongContextMetrics:
+    """Results of a study, planted: two seeds each; position-NLL curves of 4 positions (short
     length 2); retrieval at lengths 24 and 48 before and after the extension."""
     def curve(values):
         return position_nll.cumulative_average(values)
 
-    def retrieval(needle48, mqar48, answer, noise):
-        at = {"24": {"mean_accuracy": {"needle": 0.9, "mqar": 0.9},
-                     "attention": [{"answer": 0.0, "noise": 1.0, "other": 0.0}] * 2},
-              "48": {"mean_accuracy": {"needle": needle48, "mqar": mqar48},
-                     "attention": [{"answer": 0.5, "noise": 0.5, "other": 0.0},
-                                   {"answer": answer, "noise": noise, "other": 1 - answer - noise}]}}
-        return at
+    def at_lengths(needle48, mqar48, answer, noise):
+        return {24: AtLength({}, {"needle": 0.9, "mqar": 0.9}, [AnswerShares(0.0, 1.0, 0.0)] * 2),
+                48: AtLength({}, {"needle": needle48, "mqar": mqar48},
+                             [AnswerShares(0.5, 0.5, 0.0), AnswerShares(answer, noise, 1 - answer - noise)])}
 
-    return {
-        "settings": {"seq_len": 4}, "short": {"seq_len": 2},
-        "attention": {"standard": "standard", "diff": "diff"},
-        "position_nll": {
-            "standard": {"before": [curve([9, 9, 9, 9])] * 2, "after": [curve([4, 4, 3, 3]), curve([4, 4, 3, 5])]},
-            "diff": {"before": [curve([9, 9, 9, 9])] * 2, "after": [curve([4, 4, 2, 2]), curve([4, 4, 1, 1])]},
+    def length_model(after):
+        return LengthModel(1e-3, 1e-3, {1e-3: 0.0}, [at_lengths(0.0, 0.0, 0.0, 0.0)] * 2, after)
+
+    short = lm({n: summary(n, [3.0, 3.0]) for n in ("standard", "diff")})
+    short.budget.seq_len = 2
+    by_length = RetrievalByLength([24, 48], 24, 32, 20_000.0, 3, 0.125, {
+        "standard": length_model([at_lengths(0.4, 0.3, 0.1, 0.8), at_lengths(0.5, 0.3, 0.2, 0.7)]),
+        "diff": length_model([at_lengths(0.8, 0.7, 0.6, 0.2), at_lengths(0.9, 0.9, 0.7, 0.1)]),
+    })
+    return LongContextMetrics(
+        config="long", description="", budget_note="", settings=LongContextConfig(seq_len=4), short=short,
+        short_rope_theta=10_000.0, extension=short,
+        position_nll={
+            "standard": PositionNLL([curve([9, 9, 9, 9])] * 2, [curve([4, 4, 3, 3]), curve([4, 4, 3, 5])]),
+            "diff": PositionNLL([curve([9, 9, 9, 9])] * 2, [curve([4, 4, 2, 2]), curve([4, 4, 1, 1])]),
         },
-        "retrieval_by_length": {
-            "lengths": [24, 48], "train_length": 24, "extension_length": 32, "chance": 0.125,
-            "models": {
-                "standard": {"before": [retrieval(0.0, 0.0, 0.0, 0.0)] * 2,
-                             "after": [retrieval(0.4, 0.3, 0.1, 0.8), retrieval(0.5, 0.3, 0.2, 0.7)]},
-                "diff": {"before": [retrieval(0.0, 0.0, 0.0, 0.0)] * 2,
-                         "after": [retrieval(0.8, 0.7, 0.6, 0.2), retrieval(0.9, 0.9, 0.7, 0.1)]},
-            },
-        },
-    }
+        retrieval_by_length=by_length, seeds=[0, 1], labels={"standard": "Transformer", "diff": "DIFF"},
+        attention={"standard": "standard", "diff": "diff"}, device="cpu")
 
 
 def test_the_claims_read_the_extended_models_at_the_longest_length():
-    rows = {row["claim"] + " " + row["measure"].split()[0]: row for row in long_context_claims(planted_metrics())}
-    lm = rows["Long-context language modelling cumulative"]
+    rows = {row.claim + " " + row.measure.split()[0]: row for row in long_context_claims(planted_metrics())}
+    lm_row = rows["Long-context language modelling cumulative"]
     # C(4) of each seed's extended curve: (4+4+2+2)/4 = 3, (4+4+1+1)/4 = 2.5 against 3.5 and 4.
-    assert lm["diff"]["per_seed"] == [3.0, 2.5] and lm["transformer"]["per_seed"] == [3.5, 4.0]
+    assert lm_row.ours.per_seed == (3.0, 2.5) and lm_row.base.per_seed == (3.5, 4.0)
     # Welch: se = √(0.125/2 + 0.125/2) = 0.354 on 2 degrees of freedom, half-width 4.303 · 0.354 = 1.52 > 1.
-    assert lm["difference"]["delta"] == pytest.approx(-1.0) and lm["verdict"] == "inconclusive"
+    assert lm_row.difference.delta == pytest.approx(-1.0) and lm_row.verdict == "inconclusive"
     far = rows["Use of the longer context mean"]  # positions 3..4 only
-    assert far["diff"]["per_seed"] == [2.0, 1.0] and far["transformer"]["per_seed"] == [3.0, 4.0]
+    assert far.ours.per_seed == (2.0, 1.0) and far.base.per_seed == (3.0, 4.0)
     needle, mqar = rows["Retrieval at length needle"], rows["Retrieval at length mqar"]
-    assert needle["diff"]["per_seed"] == [0.8, 0.9] and needle["transformer"]["per_seed"] == [0.4, 0.5]
-    assert mqar["diff"]["per_seed"] == [0.7, 0.9] and mqar["transformer"]["per_seed"] == [0.3, 0.3]
+    assert needle.ours.per_seed == (0.8, 0.9) and needle.base.per_seed == (0.4, 0.5)
+    assert mqar.ours.per_seed == (0.7, 0.9) and mqar.base.per_seed == (0.3, 0.3)
     answer = rows["Attention to the answer share"]  # the last layer at 48 tokens
-    assert answer["diff"]["per_seed"] == [0.6, 0.7] and answer["transformer"]["per_seed"] == [0.1, 0.2]
+    assert answer.ours.per_seed == (0.6, 0.7) and answer.base.per_seed == (0.1, 0.2)
     noise = rows["Attention noise share"]
     # −0.6 with half-width 4.303 · √(0.005/2 + 0.005/2) = 0.30: below zero, the paper's side.
-    assert noise["diff"]["per_seed"] == [0.2, 0.1] and noise["verdict"] == "agrees"
+    assert noise.ours.per_seed == (0.2, 0.1) and noise.verdict == "agrees"
 
 
 def test_position_nll_windows_can_lie_inside_documents():
@@ -176,27 +177,27 @@ def test_the_experiment_extends_every_model_and_seed_and_reports_at_length(byte_
 
     short_runs = out / "short" / "runs"
     for name in MODELS:
-        extension = metrics["extension"][name]
-        assert set(extension["sweep"]) == {"0.001", "0.003"}
-        losses = {lr: s["mean"] for lr, s in extension["sweep"].items()}
-        assert extension["best_lr"] == float(min(losses, key=losses.get))  # its own best extension lr
-        for seed, run in zip((0, 1), extension["runs"]):
-            saved = json.loads((out / "extend" / "runs" / name / f"lr-{extension['best_lr']:g}" / f"seed-{seed}"
+        sweep = metrics.extension.sweeps[name]
+        assert set(sweep.scores[None]) == {1e-3, 3e-3}
+        losses = {lr: s.mean for lr, s in sweep.scores[None].items()}
+        assert sweep.lr == min(losses, key=losses.get)  # its own best extension lr
+        for seed, run in zip((0, 1), sweep.chosen):
+            saved = json.loads((out / "extend" / "runs" / name / f"lr-{sweep.lr:g}" / f"seed-{seed}"
                                 / "summary.json").read_text())
             assert saved["init_from"] == str(short_runs / name / "lr-0.003" / f"seed-{seed}" / "checkpoint")
             assert saved["tokens"] == 2 * 4 * 64
-            model = LanguageModel.from_pretrained(run["checkpoint_dir"])
+            model = LanguageModel.from_pretrained(run.checkpoint_dir)
             assert model.config.max_seq_len == 64 and model.config.rope_theta == 40_000.0
             # C(T) over the position-NLL windows is the run's final validation loss: the same windows inside
             # documents (4 of 64 tokens), scored by another code path (the trainer's fused loss).
-            curve = metrics["position_nll"][name]["after"][seed]
-            assert len(curve) == 64 and curve[-1] == pytest.approx(run["final_val_loss"], abs=1e-4)
-            assert position_nll_curve(run["checkpoint_dir"], config, 64) == pytest.approx(curve)
-        by_length = metrics["retrieval_by_length"]["models"][name]
-        assert len(by_length["before"]) == len(by_length["after"]) == 2 and set(by_length["after"][0]) == {"24", "48"}
-    claims = [row["claim"] for row in metrics["claims"]]
+            curve = metrics.position_nll[name].after[seed]
+            assert len(curve) == 64 and curve[-1] == pytest.approx(run.final_val_loss, abs=1e-4)
+            assert position_nll_curve(run.checkpoint_dir, config, 64) == pytest.approx(curve)
+        by_length = metrics.retrieval_by_length.models[name]
+        assert len(by_length.before) == len(by_length.after) == 2 and set(by_length.after[0]) == {24, 48}
+    claims = [row.claim for row in metrics.claims]
     assert claims[:2] == ["Long-context language modelling", "Use of the longer context"]
-    assert all(row["verdict"] for row in metrics["claims"])
+    assert all(row.verdict for row in metrics.claims)
     report = (out / "report.md").read_text()
     for heading in ("The paper's claims at this scale", "## Training", "Extension learning rates",
                     "Cumulative average NLL by position", "Retrieval by length"):
@@ -207,5 +208,5 @@ def test_the_experiment_extends_every_model_and_seed_and_reports_at_length(byte_
     capsys.readouterr()
     again = compare(config, out, resume=True)  # every run finished: reused, nothing trained again
     err = capsys.readouterr().err
-    assert "training ->" not in err and "already trained, reusing" in err
-    assert again["extension"]["diff"]["best_lr"] == metrics["extension"]["diff"]["best_lr"]
+    assert "training ->" not in err and "already done, reusing" in err
+    assert again.extension.sweeps["diff"].lr == metrics.extension.sweeps["diff"].lr

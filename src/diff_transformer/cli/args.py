@@ -98,8 +98,8 @@ def positive_float_list(value: str) -> list[float]:
 
 
 def init_recipes(value: str) -> list[str]:
-    """"scaled-init,plain-init" -> the init recipes (diff_transformer.train.config.INIT_RECIPES), each once."""
-    from ..train.config import INIT_RECIPES
+    """"scaled-init,plain-init" -> the init recipes (diff_transformer.experiments.config.INIT_RECIPES), each once."""
+    from ..experiments.config import INIT_RECIPES
 
     items = [item.strip() for item in value.split(",") if item.strip()]
     unknown = [item for item in items if item not in INIT_RECIPES]

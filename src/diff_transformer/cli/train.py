@@ -104,7 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ..train import load_config, train
+    from ..experiments import load_experiment
+    from ..train import train
 
     if args.init_from and args.resume:
         raise types.UsageError("--init-from starts a new run from a checkpoint's weights and --resume continues "
@@ -112,7 +113,7 @@ def run_train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.init_from:  # YAML-quoted: a path is a string whatever it looks like
         overrides.append(f"run.init_from={json.dumps(args.init_from)}")
-    config = load_config(args.config, overrides)
+    config = load_experiment(args.config, overrides).train  # the whole file checked, its trainer's part trained
     result = train(config, args.model, resume=args.resume)
     code = {"completed": 0, "paused": 0, "diverged": 1}.get(result.status)
     if result.status == "interrupted":  # 128 + the signal, as a shell reports a process it stopped
@@ -135,15 +136,14 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     from ..evaluation import run_suite
-    from ..train import load_config
-    from ..experiments.compare import CompareInterrupted, compare, select_models
+    from ..experiments import StudyInterrupted, compare, load_experiment, select_models
 
     overrides = list(args.overrides)
     if args.steps is not None:
         overrides.append(f"run.steps={args.steps}")
     if args.retrieval_steps is not None:
         overrides.append(f"retrieval.steps={args.retrieval_steps}")
-    config = load_config(args.config, overrides)
+    config = load_experiment(args.config, overrides)
     kinds = [k.strip() for k in args.attention.split(",") if k.strip()] if args.attention else None
     models = select_models(config, kinds)
     evaluation = None
@@ -156,8 +156,8 @@ def run_compare(args: argparse.Namespace) -> int:
             retrieval_lr_grid=args.retrieval_lr_grid, recipes=args.recipes, retrieval=False if args.no_retrieval else None,
             resume=args.resume, nproc=args.nproc, jobs=args.jobs, evaluation=evaluation,
         )
-    except CompareInterrupted as exc:  # the running model saved a checkpoint: --resume continues
+    except StudyInterrupted as exc:  # the running runs saved a checkpoint: --resume continues
         print(exc, file=sys.stderr)
         return exc.exit_status
-    print(f"report: {args.out}/report.md ({metrics['wall_seconds'] / 60:.1f} min)", file=sys.stderr)
+    print(f"report: {args.out}/report.md ({metrics.wall_seconds / 60:.1f} min)", file=sys.stderr)
     return 0

@@ -1,107 +1,47 @@
-"""The comparison report: metrics.json, loss.png and report.md from the runs' summaries and logs."""
+"""The comparison's report: its data (:class:`CompareMetrics`, which metrics.json holds), report.md
+and the figures (loss.png, diagnostics.png, retrieval.png, retrieval_curves.png); the claims tables
+and the small formatting helpers the other studies' reports share.
+"""
 
 from __future__ import annotations
 
-import math
-import os
-import platform
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-import torch
-
-from .claims import difference, interval_text, mean_std, render_claims, render_variants, task_figures
-from ..train.config import TrainConfig, retrieval_examples_per_step
-from ..files import write_atomically
+from ..evaluation.stats import Difference, MeanStd, welch_difference
+from ..evaluation.suite import SuiteResult
+from ..files import write_atomically, write_text_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
+from .claims import Claim, fraction_label, task_figures
+from .config import retrieval_examples_per_step
+from .language_models import LanguageModelling, Machine, ModelSummary
+from .results import json_text
+from .retrieval import RetrievalResult, accuracy_stats, examples_to_reach
 
 THROUGHPUT_TARGET = 0.9  # project goal: DIFF trains at >= 0.9x the matched Transformer's tokens/s
+PLOT_DPI = 120
 
 
-def lm_curves(runs: list[dict], kind: str) -> dict[str, list]:
-    """Steps, tokens and the per-seed losses of one kind of record, on the steps all seeds share."""
-    by_seed = [{r["step"]: r for r in run["metrics"] if r["kind"] == kind} for run in runs]
-    steps = sorted(set.intersection(*(set(s) for s in by_seed))) if by_seed else []
-    return {
-        "step": steps,
-        "tokens": [by_seed[0][s]["tokens"] for s in steps],
-        "loss": [[seed[s]["loss"] for s in steps] for seed in by_seed],
-    }
+@dataclass
+class Comparison:
+    """A model against the first Transformer of the comparison: loss, throughput, memory, parameters."""
+
+    model: str
+    baseline: str
+    val_loss_delta: float | None
+    val_loss_noise: float | None  # the standard error of the difference over seeds
+    paper_val_loss_delta: float | None  # the same rows of the paper's Table 6
+    throughput_ratio: float | None
+    paper_throughput_ratios: list[float] | None  # DIFF / Transformer in the paper's Table 7
+    memory_ratio: float
+    extra_parameters: int
 
 
-def build_metrics(config: TrainConfig, runs: dict[str, list[dict]], *, wall_seconds: float, nproc: int,
-                  jobs: int = 1) -> dict:
-    """Everything the report shows, as plain data (written to metrics.json)."""
-    seq_len = config.data.seq_len or config.model(next(iter(runs))).model_config().max_seq_len
-    models: dict[str, Any] = {}
-    for name, model_runs in runs.items():
-        entry = config.models[name]
-        finished = [r for r in model_runs if r["status"] == "completed" and r["final_val_loss"] is not None]
-        models[name] = {
-            "label": entry.display_name,
-            "attention": entry.attention,
-            "recipe": model_runs[0].get("recipe"),
-            "lr": model_runs[0].get("lr"),
-            "parameters": model_runs[0]["parameters"],
-            "tokens": model_runs[0]["tokens"],
-            "seeds": [r["seed"] for r in model_runs],
-            "status": [r["status"] for r in model_runs],
-            "messages": [r["message"] for r in model_runs if r["message"]],
-            "final_val_loss": mean_std([r["final_val_loss"] for r in finished]),
-            "tokens_per_s": mean_std([r["tokens_per_s"] for r in model_runs]),
-            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in model_runs),
-            "peak_memory_kind": model_runs[0]["peak_memory_kind"],
-            "train_seconds": [r["train_seconds"] for r in model_runs],
-            "load_average": [r.get("load_average") for r in model_runs],
-            "checkpoint": name,
-            "paper_table6": dict(PAPER_TABLE6[entry.paper_row], key=entry.paper_row) if entry.paper_row else None,
-            "curves": {"train": lm_curves(model_runs, "train"), "val": lm_curves(model_runs, "val")},
-            "diagnostics": diagnostic_curves(model_runs),
-        }
-    first = next(iter(runs.values()))[0]
-    return {
-        "config": config.name,
-        "description": config.description,
-        "budget_note": config.compare.budget_note,
-        "budget": {
-            "steps": config.run.steps,
-            "batch_size": config.data.batch_size,
-            "seq_len": seq_len,
-            "tokens_per_model": config.run.steps * config.data.batch_size * seq_len,
-            "data_seed": config.run.data_seed,
-            "data_mix": dict(config.data.mix),
-        },
-        "environment": {
-            "device": first["device"],
-            "processes": nproc,
-            "jobs": jobs,
-            "torch": torch.__version__,
-            "cpu_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "machine": platform.machine(),
-        },
-        "wall_seconds": wall_seconds,
-        "models": models,
-        "busy_load_average": machine_was_busy(models, os.cpu_count()) if first["device"] == "cpu" else None,
-        "comparisons": _comparisons(models),
-        "paper": {"reference": PAPER_REFERENCE, "table6": PAPER_TABLE6, "table7_training": PAPER_TABLE7_TRAINING},
-    }
-
-
-def machine_was_busy(models: dict[str, Any], cpu_count: int | None) -> float | None:
-    """The highest mean load average of any run if it shows other work competing for the CPU
-    (more than one runnable task beyond the cores), else None. A run's own threads count up to
-    the number of cores, so only the excess means that the throughput figures are not its own."""
-    loads = [x for m in models.values() for x in m["load_average"] if x is not None]
-    if not loads or not cpu_count:
-        return None
-    return max(loads) if max(loads) > cpu_count + 1 else None
-
-
-def _comparisons(models: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each non-standard model against the first standard-attention one."""
-    baseline = next((name for name, m in models.items() if m["attention"] == "standard"), None)
+def comparisons(models: dict[str, ModelSummary]) -> list[Comparison]:
+    """Each model against the first standard-attention one."""
+    baseline = next((name for name, m in models.items() if m.attention == "standard"), None)
     if baseline is None:
         return []
     base = models[baseline]
@@ -109,127 +49,265 @@ def _comparisons(models: dict[str, Any]) -> list[dict[str, Any]]:
     for name, m in models.items():
         if name == baseline:
             continue
-        ours = _delta(m["final_val_loss"], base["final_val_loss"])
+        delta = noise = None
+        if m.final_val_loss.mean is not None and base.final_val_loss.mean is not None:
+            delta = m.final_val_loss.mean - base.final_val_loss.mean
+            if m.final_val_loss.std is not None and base.final_val_loss.std is not None:
+                noise = (m.final_val_loss.std ** 2 / len(m.final_val_loss.per_seed)
+                         + base.final_val_loss.std ** 2 / len(base.final_val_loss.per_seed)) ** 0.5
         paper = None
-        if m["paper_table6"] and base["paper_table6"]:
-            paper = m["paper_table6"]["valid"] - base["paper_table6"]["valid"]
-        ratio = None
-        if base["tokens_per_s"]["mean"]:
-            ratio = m["tokens_per_s"]["mean"] / base["tokens_per_s"]["mean"]
-        out.append({
-            "model": name,
-            "baseline": baseline,
-            "val_loss_delta": ours["delta"],
-            "val_loss_noise": ours["noise"],
-            "paper_val_loss_delta": paper,
-            "throughput_ratio": ratio,
-            "paper_throughput_ratios": [row["diff"] / row["transformer"] for row in PAPER_TABLE7_TRAINING]
-            if m["attention"] == "diff" else None,
-            "memory_ratio": m["peak_memory_bytes"] / base["peak_memory_bytes"],
-            "extra_parameters": m["parameters"] - base["parameters"],
-        })
+        if m.paper_table6 and base.paper_table6:
+            paper = m.paper_table6["valid"] - base.paper_table6["valid"]
+        ratio = m.tokens_per_s.mean / base.tokens_per_s.mean if base.tokens_per_s.mean else None
+        out.append(Comparison(
+            name, baseline, delta, noise, paper, ratio,
+            [row["diff"] / row["transformer"] for row in PAPER_TABLE7_TRAINING] if m.attention == "diff" else None,
+            m.peak_memory_bytes / base.peak_memory_bytes, m.parameters - base.parameters))
     return out
 
 
-def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
-    if a["mean"] is None or b["mean"] is None:
-        return {"delta": None, "noise": None}
-    noise = None
-    if a["std"] is not None and b["std"] is not None:
-        noise = math.sqrt(a["std"] ** 2 / len(a["per_seed"]) + b["std"] ** 2 / len(b["per_seed"]))
-    return {"delta": a["mean"] - b["mean"], "noise": noise}
+@dataclass
+class CompareMetrics:
+    """Everything the comparison's report shows (metrics.json is its JSON)."""
+
+    config: str
+    description: str
+    budget_note: str
+    lm: LanguageModelling
+    machine: Machine
+    comparisons: list[Comparison]
+    busy_load_average: float | None  # a run's load average when other work shared the CPU (see busy_load_average)
+    retrieval: RetrievalResult | None = None
+    claims: list[Claim] = field(default_factory=list)
+    variant_comparisons: list[Claim] = field(default_factory=list)
+    wall_seconds: float = 0.0  # both experiments and the evaluations
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    paper: dict[str, Any] = field(default_factory=lambda: {
+        "reference": PAPER_REFERENCE, "table6": PAPER_TABLE6, "table7_training": PAPER_TABLE7_TRAINING})
+
+    @property
+    def models(self) -> dict[str, ModelSummary]:
+        return self.lm.models
+
+    @property
+    def seeds(self) -> int:
+        return len(next(iter(self.models.values())).seeds)
 
 
-# --- plots ---------------------------------------------------------------------------------------
+# --- shared formatting --------------------------------------------------------------------------------
 
 
-def write_plots(metrics: dict, out_dir: Path) -> list[Path]:
-    """DIR/loss.png: training loss (left) and validation loss (right) of every model vs tokens."""
+def signed(x: float) -> str:
+    return "+0" if abs(x) < 1e-12 else f"{x:+.3g}"
+
+
+def stats_cell(stats: MeanStd | None, digits: int = 4, *, significant: bool = False) -> str:
+    """"3.1234 ± 0.0120", or the mean alone with one seed, or – / — when there is nothing."""
+    if stats is None:
+        return "–"
+    if stats.mean is None:
+        return "—"
+    if significant:  # the claims tables: significant figures
+        mean = 0.0 if abs(stats.mean) < 1e-12 else stats.mean  # float rounding of a zero difference
+        return f"{mean:.4g}" + (f" ± {stats.std:.2g}" if stats.std is not None else "")
+    return f"{stats.mean:,.{digits}f}" + (f" ± {stats.std:,.{digits}f}" if stats.std is not None else "")
+
+
+def interval_text(d: Difference | None) -> str:
+    """"+0.12 [+0.08, +0.16]", or the difference alone without an interval, or – when there is none."""
+    if d is None:
+        return "–"
+    return signed(d.delta) + (f" [{signed(d.low)}, {signed(d.high)}]" if d.low is not None else "")
+
+
+def along_text(row: Claim, shown: Sequence[float] = (0.125, 0.25, 0.5, 1.0)) -> str:
+    """The difference at the measured points nearest to ``shown`` fractions of the budget."""
+    points = row.along
+    if not points:
+        return "–"
+    picked = sorted({min(range(len(points)), key=lambda i: abs(points[i].fraction - f)) for f in shown})
+    return "; ".join(f"{signed(points[i].difference.delta)} at {fraction_label(points[i].fraction)}" for i in picked)
+
+
+def recipes_text(row: Claim) -> str:
+    return "; ".join(f"{r} {interval_text(d)}" for r, d in row.by_recipe.items()) or "–"
+
+
+def render_claims(rows: list[Claim], seeds: int) -> list[str]:
+    """The claims table of a report (with the along-training and per-recipe columns when any row has them)."""
+    if not rows:
+        return []
+    dependent = any(row.along or row.by_recipe for row in rows)
+    lines = [
+        "## The paper's claims at this scale",
+        "",
+        f"DIFF minus the matched Transformer, each at its own best {'init recipe and ' if dependent else ''}learning "
+        f"rate, mean over {seeds} seed{'s' if seeds > 1 else ''}, at the end of the budget; the interval is Welch's 95% "
+        "interval of the difference. "
+        + ("The same difference along training (at fractions of the budget, each model at its best) and under each "
+           "init recipe (both models under it, each at its best lr there) follows. " if dependent else "")
+        + "Verdict: **agrees** or **contradicts** when the interval excludes zero on one side, else **inconclusive**"
+        + ("; **robust** when that holds under every recipe (two or more) and at every point from 1/4 of the budget "
+           "on, else what it **depends on**." if dependent else "."),
+        "",
+        "| Claim | Measure (better) | Transformer | DIFF | DIFF − Transformer [95% CI] | "
+        + ("Along training | Under each recipe | " if dependent else "") + "Paper | Verdict |",
+        "|---|---|---:|---:|---:|" + ("---|---|" if dependent else "") + "---|---|",
+    ]
+    for row in rows:
+        verdict_text = row.verdict + (f" ({row.note})" if row.note else "")
+        middle = f"{along_text(row)} | {recipes_text(row)} | " if dependent else ""
+        lines.append(f"| {row.claim} | {row.measure} ({row.better}) | {stats_cell(row.base, significant=True)} | "
+                     f"{stats_cell(row.ours, significant=True)} | {interval_text(row.difference)} | {middle}{row.paper} | "
+                     f"**{verdict_text}** |")
+    return lines + [""]
+
+
+def render_variants(rows: list[Claim], seeds: int) -> list[str]:
+    """The table of the attention kinds the paper's claims are not about (DIFF V2, ...)."""
+    if not rows:
+        return []
+    lines = [
+        "## The other attention kinds (no claim of the paper applies)",
+        "",
+        f"Each model against the Transformer and against DIFF, each at its own best init recipe and learning rate, "
+        f"mean over {seeds} seed{'s' if seeds > 1 else ''}; difference = model − baseline with Welch's 95% interval. "
+        "The paper's claims are about DIFF (V1); the authors' DIFF V2 notes make none of these measurements.",
+        "",
+        "| Model | Against | Measure (better) | Model | Baseline | Difference [95% CI] | Along training | "
+        "Under each recipe | Verdict |",
+        "|---|---|---|---:|---:|---:|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row.model} | {row.baseline} | {row.measure} ({row.better}) | "
+                     f"{stats_cell(row.ours, significant=True)} | {stats_cell(row.base, significant=True)} | "
+                     f"{interval_text(row.difference)} | {along_text(row)} | {recipes_text(row)} | **{row.verdict}** |")
+    return lines + [""]
+
+
+def save_plot(fig, path: Path) -> Path:
+    """Write a pyplot figure as a PNG, atomically, and close it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=PLOT_DPI, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def label_axes(ax, xlabel: str, ylabel: str, title: str | None = None, legend_size: float | None = None) -> None:
+    """An axes' labels, title, grid and legend, as every figure of the reports draws them."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if legend_size is not None:
+        ax.legend(fontsize=legend_size)
+
+
+def evaluation_intro() -> str:
+    """The heading of the evaluation sections a report appends."""
+    return ("## Evaluations of the paper\n\nEach evaluation ran on the final model of every seed (rows \"NAME sK\"); "
+            "the claims table above gives their mean ± std. Our models are small and CPU-trained, the paper's 3B / "
+            "1.4B: only the direction of a difference can be compared. JSON and plots: eval/.")
+
+
+def write_study(out_dir: Path, metrics: Any, report: str, suite: SuiteResult | None = None) -> None:
+    """A study's metrics.json and report.md (the evaluation suite's sections appended when it ran)."""
+    if suite is not None:
+        report += "\n" + evaluation_intro() + "\n\n" + suite.markdown(relative_to=out_dir, heading="###")
+    write_text_atomically(out_dir / "metrics.json", json_text(metrics))
+    write_text_atomically(out_dir / "report.md", report)
+
+
+def tokens_text(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
+
+
+def count_text(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def mean_and_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+# --- plots ---------------------------------------------------------------------------------------------
+
+
+def write_plots(metrics: CompareMetrics, out_dir: Path) -> list[Path]:
+    """DIR/loss.png (training and validation loss of every model against tokens), diagnostics.png, and
+    the retrieval experiment's retrieval.png and retrieval_curves.png."""
+    plt = pyplot()
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
-    for name, m in metrics["models"].items():
-        label = f"{m['label']} ({m['attention']})"
-        train, val = m["curves"]["train"], m["curves"]["val"]
-        if train["step"]:
-            mean = [statistics.fmean(v) for v in zip(*train["loss"])]
-            millions = [t / 1e6 for t in train["tokens"]]
-            (line,) = ax_train.plot(millions, mean, label=label)
+    for m in metrics.models.values():
+        label = f"{m.label} ({m.attention})"
+        color = None
+        if m.train_curve.step:
+            (line,) = ax_train.plot([t / 1e6 for t in m.train_curve.tokens], m.train_curve.mean(), label=label)
             color = line.get_color()
-        else:
-            color = None
-        if val["step"]:
-            mean = [statistics.fmean(v) for v in zip(*val["loss"])]
-            millions = [t / 1e6 for t in val["tokens"]]
+        val = m.val_curve
+        if val.step:
+            mean = val.mean()
+            millions = [t / 1e6 for t in val.tokens]
             ax_val.plot(millions, mean, marker="o", markersize=3, label=label, color=color)
-            if len(val["loss"]) > 1:
-                std = [statistics.stdev(v) for v in zip(*val["loss"])]
+            if len(val.values) > 1:
+                std = [statistics.stdev(v) for v in zip(*val.values)]
                 ax_val.fill_between(millions, [a - s for a, s in zip(mean, std)], [a + s for a, s in zip(mean, std)],
                                     color=color, alpha=0.2)
-    seeds = len(next(iter(metrics["models"].values()))["seeds"])
     ax_train.set_title("training loss (mean over each logging interval)")
-    ax_val.set_title("validation loss" + (f" (mean ± std over {seeds} seeds)" if seeds > 1 else ""))
+    ax_val.set_title("validation loss" + (f" (mean ± std over {metrics.seeds} seeds)" if metrics.seeds > 1 else ""))
     for ax in (ax_train, ax_val):
         ax.set_xlabel("training tokens (millions)")
         ax.set_ylabel("cross-entropy (nats/token)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{metrics['config']}: same data, seed and token budget")
+    fig.suptitle(f"{metrics.config}: same data, seed and token budget")
     fig.tight_layout()
-    paths = [_save(fig, out_dir / "loss.png")] + write_diagnostics_plot(metrics, out_dir / "diagnostics.png")
-    if metrics.get("retrieval"):
-        paths.append(_retrieval_plot(metrics["retrieval"], out_dir / "retrieval.png"))
-        if all("curve" in r for m in metrics["retrieval"]["models"].values() for r in m["runs"]):
-            paths.append(_learning_curves_plot(metrics["retrieval"], out_dir / "retrieval_curves.png"))
+    paths = [save_plot(fig, out_dir / "loss.png")] + write_diagnostics_plot(metrics, out_dir / "diagnostics.png")
+    if metrics.retrieval is not None:
+        paths.append(_retrieval_plot(metrics.retrieval, out_dir / "retrieval.png"))
+        paths.append(_learning_curves_plot(metrics.retrieval, out_dir / "retrieval_curves.png"))
     return paths
 
 
-def diagnostic_curves(runs: list[dict]) -> dict[str, list] | None:
-    """λ and the attention-branch RMS per layer (the runs' "diagnostics" records) on the steps all
-    seeds share: {"step", "tokens", "lambda": [seed][step][layer] (absent for kinds without λ),
-    "attn_rms": likewise}; None where the runs logged no diagnostics."""
-    by_seed = [{r["step"]: r for r in run["metrics"] if r["kind"] == "diagnostics"} for run in runs]
-    steps = sorted(set.intersection(*(set(s) for s in by_seed))) if by_seed else []
-    if not steps:
-        return None
-    curves: dict[str, list] = {"step": steps, "tokens": [by_seed[0][s]["tokens"] for s in steps]}
-    for key in ("lambda", "attn_rms"):
-        if all(key in seed[s] for seed in by_seed for s in steps):
-            curves[key] = [[seed[s][key] for s in steps] for seed in by_seed]
-    return curves
-
-
-def write_diagnostics_plot(metrics: dict, path: Path) -> list[Path]:
+def write_diagnostics_plot(metrics: CompareMetrics, path: Path) -> list[Path]:
     """PATH: λ per layer over training for the models that have one (left) and the RMS of every
     model's attention branch per layer (right), each the mean over seeds; colour = model, line
     style = layer. [] where no run logged diagnostics."""
-    import matplotlib.pyplot as plt
-
-    models = {name: m for name, m in metrics["models"].items() if m.get("diagnostics")}
+    models = [m for m in metrics.models.values() if m.diagnostics is not None]
     if not models:
         return []
+    plt = pyplot()
     styles = ["-", "--", "-.", ":"]
     fig, (ax_lambda, ax_rms) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     layers = 0
-    for index, m in enumerate(models.values()):
-        curves, color = m["diagnostics"], f"C{index}"
-        millions = [t / 1e6 for t in curves["tokens"]]
-        for ax, key in ((ax_lambda, "lambda"), (ax_rms, "attn_rms")):
-            if key not in curves:
+    for index, m in enumerate(models):
+        curves, color = m.diagnostics, f"C{index}"
+        millions = [t / 1e6 for t in curves.tokens]
+        for ax, per_seed in ((ax_lambda, curves.lambdas), (ax_rms, curves.attn_rms)):
+            if per_seed is None:  # [seed][step][layer]
                 continue
-            per_seed = curves[key]  # [seed][step][layer]
             n_layers = len(per_seed[0][0])
             layers = max(layers, n_layers)
             for layer in range(n_layers):
                 mean = [statistics.fmean(seed[s][layer] for seed in per_seed) for s in range(len(millions))]
                 ax.plot(millions, mean, color=color, linestyle=styles[layer % len(styles)], linewidth=1.4,
-                        label=m["label"] if layer == 0 else None)
+                        label=m.label if layer == 0 else None)
     for layer in range(layers):  # the legend of the line styles
         ax_rms.plot([], [], color="grey", linestyle=styles[layer % len(styles)], label=f"layer {layer}")
-    seeds = len(next(iter(models.values()))["seeds"])
+    seeds = len(models[0].seeds)
     ax_lambda.set_title("λ per layer" + (f" (mean over {seeds} seeds)" if seeds > 1 else ""))
     ax_lambda.set_ylabel("λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init")
     ax_rms.set_title("RMS of the attention branch per layer")
@@ -237,127 +315,88 @@ def write_diagnostics_plot(metrics: dict, path: Path) -> list[Path]:
     for ax in (ax_lambda, ax_rms):
         ax.set_xlabel("training tokens (millions)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{metrics['config']}: diagnostics during training (one fixed validation window)")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{metrics.config}: diagnostics during training (one fixed validation window)")
     fig.tight_layout()
-    return [_save(fig, path)]
+    return [save_plot(fig, path)]
 
 
-def diagnostics_lines(metrics: dict) -> list[str]:
-    """The report's pointer to diagnostics.png, if it was drawn."""
-    if not any(m.get("diagnostics") for m in metrics["models"].values()):
-        return []
-    return ["λ per layer (the models that have one) and the RMS of each layer's attention branch during training "
-            "(run.diagnostics; every run's metrics.jsonl has them, with the negative share of the differential maps):",
-            "", "![λ and attention-branch RMS per layer](diagnostics.png)", ""]
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    try:
-        return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    finally:
-        plt.close(fig)
-
-
-def _learning_curves_plot(retrieval: dict, path: Path) -> Path:
+def _learning_curves_plot(retrieval: RetrievalResult, path: Path) -> Path:
     """Accuracy against the examples of each task seen, every model under every recipe (each at its
     best lr there; line style = recipe), mean ± std over seeds."""
-    import matplotlib.pyplot as plt
-
-    settings = retrieval["settings"]
-    per_step = retrieval_examples_per_step(settings["batch_size"])
+    plt = pyplot()
+    settings = retrieval.settings
+    per_step = retrieval_examples_per_step(settings.batch_size)
     styles = ["-", "--", "-.", ":"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for index, m in enumerate(retrieval["models"].values()):
-        by_recipe = m.get("recipes") or {None: {"runs": m["runs"], "best_lr": m["best_lr"]}}
-        for style, (recipe, entry) in zip(styles, by_recipe.items()):
-            runs = entry["runs"]
+    for index, m in enumerate(retrieval.models.values()):
+        for style, recipe in zip(styles, m.sweep.runs):
+            runs = m.sweep.at(recipe)
             for ax, task in zip(axes, ("needle", "mqar")):
-                xs = [p["step"] * per_step[task] for p in runs[0]["curve"]]
-                values = [[r["curve"][i]["mean_accuracy"][task] for r in runs] for i in range(len(xs))]
-                mean = [statistics.fmean(v) for v in values]
-                std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
-                label = m["label"] + (f", {recipe}" if recipe else "") + f" (lr {entry['best_lr']:g})"
+                xs = [p.step * per_step[task] for p in runs[0].curve]
+                mean, std = zip(*(mean_and_std([r.curve[i].mean_accuracy[task] for r in runs]) for i in range(len(xs))))
+                label = m.label + (f", {recipe}" if recipe else "") + f" (lr {m.sweep.best_lr[recipe]:g})"
                 ax.plot(xs, mean, linestyle=style, marker="o", markersize=3, color=f"C{index}", label=label)
                 ax.fill_between(xs, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
                                 color=f"C{index}", alpha=0.12)
     for ax, task in zip(axes, ("needle", "mqar")):
-        ax.axhline(retrieval["chance"], color="grey", linestyle=":", label="chance")
-        ax.axhline(settings["target_accuracy"], color="grey", linestyle="--", linewidth=0.8,
-                   label=f"target {settings['target_accuracy']:g}")
+        ax.axhline(retrieval.chance, color="grey", linestyle=":", label="chance")
+        ax.axhline(settings.target_accuracy, color="grey", linestyle="--", linewidth=0.8,
+                   label=f"target {settings.target_accuracy:g}")
         ax.set_title(f"{task}: accuracy along training (mean over difficulty cells)")
         ax.set_xlabel(f"{task} examples seen in training")
         ax.set_ylabel("answer accuracy")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7)
-    seeds = len(next(iter(retrieval["models"].values()))["runs"])
+    seeds = len(next(iter(retrieval.models.values())).runs)
     fig.suptitle(f"retrieval learning curves: mean ± std over {seeds} seed{'s' if seeds > 1 else ''}")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_plot(fig, path)
 
 
-def _retrieval_plot(retrieval: dict, path: Path) -> Path:
+def _retrieval_plot(retrieval: RetrievalResult, path: Path) -> Path:
     """Accuracy against difficulty (needles N, averaged over depths; mqar pairs D), mean ± std over seeds."""
-    import matplotlib.pyplot as plt
-
-    settings = retrieval["settings"]
+    plt = pyplot()
+    settings = retrieval.settings
     fig, (ax_needle, ax_mqar) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for m in retrieval["models"].values():
-        runs = m["runs"]
-        needle = [[statistics.fmean(r["accuracy"]["needle"][f"N={n},depth={d:g}"] for d in settings["depths"])
-                   for r in runs] for n in settings["needles"]]
-        mqar = [[r["accuracy"]["mqar"][f"D={p}"] for r in runs] for p in settings["pairs"]]
-        for ax, xs, values in ((ax_needle, settings["needles"], needle), (ax_mqar, settings["pairs"], mqar)):
-            means = [statistics.fmean(v) for v in values]
-            stds = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
-            ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=f"{m['label']} (lr {m['best_lr']:g})")
+    for m in retrieval.models.values():
+        runs = m.runs
+        needle = [[statistics.fmean(r.accuracy["needle"][f"N={n},depth={d:g}"] for d in settings.depths)
+                   for r in runs] for n in settings.needles]
+        mqar = [[r.accuracy["mqar"][f"D={p}"] for r in runs] for p in settings.pairs]
+        for ax, xs, values in ((ax_needle, settings.needles, needle), (ax_mqar, settings.pairs, mqar)):
+            means, stds = zip(*(mean_and_std(v) for v in values))
+            ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=f"{m.label} (lr {m.sweep.lr:g})")
     for ax, title, xlabel in ((ax_needle, "multi-needle: accuracy vs needles (N − 1 distractors)", "needles N"),
                               (ax_mqar, "MQAR: accuracy vs key-value pairs", "pairs D")):
-        ax.axhline(retrieval["chance"], color="grey", linestyle=":", label="chance")
+        ax.axhline(retrieval.chance, color="grey", linestyle=":", label="chance")
         ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("answer accuracy")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend()
-    seeds = len(next(iter(retrieval["models"].values()))["runs"])
+    seeds = len(next(iter(retrieval.models.values())).runs)
     fig.suptitle(f"retrieval experiment: mean ± std over {seeds} seed{'s' if seeds > 1 else ''}")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_plot(fig, path)
 
 
-# --- report.md -----------------------------------------------------------------------------------
-
-
-def _loss_cell(stats: dict[str, Any]) -> str:
-    if stats["mean"] is None:
-        return "—"
-    if stats["std"] is None:
-        return f"{stats['mean']:.4f}"
-    return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
+# --- report.md -------------------------------------------------------------------------------------------
 
 
 def _jobs_text(jobs: int) -> str:
     return f"; {jobs} runs at a time, each on cores / {jobs} threads" if jobs > 1 else ""
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def _speed_cell(stats: MeanStd) -> str:
+    return stats_cell(stats, 0)
 
 
-def _speed_cell(stats: dict[str, Any]) -> str:
-    return f"{stats['mean']:,.0f}" + (f" ± {stats['std']:,.0f}" if stats["std"] is not None else "")
-
-
-def _tokens(n: int) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
-
-
-def _verdict(c: dict[str, Any], label: str, base_label: str, seeds: int) -> str:
-    delta, noise, paper = c["val_loss_delta"], c["val_loss_noise"], c["paper_val_loss_delta"]
+def _verdict(c: Comparison, label: str, base_label: str, seeds: int) -> str:
+    delta, noise, paper = c.val_loss_delta, c.val_loss_noise, c.paper_val_loss_delta
     if delta is None:
         return f"- {label}: no final validation loss (see the run status)."
     direction = "lower (better)" if delta < 0 else "higher (worse)"
@@ -380,49 +419,47 @@ def _verdict(c: dict[str, Any], label: str, base_label: str, seeds: int) -> str:
     return text
 
 
-def _sweep_lines(sweep: dict | None, models: dict[str, Any]) -> list[str]:
+def _sweep_lines(lm: LanguageModelling) -> list[str]:
     """The search table: final validation loss (mean ± std over seeds) per model, recipe and lr."""
-    if not sweep:
-        return []
-    grid = sorted({lr for m in sweep.values() for r in m["by_recipe"].values() for lr in r["final_val_loss"]}, key=float)
-    rows = [(name, recipe, entry) for name, m in sweep.items() for recipe, entry in m["by_recipe"].items()]
-    if len(grid) < 2 and len(rows) == len(sweep):
-        only = {name: m["best"] for name, m in sweep.items()}
-        return ["Peak learning rates: " + "; ".join(f"{models[name]['label']} {lr:g}" for name, lr in only.items())
-                + " (one per model; `--lr-grid` runs a sweep and reports each at its best).", ""]
+    models = lm.models
+    grid = sorted({lr for s in lm.sweeps.values() for by_lr in s.scores.values() for lr in by_lr})
+    rows = [(name, recipe) for name, s in lm.sweeps.items() for recipe in s.scores]
+    if len(grid) < 2 and len(rows) == len(lm.sweeps):
+        return ["Peak learning rates: " + "; ".join(f"{models[name].label} {s.lr:g}" for name, s in lm.sweeps.items())
+                + " (one per model; `--lr-grid` runs a sweep and reports each at its own best).", ""]
     lines = ["### The search (final validation loss; each model's best in bold)", "",
-             "| Model | Init recipe | " + " | ".join(f"lr {lr}" for lr in grid) + " |", "|---|---|" + "---:|" * len(grid)]
-    for name, recipe, entry in rows:
+             "| Model | Init recipe | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |", "|---|---|" + "---:|" * len(grid)]
+    for name, recipe in rows:
+        s = lm.sweeps[name]
         cells = []
         for lr in grid:
-            stats, diverged = entry["final_val_loss"].get(lr), entry.get("diverged", {}).get(lr, 0)
-            cell = "—" if stats is None or stats["mean"] is None else _loss_cell(stats)
+            stats, diverged = s.scores[recipe].get(lr), s.missing[recipe].get(lr, 0)
+            cell = "—" if stats is None or stats.mean is None else stats_cell(stats)
             if diverged:
                 cell += f" ({diverged} diverged)"
-            best = float(lr) == sweep[name]["best"] and (recipe or None) == sweep[name]["best_recipe"]
-            cells.append(f"**{cell}**" if best else cell)
-        lines.append(f"| {models[name]['label']} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
+            cells.append(f"**{cell}**" if lr == s.lr and recipe == s.best_recipe else cell)
+        lines.append(f"| {models[name].label} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
     return lines + ["", "Every model ran every learning rate of its grid under every recipe with the same warmup, schedule, "
                     "data and seeds; each is reported at its own best. A grid of one lr per model is the shipped result "
                     "of a sweep (`--lr-grid` reruns it).", ""]
 
 
-def sensitivity_lines(metrics: dict) -> list[str]:
+def sensitivity_lines(metrics: CompareMetrics) -> list[str]:
     """The init-recipe sensitivity table: under each recipe, every model at its best lr there, and the
     differences against the Transformer and DIFF with their intervals."""
-    models = metrics["models"]
+    models = metrics.models
     names = list(models)
-    base = next((n for n in names if models[n]["attention"] == "standard"), None)
-    diff = next((n for n in names if models[n]["attention"] == "diff"), None)
-    entries = task_figures(metrics, names)
-    recipes = list(dict.fromkeys(r for e in entries for f in e["figures"].values() for r in f["by_recipe"]))
+    base = next((n for n in names if models[n].attention == "standard"), None)
+    diff = next((n for n in names if models[n].attention == "diff"), None)
+    entries = task_figures(metrics.lm, metrics.retrieval, names)
+    recipes = list(dict.fromkeys(r for e in entries for f in e.figures.values() for r in f.by_recipe))
     if not recipes or base is None:
         return []
     others = [n for n in names if n != base]
-    header = ["Task (better)", "Init recipe", *(models[n]["label"] for n in names),
-              *(f"{models[n]['label']} − {models[base]['label']}" for n in others)]
+    header = ["Task (better)", "Init recipe", *(models[n].label for n in names),
+              *(f"{models[n].label} − {models[base].label}" for n in others)]
     if diff is not None:
-        header += [f"{models[n]['label']} − {models[diff]['label']}" for n in others if n != diff]
+        header += [f"{models[n].label} − {models[diff].label}" for n in others if n != diff]
     lines = ["## Sensitivity to the init recipe", "",
              "Every model under each shared init recipe, each at its best learning rate there (mean ± std over seeds); "
              "differences with Welch's 95% interval. `scaled-init`: o_proj and down_proj at init_std/√(2·layers), as the "
@@ -430,33 +467,26 @@ def sensitivity_lines(metrics: dict) -> list[str]:
              "", "| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
     for entry in entries:
         for recipe in recipes:
-            values = {n: entry["figures"][n]["by_recipe"].get(recipe) for n in names}
+            values = {n: entry.figures[n].by_recipe.get(recipe) for n in names}
             if any(v is None for v in values.values()):
                 continue
-            cells = [_loss_cell(mean_std(values[n])) for n in names]
-            cells += [interval_text(difference(values[n], values[base])) for n in others]
+            cells = [stats_cell(MeanStd.of(values[n])) for n in names]
+            cells += [interval_text(welch_difference(values[n], values[base])) for n in others]
             if diff is not None:
-                cells += [interval_text(difference(values[n], values[diff])) for n in others if n != diff]
-            lines.append(f"| {entry['task']} ({entry['better']}) | {recipe} | " + " | ".join(cells) + " |")
+                cells += [interval_text(welch_difference(values[n], values[diff])) for n in others if n != diff]
+            lines.append(f"| {entry.task} ({entry.better}) | {recipe} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
-def sample_efficiency_lines(metrics: dict) -> list[str]:
+def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
     """How much training each model needs: for language modelling, the tokens the better model
     needs to reach the other's final loss; for retrieval, the examples to reach the target accuracy."""
-    from .retrieval import examples_to_reach
-
-    models = metrics["models"]
+    models = metrics.models
     names = list(models)
-    base = next((n for n in names if models[n]["attention"] == "standard"), None)
+    base = next((n for n in names if models[n].attention == "standard"), None)
     lines = ["## Sample efficiency", ""]
     if base is not None:
-        budget = metrics["budget"]["tokens_per_model"]
-
-        def mean_curve(name: str) -> list[tuple[float, float]]:
-            val = models[name]["curves"]["val"]
-            return [(t, statistics.fmean(seed[i] for seed in val["loss"])) for i, t in enumerate(val["tokens"])]
-
+        budget = metrics.lm.budget.tokens_per_model
         lines += ["Language modelling (each model at its best): the tokens each needs to reach another's final validation "
                   "loss (linear between evaluations; the paper: DIFF matches the Transformer with ~64% of the tokens, "
                   "Fig. 3).", ""]
@@ -464,13 +494,14 @@ def sample_efficiency_lines(metrics: dict) -> list[str]:
             if name == base:
                 continue
             for fast, slow in ((name, base), (base, name)):
-                target = models[slow]["final_val_loss"]["mean"]
-                curve = [(t, -loss) for t, loss in mean_curve(fast)]  # rising, as examples_to_reach reads
+                target = models[slow].final_val_loss.mean
+                val = models[fast].val_curve
+                curve = [(t, -loss) for t, loss in zip(val.tokens, val.mean())]  # rising, as examples_to_reach reads
                 tokens = examples_to_reach(curve, -target) if curve and target is not None else None
                 first = curve[0][0] if curve else 0
-                reaches = f"{models[fast]['label']} reaches {models[slow]['label']}'s final loss ({target:.4f})"
+                reaches = f"{models[fast].label} reaches {models[slow].label}'s final loss ({target:.4f})"
                 if tokens is None:
-                    text = f"{models[fast]['label']} does not reach {models[slow]['label']}'s final loss ({target:.4f}) " \
+                    text = f"{models[fast].label} does not reach {models[slow].label}'s final loss ({target:.4f}) " \
                            "within the budget"
                 elif tokens <= first:
                     text = f"{reaches} by its first evaluation ({first:,.0f} tokens, {first / budget:.0%} of the budget)"
@@ -478,91 +509,83 @@ def sample_efficiency_lines(metrics: dict) -> list[str]:
                     text = f"{reaches} after {tokens:,.0f} tokens ({tokens / budget:.0%} of the budget)"
                 lines.append(f"- {text}.")
         lines.append("")
-    retrieval = metrics.get("retrieval")
-    if retrieval and all("curve" in r for m in retrieval["models"].values() for r in m["runs"]):
-        settings = retrieval["settings"]
-        target = settings["target_accuracy"]
-        per_step = retrieval_examples_per_step(settings["batch_size"])
+    retrieval = metrics.retrieval
+    if retrieval is not None:
+        settings = retrieval.settings
+        target = settings.target_accuracy
+        per_step = retrieval_examples_per_step(settings.batch_size)
         lines += [f"Retrieval: the examples of each task a model needs to reach accuracy {target:g} (its mean curve over "
                   "seeds, linear between measurements), under each recipe at its best lr there; "
-                  f"the budget is {settings['steps'] * per_step['needle']:,} needle and "
-                  f"{settings['steps'] * per_step['mqar']:,} MQAR examples.", "",
+                  f"the budget is {settings.steps * per_step['needle']:,} needle and "
+                  f"{settings.steps * per_step['mqar']:,} MQAR examples.", "",
                   "| Model | Init recipe | needle | mqar |", "|---|---|---:|---:|"]
-        for m in retrieval["models"].values():
-            for recipe, entry in (m.get("recipes") or {None: {"runs": m["runs"]}}).items():
+        for m in retrieval.models.values():
+            for recipe in m.sweep.runs:
+                runs = m.sweep.at(recipe)
                 cells = []
                 for task in ("needle", "mqar"):
-                    runs = entry["runs"]
-                    curve = [(p["step"] * per_step[task], statistics.fmean(r["curve"][i]["mean_accuracy"][task]
-                                                                           for r in runs))
-                             for i, p in enumerate(runs[0]["curve"])]
+                    curve = [(p.step * per_step[task], statistics.fmean(r.curve[i].mean_accuracy[task] for r in runs))
+                             for i, p in enumerate(runs[0].curve)]
                     reached = examples_to_reach(curve, target)
                     cells.append("not within the budget" if reached is None else f"{reached:,.0f}")
-                lines.append(f"| {m['label']} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
+                lines.append(f"| {m.label} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines if len(lines) > 2 else []
 
 
-def learning_curve_lines(retrieval: dict | None) -> list[str]:
+def learning_curve_lines(retrieval: RetrievalResult) -> list[str]:
     """The retrieval models' accuracy along training (each at its best), by task."""
-    if not retrieval or not all("curve" in r for m in retrieval["models"].values() for r in m["runs"]):
-        return []
-    settings, models = retrieval["settings"], retrieval["models"]
-    per_step = retrieval_examples_per_step(settings["batch_size"])
-    steps = [p["step"] for p in next(iter(models.values()))["runs"][0]["curve"]]
+    settings, models = retrieval.settings, retrieval.models
+    per_step = retrieval_examples_per_step(settings.batch_size)
+    steps = [p.step for p in next(iter(models.values())).runs[0].curve]
     lines = ["### Learning curves", "",
              "Accuracy (mean over the difficulty cells, mean ± std over seeds) after each number of training steps, each "
              f"model at its best recipe and lr; a step is {per_step['needle']} needle and {per_step['mqar']} MQAR examples.",
              "", "| Task | Model | " + " | ".join(f"step {s:,}" for s in steps) + " |", "|---|---|" + "---:|" * len(steps)]
     for task in ("needle", "mqar"):
         for m in models.values():
-            cells = [_loss_cell(mean_std([r["curve"][i]["mean_accuracy"][task] for r in m["runs"]]))
-                     for i in range(len(steps))]
-            lines.append(f"| {task} | {m['label']} ({m.get('best_recipe') or 'as configured'}, lr {m['best_lr']:g}) | "
+            cells = [stats_cell(MeanStd.of(r.curve[i].mean_accuracy[task] for r in m.runs)) for i in range(len(steps))]
+            lines.append(f"| {task} | {m.label} ({m.sweep.best_recipe or 'as configured'}, lr {m.sweep.lr:g}) | "
                          + " | ".join(cells) + " |")
     return lines + ["", "![retrieval learning curves](retrieval_curves.png)", ""]
 
 
-def _retrieval_lines(retrieval: dict | None) -> list[str]:
+def retrieval_lines(retrieval: RetrievalResult | None) -> list[str]:
     """The retrieval experiment: accuracy by difficulty and the attention allocation, mean ± std."""
-    if not retrieval:
+    if retrieval is None:
         return []
-    from .retrieval import summarize
-
-    settings, models = retrieval["settings"], retrieval["models"]
-    seeds = len(next(iter(models.values()))["runs"])
-    best_lrs = ", ".join(f"{m['label']} {(m.get('best_recipe') or '') + ' '}lr {m['best_lr']:g}".replace("  ", " ")
+    settings, models = retrieval.settings, retrieval.models
+    seeds = len(next(iter(models.values())).runs)
+    best_lrs = ", ".join(f"{m.label} {(m.sweep.best_recipe or '') + ' '}lr {m.sweep.lr:g}".replace("  ", " ")
                          for m in models.values())
     lines = [
         "## Retrieval experiment",
         "",
-        f"Models of {settings['n_layers']} layers, d_model {settings['d_model']} (DIFF {_count(settings['n_heads'], 'head')}, "
-        f"the Transformer {2 * settings['n_heads']}), trained for {settings['steps']} steps × {settings['batch_size']} "
-        f"generated examples of {settings['length']} tokens ({_tokens(retrieval['tokens_per_model'])} tokens, the same "
-        f"batches for every model) on a {4 + settings['keys'] + settings['values'] + settings['noise_tokens']}-token "
-        f"symbolic vocabulary; accuracy is exact-match on the answer tokens (chance {retrieval['chance']:.3f}), "
+        f"Models of {settings.n_layers} layers, d_model {settings.d_model} (DIFF {count_text(settings.n_heads, 'head')}, "
+        f"the Transformer {2 * settings.n_heads}), trained for {settings.steps} steps × {settings.batch_size} "
+        f"generated examples of {settings.length} tokens ({tokens_text(retrieval.tokens_per_model)} tokens, the same "
+        f"batches for every model) on a {settings.task.vocab_size}-token "
+        f"symbolic vocabulary; accuracy is exact-match on the answer tokens (chance {retrieval.chance:.3f}), "
         f"mean ± std over {seeds} seed{'s' if seeds > 1 else ''}, each model at its best "
-        f"{'init recipe and ' if retrieval.get('recipes') else ''}learning rate ({best_lrs}).",
+        f"{'init recipe and ' if retrieval.recipes else ''}learning rate ({best_lrs}).",
         "",
-        "| Task | Difficulty | " + " | ".join(m["label"] for m in models.values()) + " |",
+        "| Task | Difficulty | " + " | ".join(m.label for m in models.values()) + " |",
         "|---|---|" + "---:|" * len(models),
     ]
-    for n in settings["needles"]:
-        cells = []
-        for m in models.values():
-            per_seed = [statistics.fmean(r["accuracy"]["needle"][f"N={n},depth={d:g}"] for d in settings["depths"])
-                        for r in m["runs"]]
-            cells.append(_loss_cell(mean_std(per_seed)))
-        lines.append(f"| needle | N = {n} ({n - 1} distractor{'s' if n != 2 else ''}), all depths | " + " | ".join(cells) + " |")
-    hardest = max(settings["needles"])
-    for d in settings["depths"]:
-        cells = [_loss_cell(summarize(m["runs"], "needle", f"N={hardest},depth={d:g}")) for m in models.values()]
+    for n in settings.needles:
+        cells = [stats_cell(MeanStd.of(statistics.fmean(r.accuracy["needle"][f"N={n},depth={d:g}"] for d in settings.depths)
+                                       for r in m.runs)) for m in models.values()]
+        lines.append(f"| needle | N = {n} ({n - 1} distractor{'s' if n != 2 else ''}), all depths | "
+                     + " | ".join(cells) + " |")
+    hardest = max(settings.needles)
+    for d in settings.depths:
+        cells = [stats_cell(accuracy_stats(m.runs, "needle", f"N={hardest},depth={d:g}")) for m in models.values()]
         lines.append(f"| needle | N = {hardest}, answer depth {d:.0%} | " + " | ".join(cells) + " |")
-    for p in settings["pairs"]:
-        cells = [_loss_cell(summarize(m["runs"], "mqar", f"D={p}")) for m in models.values()]
+    for p in settings.pairs:
+        cells = [stats_cell(accuracy_stats(m.runs, "mqar", f"D={p}")) for m in models.values()]
         lines.append(f"| mqar | D = {p} pairs | " + " | ".join(cells) + " |")
-    for bits in ["full", *map(str, settings["quantize_bits"])]:
-        cells = [_loss_cell(mean_std([r["quantized_accuracy"][bits] for r in m["runs"]])) for m in models.values()]
+    for bits in ["full", *map(str, settings.quantize_bits)]:
+        cells = [stats_cell(MeanStd.of(r.quantized_accuracy[bits] for r in m.runs)) for m in models.values()]
         label = "full precision" if bits == "full" else f"{bits}-bit"
         lines.append(f"| hardest cells | attention logits at {label} | " + " | ".join(cells) + " |")
     lines += ["", f"Where the answer row looks (N = {hardest} needles, every depth; head mean, divided by the row sum "
@@ -570,46 +593,49 @@ def _retrieval_lines(retrieval: dict | None) -> list[str]:
               "noise, DIFF .27–.40 and ~.02):", "",
               "| Model | Layer | on the answer | on noise | other |", "|---|---:|---:|---:|---:|"]
     for m in models.values():
-        for layer in range(len(m["runs"][0]["attention"])):
-            shares = [r["attention"][layer] for r in m["runs"]]
+        for layer in range(len(m.runs[0].attention)):
+            shares = [r.attention[layer] for r in m.runs]
             if any(s is None for s in shares):
-                lines.append(f"| {m['label']} | {layer} | row sum < 0.05 (λ near 1) | | |")
+                lines.append(f"| {m.label} | {layer} | row sum < 0.05 (λ near 1) | | |")
                 continue
-            cells = [_loss_cell(mean_std([s[g] for s in shares])) for g in ("answer", "noise", "other")]
-            lines.append(f"| {m['label']} | {layer} | " + " | ".join(cells) + " |")
+            cells = [stats_cell(MeanStd.of(getattr(s, g) for s in shares)) for g in ("answer", "noise", "other")]
+            lines.append(f"| {m.label} | {layer} | " + " | ".join(cells) + " |")
     lines += ["", "![retrieval accuracy by difficulty](retrieval.png)", ""]
     return lines + learning_curve_lines(retrieval)
 
 
-def evaluation_intro() -> str:
-    """The heading of the evaluation sections compare appends to report.md."""
-    return ("## Evaluations of the paper\n\nEach evaluation ran on the final model of every seed (rows \"NAME sK\"); "
-            "the claims table above gives their mean ± std. Our models are small and CPU-trained, the paper's 3B / "
-            "1.4B: only the direction of a difference can be compared. JSON and plots: eval/.")
+def diagnostics_lines(metrics: CompareMetrics) -> list[str]:
+    """The report's pointer to diagnostics.png, if it was drawn."""
+    if not any(m.diagnostics for m in metrics.models.values()):
+        return []
+    return ["λ per layer (the models that have one) and the RMS of each layer's attention branch during training "
+            "(run.diagnostics; every run's metrics.jsonl has them, with the negative share of the differential maps):",
+            "", "![λ and attention-branch RMS per layer](diagnostics.png)", ""]
 
 
-def render_report(metrics: dict) -> str:
+def render_report(metrics: CompareMetrics) -> str:
     """report.md, in plain words: the table, the comparisons with the paper, and how it was made."""
-    budget, env, models = metrics["budget"], metrics["environment"], metrics["models"]
-    seeds = len(next(iter(models.values()))["seeds"])
-    lines = [f"# Side-by-side training: {metrics['config']}", ""]
-    if metrics["description"]:
-        lines += [metrics["description"] + ".", ""]
+    budget, env, models = metrics.lm.budget, metrics.machine, metrics.models
+    seeds = metrics.seeds
+    lines = [f"# Side-by-side training: {metrics.config}", ""]
+    if metrics.description:
+        lines += [metrics.description + ".", ""]
+    first_seeds = next(iter(models.values())).seeds
     lines += [
-        f"Every model trained for {budget['steps']} steps × {budget['batch_size']} sequences × {budget['seq_len']} "
-        f"tokens = {_tokens(budget['tokens_per_model'])} tokens, on the same data in the same order "
-        f"(data seed {budget['data_seed']}"
-        + (f", mixture {budget['data_mix']}" if budget["data_mix"] else "")
-        + f"), with {seeds} seed{'s' if seeds > 1 else ''} ({', '.join(str(s) for s in next(iter(models.values()))['seeds'])}). "
-        f"Device: {env['device']} ({env['processes']} process{'es' if env['processes'] > 1 else ''}, "
-        f"{env['cpu_count']} CPU cores{_jobs_text(env.get('jobs', 1))}), torch {env['torch']}. Wall time: "
-        f"{metrics['wall_seconds'] / 60:.1f} min for this command"
-        + (" (" + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in metrics["phase_seconds"].items()) + ")"
-           if metrics.get("phase_seconds") else "") + ".",
+        f"Every model trained for {budget.steps} steps × {budget.batch_size} sequences × {budget.seq_len} "
+        f"tokens = {tokens_text(budget.tokens_per_model)} tokens, on the same data in the same order "
+        f"(data seed {budget.data_seed}"
+        + (f", mixture {budget.data_mix}" if budget.data_mix else "")
+        + f"), with {seeds} seed{'s' if seeds > 1 else ''} ({', '.join(str(s) for s in first_seeds)}). "
+        f"Device: {env.device} ({env.processes} process{'es' if env.processes > 1 else ''}, "
+        f"{env.cpu_count} CPU cores{_jobs_text(env.jobs)}), torch {env.torch}. Wall time: "
+        f"{metrics.wall_seconds / 60:.1f} min for this command"
+        + (" (" + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in metrics.phase_seconds.items()) + ")"
+           if metrics.phase_seconds else "") + ".",
         "",
-        *([f"**The budget.** {metrics['budget_note']}", ""] if metrics.get("budget_note") else []),
-        *render_claims(metrics.get("claims", []), seeds),
-        *render_variants(metrics.get("variant_comparisons", []), seeds),
+        *([f"**The budget.** {metrics.budget_note}", ""] if metrics.budget_note else []),
+        *render_claims(metrics.claims, seeds),
+        *render_variants(metrics.variant_comparisons, seeds),
         *sensitivity_lines(metrics),
         *sample_efficiency_lines(metrics),
         "## Language modelling",
@@ -619,50 +645,49 @@ def render_report(metrics: dict) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for m in models.values():
-        memory = f"{m['peak_memory_bytes'] / 2**20:,.0f} MiB ({m['peak_memory_kind']})"
-        paper = f"{m['paper_table6']['valid']:.3f} ({m['paper_table6']['row']})" if m["paper_table6"] else "—"
-        status = "" if all(s == "completed" for s in m["status"]) else f" ({', '.join(m['status'])})"
+        memory = f"{m.peak_memory_bytes / 2**20:,.0f} MiB ({m.peak_memory_kind})"
+        paper = f"{m.paper_table6['valid']:.3f} ({m.paper_table6['row']})" if m.paper_table6 else "—"
+        status = "" if all(s == "completed" for s in m.status) else f" ({', '.join(m.status)})"
         lines.append(
-            f"| {m['label']}{status} | {m['attention']} | {m['parameters']:,} | {_tokens(m['tokens'])} | "
-            f"{_loss_cell(m['final_val_loss'])} | {_speed_cell(m['tokens_per_s'])} | {memory} | {paper} |"
+            f"| {m.label}{status} | {m.attention} | {m.parameters:,} | {tokens_text(m.tokens)} | "
+            f"{stats_cell(m.final_val_loss)} | {_speed_cell(m.tokens_per_s)} | {memory} | {paper} |"
         )
     lines.append("")
-    lines += _sweep_lines(metrics.get("lr_sweep"), models)
-    if metrics["comparisons"]:
+    lines += _sweep_lines(metrics.lm)
+    if metrics.comparisons:
         lines += ["## Against the baseline, and against the paper", ""]
-        for c in metrics["comparisons"]:
-            label, base = models[c["model"]]["label"], models[c["baseline"]]["label"]
-            extra = c["extra_parameters"]
-            share = extra / models[c["baseline"]]["parameters"]
-            lines.append(f"- **{label} vs {base}, parameters**: {extra:+,} ({share:+.2%}).")
+        for c in metrics.comparisons:
+            label, base = models[c.model].label, models[c.baseline].label
+            share = c.extra_parameters / models[c.baseline].parameters
+            lines.append(f"- **{label} vs {base}, parameters**: {c.extra_parameters:+,} ({share:+.2%}).")
             lines.append(_verdict(c, label, base, seeds))
-            if c["throughput_ratio"] is not None:
-                text = f"- **{label} / {base}, training throughput**: {c['throughput_ratio']:.2f}× here"
-                if c["paper_throughput_ratios"]:
-                    paper = ", ".join(f"{r:.2f}×" for r in c["paper_throughput_ratios"])
+            if c.throughput_ratio is not None:
+                text = f"- **{label} / {base}, training throughput**: {c.throughput_ratio:.2f}× here"
+                if c.paper_throughput_ratios:
+                    paper = ", ".join(f"{r:.2f}×" for r in c.paper_throughput_ratios)
                     text += (f"; the paper (Table 7, H100, the same FlashAttention-2 kernel for both; 3B 2K, 3B 4K, "
                              f"13B 2K): {paper}. Project target: ≥ {THROUGHPUT_TARGET:.2f}× — ")
-                    if metrics["busy_load_average"] is not None:
+                    if metrics.busy_load_average is not None:
                         text += (f"not judged from this run: other work shared the CPU (mean load average up to "
-                                 f"{metrics['busy_load_average']:.1f} on {env['cpu_count']} cores), so the two runs, "
+                                 f"{metrics.busy_load_average:.1f} on {env.cpu_count} cores), so the two runs, "
                                  "made one after the other, did not get the same machine.")
                     else:
-                        text += "met." if c["throughput_ratio"] >= THROUGHPUT_TARGET else "**missed**."
+                        text += "met." if c.throughput_ratio >= THROUGHPUT_TARGET else "**missed**."
                 else:
                     text += "."
                 lines.append(text)
-            lines.append(f"- **{label} / {base}, peak memory**: {c['memory_ratio']:.2f}×.")
+            lines.append(f"- **{label} / {base}, peak memory**: {c.memory_ratio:.2f}×.")
         lines.append("")
     lines += ["## Loss curves", "", "![training and validation loss](loss.png)", ""]
     lines += diagnostics_lines(metrics)
-    lines += _retrieval_lines(metrics.get("retrieval"))
-    problems = [f"- {m['label']}: {msg}" for m in models.values() for msg in m["messages"]]
+    lines += retrieval_lines(metrics.retrieval)
+    problems = [f"- {m.label}: {msg}" for m in models.values() for msg in m.messages]
     if problems:
         lines += ["## Runs that did not complete", "", *problems, ""]
     lines += [
         "## How to read this",
         "",
-        f"- The paper's figures ({metrics['paper']['reference']}) come from models of 1.4B–13B parameters "
+        f"- The paper's figures ({metrics.paper['reference']}) come from models of 1.4B–13B parameters "
         "trained on 10B+ tokens; these models are tiny and briefly trained. The paper's numbers show the "
         "direction it found, not values to expect here, and nothing here was tuned toward them.",
         "- Validation loss: mean cross-entropy per token over the same fixed validation windows for every "

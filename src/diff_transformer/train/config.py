@@ -1,7 +1,9 @@
 """Training configuration: typed dataclasses, read from YAML, with ``key=value`` overrides.
 
 A config file names an experiment: a base ``model`` and named ``models`` (variants merged over
-it), the ``data``, the ``optim``izer, the ``run`` and the ``compare`` selection::
+it), the ``data``, the ``optim``izer and the ``run``; the sections of the experiments beside them
+(``compare``, ``retrieval``, ``long_context``, ``scaling``: :data:`EXPERIMENT_SECTIONS`) are read by
+:mod:`diff_transformer.experiments.config`, not here::
 
     name: tiny
     model: {preset: tiny}                  # a ModelConfig preset plus any ModelConfig field
@@ -30,17 +32,27 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import yaml
 
-from ..config import ATTENTION_KINDS, DIFF_HEAD_KINDS, ConfigError, ModelConfig
+from ..config import ATTENTION_KINDS, ConfigError, ModelConfig
 from ..ops import BACKEND_NAMES
+
+T = TypeVar("T")
+# Sections of a config file that the experiments read (diff_transformer.experiments.config); the
+# trainer does not look into them.
+EXPERIMENT_SECTIONS = ("compare", "retrieval", "long_context", "scaling")
+# Keys a model entry no longer takes, and where their values live now.
+MOVED_MODEL_KEYS = {
+    "retrieval_lr": "retrieval.lr_by_model.{name}",
+    "lr_by_recipe": "compare.lr_by_recipe.RECIPE.{name} (and retrieval.lr_by_recipe.RECIPE.{name})",
+}
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-def _require_finite(section: str, values: Any) -> None:
+def require_finite(section: str, values: Any) -> None:
     """A ConfigError naming the first float of dataclass ``values`` (a field, or an item of a list,
     tuple or mapping field) that is NaN or infinite."""
     for f in dataclasses.fields(values):
@@ -59,7 +71,7 @@ def _require_finite(section: str, values: Any) -> None:
 MAX_SEED = 2**63 - 1  # torch.manual_seed's range
 
 
-def _require_seeds(section: str, values: Any, names: tuple[str, ...]) -> None:
+def require_seeds(section: str, values: Any, names: tuple[str, ...]) -> None:
     """A ConfigError naming the first of ``names`` outside [0, MAX_SEED]."""
     for name in names:
         value = getattr(values, name)
@@ -82,10 +94,6 @@ class ModelEntry:
     paper_row: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
     optim: dict[str, Any] = field(default_factory=dict)  # this model's OptimConfig fields over the config's (its lr)
-    retrieval_lr: float | None = None  # its peak learning rate in the retrieval experiment; None = retrieval.lr
-    # Its learning rates under an init recipe of compare.recipes where they differ from the above:
-    # {recipe: {lr: ..., retrieval_lr: ...}} (from a sweep; compare's --lr-grid searches instead).
-    lr_by_recipe: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def model_config(self) -> ModelConfig:
         """The ModelConfig this entry describes (validated by ModelConfig itself)."""
@@ -102,13 +110,11 @@ class ModelEntry:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"attention": self.attention}
-        for key in ("preset", "label", "paper_row", "retrieval_lr"):
+        for key in ("preset", "label", "paper_row"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.optim:
             out["optim"] = dict(self.optim)
-        if self.lr_by_recipe:
-            out["lr_by_recipe"] = {recipe: dict(lrs) for recipe, lrs in self.lr_by_recipe.items()}
         return {**out, **self.fields}
 
 
@@ -116,8 +122,10 @@ class ModelEntry:
 class DataConfig:
     """What the model reads. Batches are counted in sequences of ``seq_len`` tokens."""
 
-    dataset: str = "default"  # "default" = the embedded corpus (prepared once into a cache), or a shard folder
-    cache_dir: str | None = None  # where "default" is prepared; None = the data layer's default cache
+    # "default" = the embedded corpus with the shipped BPE, "default-bytes" = byte by byte (both prepared
+    # once into a cache), or a `prepare`d folder
+    dataset: str = "default"
+    cache_dir: str | None = None  # where the embedded corpus is prepared; None = the data layer's default cache
     seq_len: int | None = None  # tokens per sequence; None = the model's max_seq_len
     batch_size: int = 16  # sequences per optimizer step, summed over all processes
     micro_batch_size: int | None = None  # sequences per forward pass and process; None = batch_size / processes
@@ -138,7 +146,7 @@ class DataConfig:
         if self.long_document_weight != 1.0 and self.long_document_tokens is None:
             raise ConfigError("data.long_document_weight up-samples the long documents: set data.long_document_tokens "
                               "(how many tokens make a document long)")
-        _require_finite("data", self)
+        require_finite("data", self)
         if self.seq_len is not None and self.seq_len <= 0:
             raise ConfigError(f"data.seq_len must be positive, got {self.seq_len}")
         if self.batch_size <= 0:
@@ -168,17 +176,6 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-# Initialisation recipes that ``compare`` searches beside the learning rate (compare.recipes): each
-# is a set of ModelConfig fields applied to every model of the comparison.
-INIT_RECIPES: dict[str, dict[str, Any]] = {
-    # The authors' (and GPT-2's): o_proj and down_proj, which write into the residual stream, at
-    # init_std / sqrt(2 · layers); every other matrix N(0, init_std). The ModelConfig default.
-    "scaled-init": {"scale_residual_init": True},
-    # transformers' Llama and DiffLlama: every matrix N(0, init_std).
-    "plain-init": {"scale_residual_init": False},
-}
-
-
 @dataclass
 class OptimConfig:
     """AdamW, linear warmup then linear decay to ``min_lr``. ``recipe`` names a preset (see
@@ -204,7 +201,7 @@ class OptimConfig:
         if missing:
             raise ConfigError(f"optim: set {', '.join(missing)} or name a recipe (optim.recipe) that sets them")
         self.betas = tuple(self.betas)
-        _require_finite("optim", self)
+        require_finite("optim", self)
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"optim: need 0 < lr and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
@@ -248,7 +245,7 @@ class RunConfig:
         for name in ("steps", "eval_every", "log_every"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"run.{name} must be positive, got {getattr(self, name)}")
-        _require_seeds("run", self, ("seed", "data_seed"))
+        require_seeds("run", self, ("seed", "data_seed"))
         if self.stop_at_step is not None and not 0 < self.stop_at_step <= self.steps:
             raise ConfigError(f"run.stop_at_step must be in [1, run.steps={self.steps}], got {self.stop_at_step}")
         if self.checkpoint_every < 0:
@@ -264,205 +261,6 @@ class RunConfig:
                 raise ConfigError(f"run.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
 
-def retrieval_examples_per_step(batch_size: int) -> dict[str, int]:
-    """The examples of each retrieval task in one training batch: half needle documents, half MQAR."""
-    half = batch_size // 2
-    return {"needle": half, "mqar": batch_size - half}
-
-
-@dataclass
-class RetrievalConfig:
-    """The retrieval experiment of ``compare`` (the ``retrieval`` section of a config)."""
-
-    enabled: bool = True
-    length: int = 48  # tokens per example (the models' context)
-    keys: int = 32
-    values: int = 32  # chance = 1 / values
-    noise_tokens: int = 32
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 1  # DIFF heads; the Transformer gets twice as many of the same width (here 2 of 32)
-    steps: int = 400
-    batch_size: int = 16  # examples per step: half needle, half mqar
-    lr: float = 3.0e-3  # peak learning rate used when a model entry sets none (models.NAME.retrieval_lr)
-    lr_grid: list[float] = field(default_factory=list)  # every model at each; reported at its best. Empty: lr
-    warmup_steps: int = 40
-    weight_decay: float = 0.1
-    needles: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # N; distractors = N − 1
-    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    pairs: list[int] = field(default_factory=lambda: [2, 4, 8, 12])  # D of mqar
-    queries: int | None = None  # mqar keys asked again per example; None = every pair, in a random order
-    eval_samples: int = 40  # examples per difficulty cell
-    quantize_bits: list[int] = field(default_factory=lambda: [8, 6, 4])  # accuracy with attention logits at these widths
-    data_seed: int = 0
-    # The learning curve: accuracy on every cell before training and after these fractions of the steps
-    # (the last point is the end of training, whatever the list says).
-    curve: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5, 1.0])
-    target_accuracy: float = 0.25  # sample efficiency: the examples a model needs to reach this accuracy
-
-    def __post_init__(self) -> None:
-        _require_finite("retrieval", self)
-        for name in ("length", "keys", "values", "noise_tokens", "d_model", "n_layers", "n_heads", "steps",
-                     "batch_size", "eval_samples"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"retrieval.{name} must be positive, got {getattr(self, name)}")
-        if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or any(lr <= 0 for lr in self.lr_grid):
-            raise ConfigError("retrieval: need lr > 0, warmup_steps >= 0, weight_decay >= 0")
-        _require_seeds("retrieval", self, ("data_seed",))
-        if not self.needles or not self.pairs or not self.depths:
-            raise ConfigError("retrieval.needles, retrieval.pairs and retrieval.depths must not be empty")
-        if any(not 0.0 <= d <= 1.0 for d in self.depths):
-            raise ConfigError(f"retrieval.depths must lie in [0, 1], got {self.depths}")
-        if any(not 0.0 < f <= 1.0 for f in self.curve):
-            raise ConfigError(f"retrieval.curve: fractions of the steps in (0, 1], got {self.curve}")
-        if not 0.0 < self.target_accuracy < 1.0:
-            raise ConfigError(f"retrieval.target_accuracy must lie in (0, 1), got {self.target_accuracy}")
-        if self.queries is not None and not 0 < self.queries <= min(self.pairs):
-            raise ConfigError(f"retrieval.queries must be in [1, min(pairs)] or null (every pair), got {self.queries}")
-        if max(self.needles) > self.keys or max(self.pairs) > self.keys:
-            raise ConfigError("retrieval: needles and pairs must not exceed keys")
-        if 3 * max(self.needles) + 4 > self.length:
-            raise ConfigError(f"retrieval.length={self.length} is too short for {max(self.needles)} needles")
-        queries = self.queries or max(self.pairs)
-        if 2 * max(self.pairs) + 2 * queries > self.length:
-            raise ConfigError(f"retrieval.length={self.length} is too short for {max(self.pairs)} pairs and "
-                              f"{queries} queries")
-
-    @property
-    def curve_steps(self) -> list[int]:
-        """The steps after which the learning curve is measured: 0 (before training), the curve's
-        fractions of ``steps`` (at least one step each), and ``steps``."""
-        return sorted({0, self.steps, *(max(1, round(f * self.steps)) for f in self.curve)})
-
-    def examples_seen(self, task: str, step: int) -> int:
-        """Training examples of ``task`` after ``step`` steps (each batch: half needle, half mqar)."""
-        return step * retrieval_examples_per_step(self.batch_size)[task]
-
-    @property
-    def vocab_size(self) -> int:
-        """4 markers (BOS, NEEDLE, QUERY, one spare), the keys, the values, the noise tokens."""
-        return 4 + self.keys + self.values + self.noise_tokens
-
-    def model_config(self, attention: str, **fields: Any) -> ModelConfig:
-        """The retrieval model of one attention kind (DIFF head counts, doubled for the others)."""
-        heads = self.n_heads if attention in DIFF_HEAD_KINDS else 2 * self.n_heads
-        return ModelConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=heads,
-                           max_seq_len=self.length, attention=attention, **fields)
-
-
-@dataclass
-class LongContextConfig:
-    """The long-context experiment of ``compare`` (the ``long_context`` section; absent = off): every
-    model trained at ``data.seq_len`` (the config's own runs), then extended (``run.init_from``) to
-    ``seq_len`` tokens with RoPE θ ``rope_theta``; position-NLL up to the new context, and the
-    retrieval models of the ``retrieval`` section tested at longer lengths before and after their own
-    extension. See :mod:`diff_transformer.experiments.long_context`."""
-
-    enabled: bool = True
-    # The language models' extension: model.max_seq_len and data.seq_len, RoPE θ, budget and schedule.
-    seq_len: int = 1024
-    rope_theta: float = 226_000.0  # 10,000 × (1,024 / 128)^1.5, as the paper grows θ with the length
-    steps: int = 16
-    batch_size: int = 4  # sequences of seq_len tokens per step
-    warmup_steps: int = 2
-    lr: dict[str, float] = field(default_factory=dict)  # model name -> its extension peak lr; absent: its own lr
-    lr_grid: list[float] = field(default_factory=list)  # every model extended at each; reported at its best
-    eval_sequences: int = 16  # validation windows of seq_len tokens (the extension's lr is chosen on them)
-    # Extension data: windows inside documents (data.within_documents), long documents optionally up-sampled.
-    within_documents: bool = True
-    long_document_tokens: int | None = None
-    long_document_weight: float = 1.0
-    position_nll_windows: int = 16  # held-out windows of seq_len tokens, within documents
-    # The retrieval models (trained at retrieval.length): tested at these lengths before and after being
-    # extended to retrieval_seq_len tokens with θ retrieval_rope_theta.
-    retrieval_lengths: list[int] = field(default_factory=lambda: [48, 96, 192])
-    retrieval_seq_len: int = 96
-    retrieval_rope_theta: float = 28_000.0  # 10,000 × (96 / 48)^1.5
-    retrieval_steps: int = 150
-    retrieval_lr: dict[str, float] = field(default_factory=dict)  # model name -> extension lr; absent: its retrieval lr
-    retrieval_lr_grid: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        for name in ("seq_len", "steps", "batch_size", "eval_sequences", "position_nll_windows", "retrieval_seq_len",
-                     "retrieval_steps"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"long_context.{name} must be positive, got {getattr(self, name)}")
-        if self.warmup_steps < 0 or self.rope_theta <= 0 or self.retrieval_rope_theta <= 0:
-            raise ConfigError("long_context: need warmup_steps >= 0, rope_theta > 0 and retrieval_rope_theta > 0")
-        for where, lrs in (("lr", self.lr.values()), ("lr_grid", self.lr_grid),
-                           ("retrieval_lr", self.retrieval_lr.values()), ("retrieval_lr_grid", self.retrieval_lr_grid)):
-            if any(lr <= 0 for lr in lrs):
-                raise ConfigError(f"long_context.{where}: learning rates must be positive, got {list(lrs)}")
-        if not self.retrieval_lengths or min(self.retrieval_lengths) <= 0:
-            raise ConfigError(f"long_context.retrieval_lengths must be positive lengths, got {self.retrieval_lengths}")
-        try:
-            DataConfig(within_documents=self.within_documents, long_document_tokens=self.long_document_tokens,
-                       long_document_weight=self.long_document_weight)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("data.", "long_context.")) from None
-
-
-@dataclass
-class CompareConfig:
-    """What ``diff-transformer compare`` trains by default."""
-
-    models: list[str] = field(default_factory=list)  # model names; empty = every model of the config
-    seeds: int = 1  # training seeds per model: run.seed, run.seed + 1, ...
-    # Peak learning rates every model is trained with (min_lr keeps its ratio to lr); each model is
-    # reported at its own best (lowest mean final validation loss). Empty = each model's own lr only.
-    lr_grid: list[float] = field(default_factory=list)
-    # Evaluations of the suite run on every seed's language model (names: diff-transformer eval --help).
-    evaluations: list[str] = field(default_factory=lambda: ["outliers", "quantization", "ar-hit", "position-nll", "icl"])
-    # Options of those evaluations over their defaults, e.g. {outliers: {tokens: 4096}} (diff-transformer eval --help).
-    evaluation_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # The models the evaluations run on (names); empty = every model of the comparison.
-    evaluation_models: list[str] = field(default_factory=list)
-    # Why the budget is what it is (steps, seeds, sizes), printed under the report's first paragraph.
-    budget_note: str = ""
-    # Init recipes (INIT_RECIPES) searched beside the learning rate: every model is trained under each,
-    # reported at its best (recipe, lr) and, recipe by recipe, in the sensitivity table. Empty = every
-    # model as its config entry sets it (no recipe dimension).
-    recipes: list[str] = field(default_factory=list)
-    # The recipes of the language-model runs, where they are fewer than the retrieval experiment's
-    # (the expensive part); empty = compare.recipes.
-    lm_recipes: list[str] = field(default_factory=list)
-    # Runs trained at the same time (language-model runs as processes, retrieval runs in a process pool),
-    # each with cores / jobs CPU threads.
-    jobs: int = 1
-
-    def __post_init__(self) -> None:
-        _require_finite("compare", self)
-        if self.seeds <= 0:
-            raise ConfigError(f"compare.seeds must be positive, got {self.seeds}")
-        if self.jobs <= 0:
-            raise ConfigError(f"compare.jobs must be positive, got {self.jobs}")
-        for where, recipes in (("recipes", self.recipes), ("lm_recipes", self.lm_recipes)):
-            unknown = [r for r in recipes if r not in INIT_RECIPES]
-            if unknown:
-                raise ConfigError(f"compare.{where}: no init recipe {unknown[0]!r}; choose from {', '.join(INIT_RECIPES)}")
-            if len(set(recipes)) != len(recipes):
-                raise ConfigError(f"compare.{where} names a recipe twice: {recipes}")
-        if self.lm_recipes and not set(self.lm_recipes) <= set(self.recipes):
-            raise ConfigError(f"compare.lm_recipes {self.lm_recipes} must be among compare.recipes {self.recipes}")
-        if any(lr <= 0 for lr in self.lr_grid):
-            raise ConfigError(f"compare.lr_grid values must be positive, got {self.lr_grid}")
-        from ..evaluation.suite import EVALUATIONS, evaluation_options
-
-        unknown = [name for name in [*self.evaluations, *self.evaluation_options] if name not in EVALUATIONS]
-        if unknown:
-            raise ConfigError(f"compare.evaluations: no evaluation {unknown[0]!r}; choose from {', '.join(EVALUATIONS)}")
-        for name, overrides in self.evaluation_options.items():
-            try:
-                evaluation_options(name, overrides)
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(f"compare.evaluation_options.{name}: {exc}") from None
-
-    @property
-    def language_model_recipes(self) -> list[str]:
-        """The init recipes of the language-model runs: lm_recipes, else recipes."""
-        return self.lm_recipes or self.recipes
-
-
 @dataclass
 class TrainConfig:
     name: str
@@ -470,9 +268,6 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(recipe="paper-scaling"))
     run: RunConfig = field(default_factory=RunConfig)
-    compare: CompareConfig = field(default_factory=CompareConfig)
-    retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(enabled=False))
-    long_context: LongContextConfig = field(default_factory=lambda: LongContextConfig(enabled=False))
     description: str = ""
     source: str | None = None  # the file it was read from
 
@@ -481,14 +276,6 @@ class TrainConfig:
             raise ConfigError("models: a config needs at least one model")
         for name in self.models:
             self.optim_for(name)  # a model's optim fields are checked like the section's
-        for where in ("models", "evaluation_models"):
-            for name in getattr(self.compare, where):
-                if name not in self.models:
-                    raise ConfigError(f"compare.{where}: no model named {name!r}; the config has {', '.join(self.models)}")
-        for section in ("lr", "retrieval_lr"):
-            for name in getattr(self.long_context, section):
-                if name not in self.models:
-                    raise ConfigError(f"long_context.{section}.{name}: no such model; the config has {', '.join(self.models)}")
 
     def model(self, name: str | None = None) -> ModelEntry:
         """The entry called ``name``; without a name, the only one (an error if there are several)."""
@@ -502,29 +289,6 @@ class TrainConfig:
             raise ConfigError(f"no model named {name!r} in config {self.name!r}; it has {', '.join(self.models)}")
         return self.models[name]
 
-    def entry_fields(self, name: str, recipe: str | None) -> dict[str, Any]:
-        """Model ``name``'s ModelConfig fields under init recipe ``recipe`` (None: as configured). An
-        entry that sets a field the recipe sets, to another value, is a ConfigError naming both."""
-        entry = self.model(name)
-        if recipe is None:
-            return dict(entry.fields)
-        for key, value in INIT_RECIPES[recipe].items():
-            if key in entry.fields and entry.fields[key] != value:
-                raise ConfigError(f"models.{name}.{key}={entry.fields[key]} disagrees with init recipe {recipe!r} "
-                                  f"({key}={value}), which compare.recipes applies to every model: remove "
-                                  f"{key} from the model, or set compare.recipes: [] (each model as configured)")
-        return {**entry.fields, **INIT_RECIPES[recipe]}
-
-    def lr_for(self, name: str, recipe: str | None, task: str = "lm") -> float:
-        """Model ``name``'s peak learning rate under ``recipe`` for ``task`` ("lm" or "retrieval"): its
-        lr_by_recipe entry, else its own lr (optim.lr, retrieval_lr), else the section's."""
-        entry = self.model(name)
-        key = "lr" if task == "lm" else "retrieval_lr"
-        own = entry.lr_by_recipe.get(recipe, {}).get(key) if recipe else None
-        if own is not None:
-            return own
-        return self.optim_for(name).lr if task == "lm" else (entry.retrieval_lr or self.retrieval.lr)
-
     def optim_for(self, name: str, lr: float | None = None) -> OptimConfig:
         """The optimizer settings of model ``name``: the optim section with the model's own fields
         over it; ``lr`` (a grid value) replaces the peak lr and scales min_lr with it."""
@@ -536,7 +300,7 @@ class TrainConfig:
             return self.optim
         values = {**dataclasses.asdict(self.optim), "recipe": None}
         try:
-            return _section(OptimConfig, {**values, **overrides}, f"models.{name}.optim")
+            return section_from_dict(OptimConfig, {**values, **overrides}, f"models.{name}.optim")
         except ConfigError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -544,7 +308,7 @@ class TrainConfig:
         """Plain data that :func:`config_from_dict` reads back (written beside every run)."""
         out = {"name": self.name, "description": self.description}
         out["models"] = {name: entry.to_dict() for name, entry in self.models.items()}
-        for section in ("data", "optim", "run", "compare", "retrieval", "long_context"):
+        for section in ("data", "optim", "run"):
             values = dataclasses.asdict(getattr(self, section))
             if section == "optim":
                 values["betas"] = list(values["betas"])
@@ -605,7 +369,7 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     raise TypeError(f"unsupported annotation {annotation!r} at {where}")
 
 
-def _section(cls: type, data: Any, where: str) -> Any:
+def section_from_dict(cls: type, data: Any, where: str) -> Any:
     """Build dataclass ``cls`` from a mapping, naming any unknown key or ill-typed value."""
     if data is None:
         data = {}
@@ -644,8 +408,9 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
         optim = merged.pop("optim", None) or {}
         if not isinstance(optim, dict):
             raise ConfigError(f"models.{name}.optim must be a mapping of optim fields, got {optim!r}")
-        retrieval_lr = merged.pop("retrieval_lr", None)
-        lr_by_recipe = _lr_by_recipe(merged.pop("lr_by_recipe", None), f"models.{name}.lr_by_recipe")
+        for key, new in MOVED_MODEL_KEYS.items():
+            if key in merged:
+                raise ConfigError(f"models.{name}.{key} has moved: set {new.format(name=name)} instead")
         entry = ModelEntry(
             name=str(name),
             attention=attention,
@@ -654,54 +419,28 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             paper_row=merged.pop("paper_row", None),
             fields=merged,
             optim=optim,
-            retrieval_lr=None if retrieval_lr is None else _check_type(retrieval_lr, float, f"models.{name}.retrieval_lr"),
-            lr_by_recipe=lr_by_recipe,
         )
         entry.model_config()  # validate now: unknown ModelConfig fields are named here
         entries[str(name)] = entry
     return entries
 
 
-def _lr_by_recipe(value: Any, where: str) -> dict[str, dict[str, float]]:
-    """A model's {recipe: {lr, retrieval_lr}} mapping, every name and number checked."""
-    value = _check_type(value or {}, dict[str, dict[str, float]], where)
-    for recipe, lrs in value.items():
-        if recipe not in INIT_RECIPES:
-            raise ConfigError(f"{where}.{recipe}: no such init recipe; choose from {', '.join(INIT_RECIPES)}")
-        for key, lr in lrs.items():
-            if key not in ("lr", "retrieval_lr"):
-                raise ConfigError(f"unknown key {where}.{recipe}.{key} (known: lr, retrieval_lr)")
-            if lr <= 0:
-                raise ConfigError(f"{where}.{recipe}.{key} must be positive, got {lr}")
-    return value
-
-
 def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainConfig:
     """A TrainConfig from plain data (a parsed YAML file); every key is checked."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source or 'config'}: expected a mapping at the top level")
-    known = {"name", "description", "model", "models", "data", "optim", "run", "compare", "retrieval", "long_context"}
+    known = {"name", "description", "model", "models", "data", "optim", "run", *EXPERIMENT_SECTIONS}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} at the top level (known: {', '.join(sorted(known))})")
     models = _model_entries(data.get("model"), data.get("models"))
-    from ..paper import PAPER_TABLE6
-
-    for entry in models.values():
-        if entry.paper_row is not None and entry.paper_row not in PAPER_TABLE6:
-            raise ConfigError(
-                f"models.{entry.name}.paper_row must be one of {', '.join(PAPER_TABLE6)}, got {entry.paper_row!r}"
-            )
     return TrainConfig(
         name=_check_type(data.get("name", Path(source).stem if source else "experiment"), str, "name"),
         description=_check_type(data.get("description", ""), str, "description"),
         models=models,
-        data=_section(DataConfig, data.get("data"), "data"),
-        optim=_section(OptimConfig, data.get("optim", {"recipe": "paper-scaling"}), "optim"),
-        run=_section(RunConfig, data.get("run"), "run"),
-        compare=_section(CompareConfig, data.get("compare"), "compare"),
-        retrieval=_section(RetrievalConfig, data.get("retrieval", {"enabled": False}), "retrieval"),
-        long_context=_section(LongContextConfig, data.get("long_context", {"enabled": False}), "long_context"),
+        data=section_from_dict(DataConfig, data.get("data"), "data"),
+        optim=section_from_dict(OptimConfig, data.get("optim", {"recipe": "paper-scaling"}), "optim"),
+        run=section_from_dict(RunConfig, data.get("run"), "run"),
         source=source,
     )
 
@@ -766,8 +505,9 @@ def _section_override_reaches_models(data: dict[str, Any], field_path: list[str]
                 own.pop(name, None)
 
 
-def load_config(name_or_path: str | Path = "tiny", overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML config (a path or a shipped name) and apply ``key=value`` overrides."""
+def read_config_data(name_or_path: str | Path, overrides: list[str] | None, parse: Callable[[dict, str], T]) -> T:
+    """Read a YAML config (a path or a shipped name), apply ``key=value`` overrides, and build it with
+    ``parse(data, source)``; a ConfigError names the file."""
     path = resolve_config_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -784,6 +524,12 @@ def load_config(name_or_path: str | Path = "tiny", overrides: list[str] | None =
     if "model" not in data and "models" not in data:
         raise ConfigError(f"{path}: no model; set model (e.g. model: {{preset: tiny}}) or models")
     try:
-        return config_from_dict(data, source=str(path))
+        return parse(data, str(path))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def load_config(name_or_path: str | Path = "tiny", overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (a path or a shipped name) and apply ``key=value`` overrides: the trainer's
+    part of it (the experiments' sections: :func:`diff_transformer.experiments.load_experiment`)."""
+    return read_config_data(name_or_path, overrides, config_from_dict)

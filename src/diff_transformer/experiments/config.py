@@ -1,0 +1,432 @@
+"""The experiments' settings: the sections of a config file beside the trainer's (``compare``,
+``retrieval``, ``long_context``), the init recipes a comparison searches, and the learning rates a
+sweep chose for each model, and the sizes and budgets of a scaling study. :func:`load_experiment`
+reads a whole config file into an
+:class:`ExperimentConfig`: the trainer's part (:class:`~diff_transformer.train.config.TrainConfig`)
+and these sections, every key checked::
+
+    compare: {models: [standard, diff], seeds: 3, recipes: [scaled-init, plain-init],
+              lr_by_recipe: {plain-init: {standard: 4.0e-3}}}
+    retrieval: {steps: 400, lr: 1.0e-3, lr_by_model: {standard: 2.0e-3}}
+    long_context: {seq_len: 1024, rope_theta: 226000}
+
+A section that is absent is off (``retrieval``, ``long_context``, ``scaling``) or at its defaults (``compare``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import DIFF_HEAD_KINDS, PRESETS, ConfigError, ModelConfig
+from ..data.synthetic import SymbolicTask
+from ..evaluation.suite import EVALUATIONS, evaluation_options
+from ..paper import PAPER_TABLE6
+from ..train.config import (
+    DataConfig, ModelEntry, OptimConfig, TrainConfig, config_from_dict, read_config_data, require_finite, require_seeds,
+    section_from_dict,
+)
+
+# Initialisation recipes that ``compare`` searches beside the learning rate (compare.recipes): each
+# is a set of ModelConfig fields applied to every model of the comparison.
+INIT_RECIPES: dict[str, dict[str, Any]] = {
+    # The authors' (and GPT-2's): o_proj and down_proj, which write into the residual stream, at
+    # init_std / sqrt(2 · layers); every other matrix N(0, init_std). The ModelConfig default.
+    "scaled-init": {"scale_residual_init": True},
+    # transformers' Llama and DiffLlama: every matrix N(0, init_std).
+    "plain-init": {"scale_residual_init": False},
+}
+
+
+
+def retrieval_examples_per_step(batch_size: int) -> dict[str, int]:
+    """The examples of each retrieval task in one training batch: half needle documents, half MQAR."""
+    half = batch_size // 2
+    return {"needle": half, "mqar": batch_size - half}
+
+
+@dataclass
+class RetrievalConfig:
+    """The retrieval experiment of ``compare`` (the ``retrieval`` section of a config)."""
+
+    enabled: bool = True
+    length: int = 48  # tokens per example (the models' context)
+    keys: int = 32
+    values: int = 32  # chance = 1 / values
+    noise_tokens: int = 32
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 1  # DIFF heads; the Transformer gets twice as many of the same width (here 2 of 32)
+    steps: int = 400
+    batch_size: int = 16  # examples per step: half needle, half mqar
+    lr: float = 3.0e-3  # peak learning rate of a model that lr_by_model does not name
+    lr_by_model: dict[str, float] = field(default_factory=dict)  # model name -> its peak lr (from a sweep)
+    # Where another init recipe's best differs: {recipe: {model name: peak lr}}.
+    lr_by_recipe: dict[str, dict[str, float]] = field(default_factory=dict)
+    lr_grid: list[float] = field(default_factory=list)  # every model at each; reported at its best. Empty: lr
+    warmup_steps: int = 40
+    weight_decay: float = 0.1
+    needles: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # N; distractors = N − 1
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    pairs: list[int] = field(default_factory=lambda: [2, 4, 8, 12])  # D of mqar
+    queries: int | None = None  # mqar keys asked again per example; None = every pair, in a random order
+    eval_samples: int = 40  # examples per difficulty cell
+    quantize_bits: list[int] = field(default_factory=lambda: [8, 6, 4])  # accuracy with attention logits at these widths
+    data_seed: int = 0
+    # The learning curve: accuracy on every cell before training and after these fractions of the steps
+    # (the last point is the end of training, whatever the list says).
+    curve: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5, 1.0])
+    target_accuracy: float = 0.25  # sample efficiency: the examples a model needs to reach this accuracy
+
+    def __post_init__(self) -> None:
+        require_finite("retrieval", self)
+        for name in ("length", "keys", "values", "noise_tokens", "d_model", "n_layers", "n_heads", "steps",
+                     "batch_size", "eval_samples"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"retrieval.{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or any(lr <= 0 for lr in self.lr_grid):
+            raise ConfigError("retrieval: need lr > 0, warmup_steps >= 0, weight_decay >= 0")
+        check_learning_rates("retrieval.lr_by_model", self.lr_by_model)
+        check_recipe_table("retrieval.lr_by_recipe", self.lr_by_recipe)
+        require_seeds("retrieval", self, ("data_seed",))
+        if not self.needles or not self.pairs or not self.depths:
+            raise ConfigError("retrieval.needles, retrieval.pairs and retrieval.depths must not be empty")
+        if any(not 0.0 <= d <= 1.0 for d in self.depths):
+            raise ConfigError(f"retrieval.depths must lie in [0, 1], got {self.depths}")
+        if any(not 0.0 < f <= 1.0 for f in self.curve):
+            raise ConfigError(f"retrieval.curve: fractions of the steps in (0, 1], got {self.curve}")
+        if not 0.0 < self.target_accuracy < 1.0:
+            raise ConfigError(f"retrieval.target_accuracy must lie in (0, 1), got {self.target_accuracy}")
+        if self.queries is not None and not 0 < self.queries <= min(self.pairs):
+            raise ConfigError(f"retrieval.queries must be in [1, min(pairs)] or null (every pair), got {self.queries}")
+        if max(self.needles) > self.keys or max(self.pairs) > self.keys:
+            raise ConfigError("retrieval: needles and pairs must not exceed keys")
+        if 3 * max(self.needles) + 4 > self.length:
+            raise ConfigError(f"retrieval.length={self.length} is too short for {max(self.needles)} needles")
+        queries = self.queries or max(self.pairs)
+        if 2 * max(self.pairs) + 2 * queries > self.length:
+            raise ConfigError(f"retrieval.length={self.length} is too short for {max(self.pairs)} pairs and "
+                              f"{queries} queries")
+
+    @property
+    def curve_steps(self) -> list[int]:
+        """The steps after which the learning curve is measured: 0 (before training), the curve's
+        fractions of ``steps`` (at least one step each), and ``steps``."""
+        return sorted({0, self.steps, *(max(1, round(f * self.steps)) for f in self.curve)})
+
+    def examples_seen(self, task: str, step: int) -> int:
+        """Training examples of ``task`` after ``step`` steps (each batch: half needle, half mqar)."""
+        return step * retrieval_examples_per_step(self.batch_size)[task]
+
+    @property
+    def task(self) -> SymbolicTask:
+        """The generated examples' vocabulary and lengths (diff_transformer.data.synthetic)."""
+        return SymbolicTask(length=self.length, keys=self.keys, values=self.values, noise_tokens=self.noise_tokens,
+                            queries=self.queries)
+
+    def model_config(self, attention: str, **fields: Any) -> ModelConfig:
+        """The retrieval model of one attention kind (DIFF head counts, doubled for the others)."""
+        heads = self.n_heads if attention in DIFF_HEAD_KINDS else 2 * self.n_heads
+        return ModelConfig(vocab_size=self.task.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
+                           n_heads=heads, max_seq_len=self.length, attention=attention, **fields)
+
+
+@dataclass
+class LongContextConfig:
+    """The long-context experiment of ``compare`` (the ``long_context`` section; absent = off): every
+    model trained at ``data.seq_len`` (the config's own runs), then extended (``run.init_from``) to
+    ``seq_len`` tokens with RoPE θ ``rope_theta``; position-NLL up to the new context, and the
+    retrieval models of the ``retrieval`` section tested at longer lengths before and after their own
+    extension. See :mod:`diff_transformer.experiments.long_context`."""
+
+    enabled: bool = True
+    # The language models' extension: model.max_seq_len and data.seq_len, RoPE θ, budget and schedule.
+    seq_len: int = 1024
+    rope_theta: float = 226_000.0  # 10,000 × (1,024 / 128)^1.5, as the paper grows θ with the length
+    steps: int = 16
+    batch_size: int = 4  # sequences of seq_len tokens per step
+    warmup_steps: int = 2
+    lr: dict[str, float] = field(default_factory=dict)  # model name -> its extension peak lr; absent: its own lr
+    lr_grid: list[float] = field(default_factory=list)  # every model extended at each; reported at its best
+    eval_sequences: int = 16  # validation windows of seq_len tokens (the extension's lr is chosen on them)
+    # Extension data: windows inside documents (data.within_documents), long documents optionally up-sampled.
+    within_documents: bool = True
+    long_document_tokens: int | None = None
+    long_document_weight: float = 1.0
+    position_nll_windows: int = 16  # held-out windows of seq_len tokens, within documents
+    # The retrieval models (trained at retrieval.length): tested at these lengths before and after being
+    # extended to retrieval_seq_len tokens with θ retrieval_rope_theta.
+    retrieval_lengths: list[int] = field(default_factory=lambda: [48, 96, 192])
+    retrieval_seq_len: int = 96
+    retrieval_rope_theta: float = 28_000.0  # 10,000 × (96 / 48)^1.5
+    retrieval_steps: int = 150
+    retrieval_lr: dict[str, float] = field(default_factory=dict)  # model name -> extension lr; absent: its retrieval lr
+    retrieval_lr_grid: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "steps", "batch_size", "eval_sequences", "position_nll_windows", "retrieval_seq_len",
+                     "retrieval_steps"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"long_context.{name} must be positive, got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.rope_theta <= 0 or self.retrieval_rope_theta <= 0:
+            raise ConfigError("long_context: need warmup_steps >= 0, rope_theta > 0 and retrieval_rope_theta > 0")
+        for where, lrs in (("lr", self.lr.values()), ("lr_grid", self.lr_grid),
+                           ("retrieval_lr", self.retrieval_lr.values()), ("retrieval_lr_grid", self.retrieval_lr_grid)):
+            if any(lr <= 0 for lr in lrs):
+                raise ConfigError(f"long_context.{where}: learning rates must be positive, got {list(lrs)}")
+        if not self.retrieval_lengths or min(self.retrieval_lengths) <= 0:
+            raise ConfigError(f"long_context.retrieval_lengths must be positive lengths, got {self.retrieval_lengths}")
+        try:
+            DataConfig(within_documents=self.within_documents, long_document_tokens=self.long_document_tokens,
+                       long_document_weight=self.long_document_weight)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("data.", "long_context.")) from None
+
+
+@dataclass
+class CompareConfig:
+    """What ``diff-transformer compare`` trains by default."""
+
+    models: list[str] = field(default_factory=list)  # model names; empty = every model of the config
+    seeds: int = 1  # training seeds per model: run.seed, run.seed + 1, ...
+    # Peak learning rates every model is trained with (min_lr keeps its ratio to lr); each model is
+    # reported at its own best (lowest mean final validation loss). Empty = each model's own lr only.
+    lr_grid: list[float] = field(default_factory=list)
+    # Evaluations of the suite run on every seed's language model (names: diff-transformer eval --help).
+    evaluations: list[str] = field(default_factory=lambda: ["outliers", "quantization", "ar-hit", "position-nll", "icl"])
+    # Options of those evaluations over their defaults, e.g. {outliers: {tokens: 4096}} (diff-transformer eval --help).
+    evaluation_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The models the evaluations run on (names); empty = every model of the comparison.
+    evaluation_models: list[str] = field(default_factory=list)
+    # Why the budget is what it is (steps, seeds, sizes), printed under the report's first paragraph.
+    budget_note: str = ""
+    # Init recipes (INIT_RECIPES) searched beside the learning rate: every model is trained under each,
+    # reported at its best (recipe, lr) and, recipe by recipe, in the sensitivity table. Empty = every
+    # model as its config entry sets it (no recipe dimension).
+    recipes: list[str] = field(default_factory=list)
+    # The recipes of the language-model runs, where they are fewer than the retrieval experiment's
+    # (the expensive part); empty = compare.recipes.
+    lm_recipes: list[str] = field(default_factory=list)
+    # Runs trained at the same time (language-model runs as processes, retrieval runs in a process pool),
+    # each with cores / jobs CPU threads.
+    jobs: int = 1
+    # A model's language-model peak lr under an init recipe where it differs from its own optim.lr:
+    # {recipe: {model name: peak lr}} (from a sweep; --lr-grid searches instead).
+    lr_by_recipe: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require_finite("compare", self)
+        if self.seeds <= 0:
+            raise ConfigError(f"compare.seeds must be positive, got {self.seeds}")
+        if self.jobs <= 0:
+            raise ConfigError(f"compare.jobs must be positive, got {self.jobs}")
+        for where, recipes in (("recipes", self.recipes), ("lm_recipes", self.lm_recipes)):
+            unknown = [r for r in recipes if r not in INIT_RECIPES]
+            if unknown:
+                raise ConfigError(f"compare.{where}: no init recipe {unknown[0]!r}; choose from {', '.join(INIT_RECIPES)}")
+            if len(set(recipes)) != len(recipes):
+                raise ConfigError(f"compare.{where} names a recipe twice: {recipes}")
+        if self.lm_recipes and not set(self.lm_recipes) <= set(self.recipes):
+            raise ConfigError(f"compare.lm_recipes {self.lm_recipes} must be among compare.recipes {self.recipes}")
+        if any(lr <= 0 for lr in self.lr_grid):
+            raise ConfigError(f"compare.lr_grid values must be positive, got {self.lr_grid}")
+        check_recipe_table("compare.lr_by_recipe", self.lr_by_recipe)
+
+        unknown = [name for name in [*self.evaluations, *self.evaluation_options] if name not in EVALUATIONS]
+        if unknown:
+            raise ConfigError(f"compare.evaluations: no evaluation {unknown[0]!r}; choose from {', '.join(EVALUATIONS)}")
+        for name, overrides in self.evaluation_options.items():
+            try:
+                evaluation_options(name, overrides)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"compare.evaluation_options.{name}: {exc}") from None
+
+    @property
+    def language_model_recipes(self) -> list[str]:
+        """The init recipes of the language-model runs: lm_recipes, else recipes."""
+        return self.lm_recipes or self.recipes
+
+
+
+@dataclass
+class ScalingConfig:
+    """The scaling study of ``compare`` (the ``scaling`` section; absent = off): every model of the
+    comparison at every size of ``sizes`` and every budget of ``budgets``, each at its own best lr
+    at each size; the loss against size and tokens, the fitted laws, DIFF − Transformer along size
+    and the matching fraction (the paper's Figure 3). See :mod:`diff_transformer.experiments.scaling`."""
+
+    enabled: bool = True
+    # The model shapes, smallest first: name -> ModelConfig fields over the models' own (d_model,
+    # n_layers, n_heads, ...), or a preset (with fields over it). n_heads counts DIFF heads, as the
+    # presets do: the kinds of ordinary heads get twice as many of the same width, the matched
+    # Transformer of each size.
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The token axis: fractions of run.steps (the largest budget, 1.0), each trained as its own run
+    # with its own schedule; at the sizes of budget_sizes (empty: every size), the others at 1.0 only.
+    budgets: list[float] = field(default_factory=lambda: [1.0])
+    budget_sizes: list[str] = field(default_factory=list)
+    # Peak learning rates every model is trained at, at every size (min_lr keeps its ratio); each model
+    # reported at its own best at each size. lr_grid_by_size: another grid at a size. Empty: its own lr.
+    lr_grid: list[float] = field(default_factory=list)
+    lr_grid_by_size: dict[str, list[float]] = field(default_factory=dict)
+    bootstrap_resamples: int = 2000  # the matching fraction's interval: seeds resampled in every cell
+
+    def __post_init__(self) -> None:
+        require_finite("scaling", self)
+        if self.enabled and len(self.sizes) < 2:
+            raise ConfigError(f"scaling.sizes: name two sizes or more (a law needs them), got {list(self.sizes)}")
+        for name, fields in self.sizes.items():
+            if not isinstance(fields, dict) or not fields:
+                raise ConfigError(f"scaling.sizes.{name} must be a mapping of ModelConfig fields, got {fields!r}")
+            unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(ModelConfig)} - {"preset"})
+            if unknown:
+                raise ConfigError(f"scaling.sizes.{name}: unknown ModelConfig field {unknown[0]!r}")
+            if "preset" in fields and fields["preset"] not in PRESETS:
+                raise ConfigError(f"scaling.sizes.{name}.preset: no preset {fields['preset']!r}; choose from "
+                                  f"{', '.join(PRESETS)}")
+        if not self.budgets or any(not 0 < b <= 1 for b in self.budgets) or 1.0 not in self.budgets:
+            raise ConfigError(f"scaling.budgets: fractions of run.steps in (0, 1], with 1.0 among them, got {self.budgets}")
+        for where, names in (("budget_sizes", self.budget_sizes), ("lr_grid_by_size", list(self.lr_grid_by_size))):
+            unknown = [n for n in names if n not in self.sizes]
+            if unknown:
+                raise ConfigError(f"scaling.{where}: no size {unknown[0]!r}; the sizes are {', '.join(self.sizes)}")
+        for lrs in [self.lr_grid, *self.lr_grid_by_size.values()]:
+            if any(not lr > 0 for lr in lrs):
+                raise ConfigError(f"scaling: learning rates must be positive, got {lrs}")
+        if self.bootstrap_resamples < 100:
+            raise ConfigError(f"scaling.bootstrap_resamples must be at least 100, got {self.bootstrap_resamples}")
+
+    def grid(self, size: str) -> list[float]:
+        """The learning rates every model is trained at at ``size`` (empty: each model's own)."""
+        return list(self.lr_grid_by_size.get(size, self.lr_grid))
+
+    def budget_steps(self, steps: int, size: str) -> list[int]:
+        """The training steps of each budget at ``size``, the largest last."""
+        fractions = self.budgets if not self.budget_sizes or size in self.budget_sizes else [1.0]
+        return sorted({max(1, round(f * steps)) for f in fractions})
+
+
+def check_learning_rates(where: str, table: dict[str, float]) -> None:
+    """A ConfigError naming the first learning rate of ``table`` that is not positive."""
+    for name, lr in table.items():
+        if not lr > 0:
+            raise ConfigError(f"{where}.{name} must be a positive learning rate, got {lr}")
+
+
+def check_recipe_table(where: str, table: dict[str, dict[str, float]]) -> None:
+    """{recipe: {model: lr}}: every recipe an init recipe, every lr positive."""
+    for recipe, lrs in table.items():
+        if recipe not in INIT_RECIPES:
+            raise ConfigError(f"{where}.{recipe}: no such init recipe; choose from {', '.join(INIT_RECIPES)}")
+        check_learning_rates(f"{where}.{recipe}", lrs)
+
+
+def recipe_fields(entry: ModelEntry, recipe: str | None) -> dict[str, Any]:
+    """A model entry's ModelConfig fields under init recipe ``recipe`` (None: as configured). An
+    entry that sets a field the recipe sets, to another value, is a ConfigError naming both."""
+    if recipe is None:
+        return dict(entry.fields)
+    for key, value in INIT_RECIPES[recipe].items():
+        if key in entry.fields and entry.fields[key] != value:
+            raise ConfigError(f"models.{entry.name}.{key}={entry.fields[key]} disagrees with init recipe {recipe!r} "
+                              f"({key}={value}), which compare.recipes applies to every model: remove "
+                              f"{key} from the model, or set compare.recipes: [] (each model as configured)")
+    return {**entry.fields, **INIT_RECIPES[recipe]}
+
+
+# The sections this module reads, with the value an absent one takes.
+SECTIONS: dict[str, tuple[type, dict[str, Any]]] = {
+    "compare": (CompareConfig, {}),
+    "retrieval": (RetrievalConfig, {"enabled": False}),
+    "long_context": (LongContextConfig, {"enabled": False}),
+    "scaling": (ScalingConfig, {"enabled": False}),
+}
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole config file: the trainer's part and the experiments' sections."""
+
+    train: TrainConfig
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(enabled=False))
+    long_context: LongContextConfig = field(default_factory=lambda: LongContextConfig(enabled=False))
+    scaling: ScalingConfig = field(default_factory=lambda: ScalingConfig(enabled=False))
+
+    def __post_init__(self) -> None:
+        if self.long_context.enabled and self.scaling.enabled:
+            raise ConfigError("long_context and scaling: a config runs one study; remove one of the sections")
+        names = self.train.models
+        tables = {
+            "compare.models": self.compare.models,
+            "compare.evaluation_models": self.compare.evaluation_models,
+            "long_context.lr": self.long_context.lr,
+            "long_context.retrieval_lr": self.long_context.retrieval_lr,
+            "retrieval.lr_by_model": self.retrieval.lr_by_model,
+            **{f"compare.lr_by_recipe.{r}": lrs for r, lrs in self.compare.lr_by_recipe.items()},
+            **{f"retrieval.lr_by_recipe.{r}": lrs for r, lrs in self.retrieval.lr_by_recipe.items()},
+        }
+        for where, named in tables.items():
+            unknown = [name for name in named if name not in names]
+            if unknown:
+                raise ConfigError(f"{where}: no model named {unknown[0]!r}; the config has {', '.join(names)}")
+        for entry in names.values():
+            if entry.paper_row is not None and entry.paper_row not in PAPER_TABLE6:
+                raise ConfigError(f"models.{entry.name}.paper_row must be one of {', '.join(PAPER_TABLE6)}, "
+                                  f"got {entry.paper_row!r}")
+
+    @property
+    def name(self) -> str:
+        return self.train.name
+
+    def model_name(self, name: str) -> str:
+        """How reports name model ``name``: its label, else its name."""
+        return self.train.model(name).display_name
+
+    def attention(self, name: str) -> str:
+        return self.train.model(name).attention
+
+    def entry_fields(self, name: str, recipe: str | None) -> dict[str, Any]:
+        """Model ``name``'s ModelConfig fields under init recipe ``recipe`` (:func:`recipe_fields`)."""
+        return recipe_fields(self.train.model(name), recipe)
+
+    def lr_for(self, name: str, recipe: str | None, task: str = "lm") -> float:
+        """Model ``name``'s peak learning rate under ``recipe`` for ``task`` ("lm" or "retrieval"): the
+        section's lr_by_recipe entry, else its own (its optim.lr; retrieval.lr_by_model), else the
+        section's (retrieval.lr)."""
+        section = self.compare if task == "lm" else self.retrieval
+        own = section.lr_by_recipe.get(recipe, {}).get(name) if recipe else None
+        if own is not None:
+            return own
+        if task == "lm":
+            return self.train.optim_for(name).lr
+        return self.retrieval.lr_by_model.get(name, self.retrieval.lr)
+
+    def retrieval_optim(self, lr: float, steps: int | None = None, warmup_steps: int | None = None) -> OptimConfig:
+        """The optimizer of a retrieval run at peak ``lr``: the config's optim section (betas, eps,
+        clipping, the min_lr / lr ratio) with the retrieval section's warmup and weight decay."""
+        base = self.train.optim
+        return dataclasses.replace(base, recipe=None, lr=lr, min_lr=lr * base.min_lr / base.lr,
+                                   warmup_steps=self.retrieval.warmup_steps if warmup_steps is None else warmup_steps,
+                                   weight_decay=self.retrieval.weight_decay)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data that :func:`experiment_from_dict` reads back (written beside every comparison)."""
+        out = self.train.to_dict()
+        for section in SECTIONS:
+            out[section] = dataclasses.asdict(getattr(self, section))
+        return out
+
+
+def experiment_from_dict(data: dict[str, Any], source: str | None = None) -> ExperimentConfig:
+    """An ExperimentConfig from plain data (a parsed YAML file); every key is checked."""
+    train = config_from_dict(data, source)
+    sections = {name: section_from_dict(cls, data.get(name, absent), name) for name, (cls, absent) in SECTIONS.items()}
+    return ExperimentConfig(train=train, **sections)
+
+
+def load_experiment(name_or_path: str | Path = "tiny", overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML config (a path or a shipped name) with ``key=value`` overrides: the whole file."""
+    return read_config_data(name_or_path, overrides, experiment_from_dict)

@@ -1,0 +1,182 @@
+"""The language-model phase of a study: every run of its axes trained by the trainer, in its own
+process (:class:`~.runner.TrainingJob`), with the same config but for the run's coordinates (seed,
+learning rate with min_lr keeping its ratio, init recipe, and whatever a study's own axes set: a
+model size, a budget, the weights it starts from); each model then read at its best
+(:func:`~.study.sweep`) and summarised over its seeds (:class:`ModelSummary`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..evaluation.stats import MeanStd
+from ..paper import PAPER_TABLE6
+from ..train.config import TrainConfig
+from .config import ExperimentConfig, recipe_fields
+from .results import Diagnostics, SeedCurves, TrainingRun, diagnostics_of, seed_curves
+from .runner import TrainingJob, run_jobs
+from .study import Axes, RunKey, Sweep, sweep
+
+RunConfig = Callable[[RunKey, Path], TrainConfig]  # a run's exact config, given its key and directory
+
+
+def run_config(train: TrainConfig, key: RunKey, log_dir: Path, *, progress: bool,
+               init_from: Path | None = None) -> TrainConfig:
+    """The exact config of one run: ``train`` with this seed, these directories, this learning rate
+    (min_lr keeping its ratio) and this init recipe's fields for the run's model; ``init_from`` the
+    checkpoint whose weights start it."""
+    entry = train.model(key.model)
+    optim = train.optim_for(key.model, key.lr)
+    entry = dataclasses.replace(entry, optim={**entry.optim, "lr": optim.lr, "min_lr": optim.min_lr},
+                                fields=recipe_fields(entry, key.recipe))
+    run = dataclasses.replace(train.run, seed=key.seed, out_dir=str(log_dir), checkpoint_dir=str(log_dir / "checkpoint"),
+                              progress=progress, init_from=None if init_from is None else str(init_from))
+    return dataclasses.replace(train, models={**train.models, key.model: entry}, run=run)
+
+
+def train_language_models(keys: Sequence[RunKey], out_dir: Path, configure: RunConfig, *, resume: bool, nproc: int,
+                          jobs: int, progress: bool, name: Callable[[str], str] = str, phase: str = ""
+                          ) -> dict[tuple, Sweep[TrainingRun]]:
+    """Train every run of ``keys`` into OUT/<key path> with ``configure(key, log_dir)``; each
+    (model, size, budget) swept for its best (recipe, lr) by final validation loss. ``name(model)``
+    names a model in the messages, ``phase`` prefixes the runs' labels."""
+    prefix = f"{phase} " if phase else ""
+    training = [TrainingJob(key, f"[{prefix}{i}/{len(keys)}] {key.describe()}", out_dir / key.path, key.model,
+                            configure(key, out_dir / key.path)) for i, key in enumerate(keys, 1)]
+
+    def describe(job: TrainingJob, run: TrainingRun) -> str:
+        loss = run.summary.final_val_loss
+        return (f"{prefix}{job.key.describe()}: {run.summary.status}, final validation loss "
+                f"{'-' if loss is None else f'{loss:.4f}'}, {run.summary.tokens_per_s:,.0f} tokens/s -> {job.log_dir}")
+
+    results = run_jobs(training, resume=resume, at_once=jobs, nproc=nproc, progress=progress,
+                       describe=describe if jobs > 1 else None)
+    return sweep(results, lambda run: run.final_val_loss, lower_is_better=True, what=lambda key: name(key.model))
+
+
+def axes_for(config: ExperimentConfig, names: Sequence[str], seeds: Sequence[int], grid: Sequence[float],
+             recipes: Sequence[str | None]) -> Axes:
+    """The language-model axes of a comparison: every model, seed and init recipe at every lr of
+    ``grid`` (empty: each model's own lr under that recipe)."""
+    recipes = tuple(recipes) or (None,)
+    lrs = {(m, r): tuple(grid) or (config.lr_for(m, r, "lm"),) for m in names for r in recipes}
+    return Axes(models=tuple(names), seeds=tuple(seeds), recipes=recipes, lrs=lrs)
+
+
+@dataclass
+class ModelSummary:
+    """One language model at its best (recipe, lr), over its seeds."""
+
+    name: str
+    label: str
+    attention: str
+    recipe: str | None
+    lr: float
+    parameters: int
+    tokens: int
+    seeds: list[int]
+    status: list[str]
+    messages: list[str]
+    final_val_loss: MeanStd
+    tokens_per_s: MeanStd
+    peak_memory_bytes: int
+    peak_memory_kind: str
+    train_seconds: list[float]
+    load_average: list[float | None]
+    paper_table6: dict[str, Any] | None  # the paper's Table 6 row this model corresponds to (its paper_row)
+    train_curve: SeedCurves
+    val_curve: SeedCurves
+    diagnostics: Diagnostics | None
+
+    @classmethod
+    def of(cls, config: ExperimentConfig, sweep: Sweep[TrainingRun]) -> "ModelSummary":
+        runs = sweep.chosen
+        entry = config.train.model(sweep.model)
+        summaries = [run.summary for run in runs]
+        finished = [s.final_val_loss for s in summaries if s.status == "completed" and s.final_val_loss is not None]
+        return cls(
+            name=sweep.model, label=entry.display_name, attention=entry.attention, recipe=sweep.best_recipe,
+            lr=sweep.lr, parameters=summaries[0].parameters, tokens=summaries[0].tokens,
+            seeds=[run.key.seed for run in runs], status=[s.status for s in summaries],
+            messages=[s.message for s in summaries if s.message], final_val_loss=MeanStd.of(finished),
+            tokens_per_s=MeanStd.of(s.tokens_per_s for s in summaries),
+            peak_memory_bytes=max(s.peak_memory_bytes for s in summaries), peak_memory_kind=summaries[0].peak_memory_kind,
+            train_seconds=[s.train_seconds for s in summaries], load_average=[s.load_average for s in summaries],
+            paper_table6=dict(PAPER_TABLE6[entry.paper_row], key=entry.paper_row) if entry.paper_row else None,
+            train_curve=seed_curves([run.log.train for run in runs]),
+            val_curve=seed_curves([run.log.val for run in runs]), diagnostics=diagnostics_of(runs),
+        )
+
+
+@dataclass
+class Budget:
+    """The language models' budget: steps × batch × sequence length, the data order."""
+
+    steps: int
+    batch_size: int
+    seq_len: int
+    data_seed: int
+    data_mix: dict[str, float]
+
+    @property
+    def tokens_per_model(self) -> int:
+        return self.steps * self.batch_size * self.seq_len
+
+    @classmethod
+    def of(cls, train: TrainConfig, model: str) -> "Budget":
+        seq_len = train.data.seq_len or train.model(model).model_config().max_seq_len
+        return cls(train.run.steps, train.data.batch_size, seq_len, train.run.data_seed, dict(train.data.mix))
+
+
+@dataclass
+class Machine:
+    """Where the runs trained: the device, processes per run, runs at a time, torch, the CPU."""
+
+    device: str
+    processes: int
+    jobs: int
+    torch: str
+    cpu_threads: int
+    cpu_count: int | None
+    machine: str
+
+    @classmethod
+    def of(cls, device: str, nproc: int, jobs: int) -> "Machine":
+        return cls(device, nproc, jobs, torch.__version__, torch.get_num_threads(), os.cpu_count(), platform.machine())
+
+
+def busy_load_average(models: Sequence[ModelSummary], cpu_count: int | None) -> float | None:
+    """The highest mean load average of any run if it shows other work competing for the CPU
+    (more than one runnable task beyond the cores), else None. A run's own threads count up to
+    the number of cores, so only the excess means that the throughput figures are not its own."""
+    loads = [x for m in models for x in m.load_average if x is not None]
+    if not loads or not cpu_count:
+        return None
+    return max(loads) if max(loads) > cpu_count + 1 else None
+
+
+@dataclass
+class LanguageModelling:
+    """The language-model phase of a comparison: the budget, every model at its best and its sweep."""
+
+    budget: Budget
+    models: dict[str, ModelSummary]
+    sweeps: dict[str, Sweep[TrainingRun]]
+    recipes: list[str]  # the init recipes searched (none: every model as configured)
+
+    @classmethod
+    def of(cls, config: ExperimentConfig, sweeps: dict[tuple, Sweep[TrainingRun]], names: Sequence[str],
+           recipes: Sequence[str | None], train: TrainConfig | None = None) -> "LanguageModelling":
+        """The summary of ``sweeps`` at the config's own size and budget (``train``: the config the runs
+        were trained with, default the experiment's)."""
+        by_name = {name: sweeps[name, None, None] for name in names}
+        return cls(Budget.of(train or config.train, names[0]),
+                   {name: ModelSummary.of(config, s) for name, s in by_name.items()}, by_name,
+                   [r for r in recipes if r is not None])
