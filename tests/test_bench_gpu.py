@@ -32,6 +32,26 @@ def test_refuses_without_cuda(tmp_path, capsys):
     assert not (tmp_path / "gpu").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the refusal on a machine without CUDA")
+def test_gpu_check_script_refuses_without_cuda_writing_nothing(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(script), str(tmp_path / "check")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"error: the GPU check needs a CUDA GPU (torch {torch.__version__} sees no CUDA device: "
+        "torch.cuda.is_available() is False)"
+    ]
+    assert not (tmp_path / "check").exists()
+    usage = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert usage.returncode == 2 and usage.stderr == "error: usage: scripts/gpu_check.sh OUTDIR\n"
+
+
 def test_correctness_report_on_cpu_backends():
     backends = ("sdpa", "sdpa_split", "decode") + (("triton",) if os.environ.get("TRITON_INTERPRET") == "1" else ())
     rows = correctness_report("cpu", backends=backends, dtypes=("float32",), cases=CPU_CASES)

@@ -77,10 +77,10 @@ SHAPES = {
 
 
 # The fused kernel: on CUDA, or in Triton's interpreter on CPU (conftest.py sets TRITON_INTERPRET=1 there).
-TRITON = pytest.param("triton", marks=pytest.mark.skipif(
+TRITON = pytest.param("triton", marks=[pytest.mark.gpu, pytest.mark.skipif(
     importlib.util.find_spec("triton") is None
     or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
-    reason="needs Triton, and CUDA or TRITON_INTERPRET=1"))
+    reason="needs Triton, and CUDA or TRITON_INTERPRET=1")])
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
