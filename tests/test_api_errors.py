@@ -92,6 +92,16 @@ def test_reduction_is_checked_before_any_work(model):
     assert model(ids(2, 8), ids(2, 8), reduction="none")[1].shape == (16,)  # a loss per target
 
 
+@pytest.mark.parametrize("batch, length, message", [
+    (0, None, "batch_size of a KV cache must be a positive integer, got 0"),
+    (1, 1000, "a KV cache of 1000 tokens exceeds max_seq_len=128"),
+    (1, 2.5, "max_len of a KV cache must be a positive integer, got 2.5"),
+], ids=["no-rows", "beyond-context", "fractional"])
+def test_new_cache_checks_its_size(model, batch, length, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        model.new_cache(batch, length)
+
+
 def test_a_cache_of_another_dtype_is_a_type_error(model):
     cache = model.new_cache(1)
     half = LanguageModel(ModelConfig.from_preset("debug", vocab_size=VOCAB)).to(torch.bfloat16)
@@ -253,5 +263,8 @@ def test_an_input_of_another_dtype_than_the_module_is_a_type_error():
         attn(torch.ones(2, 5, 64, dtype=torch.long))
     with pytest.raises(TypeError, match="x must be a \\(batch, length, embed_dim\\) tensor, got list"):
         attn([[0.0] * 64])
+    with pytest.raises(ValueError, match=re.escape("x must be (batch, length, embed_dim=64) with at least one position, "
+                                                   "got (2, 0, 64)")):
+        attn(torch.randn(2, 0, 64))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts the input itself
         assert attn(torch.randn(2, 5, 64, dtype=torch.bfloat16)).shape == (2, 5, 64)

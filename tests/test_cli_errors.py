@@ -256,15 +256,18 @@ def test_bad_input_is_one_error_line_and_status_2(argv, expected, files, capsys)
     assert "Traceback" not in captured.err and captured.out == ""
 
 
-@pytest.mark.parametrize("name, argv", [
-    ("position-nll", ["--text", "{empty_text}"]), ("mqar", ["--seq-lens", "100000"]),
-], ids=["empty-text", "mqar-too-long"])
-def test_an_evaluation_that_cannot_run_writes_nothing(name, argv, files, tmp_path, capsys):
+@pytest.mark.parametrize("name, argv, why", [
+    ("position-nll", ["--text", "{empty_text}"], ""), ("mqar", ["--seq-lens", "100000"], ""),
+    ("icl", ["--demos", "1000"], "keywords-4: no number of demonstrations of (1000,) fits the model's context of 128"),
+    ("icl", ["--robustness-demos", "1000"], "keywords-4: robustness_demos=1000 does not fit the model's context of 128"),
+], ids=["empty-text", "mqar-too-long", "icl-no-demos-fit", "icl-robustness-does-not-fit"])
+def test_an_evaluation_that_cannot_run_writes_nothing(name, argv, why, files, tmp_path, capsys):
     out = tmp_path / "eval"
     assert main(["eval", name, "--checkpoint", str(files["ckpt"]), "--out", str(out), "--quick", "--no-progress",
                  *_fill(argv, files)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {name} cannot run on ") and err[0].endswith("; nothing written")
+    assert why in err[0]  # before: icl exited 0 with a report of no figure at all
     assert not out.exists()
 
 

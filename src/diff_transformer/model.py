@@ -189,8 +189,8 @@ class LanguageModel(nn.Module):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none' (the last with return_logits=True), got "
                              f"{reduction!r}" + (" with return_logits=False" if per_target_without_logits else ""))
         self._check_inputs(tokens, targets, check_ids and not torch.compiler.is_compiling(), reduction)
-        if logits_to_keep < 0 or (logits_to_keep and targets is not None):
-            raise ValueError(f"logits_to_keep must be >= 0, and 0 with targets; got {logits_to_keep}")
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0 or (logits_to_keep and targets is not None):
+            raise ValueError(f"logits_to_keep must be an integer >= 0, and 0 with targets; got {logits_to_keep!r}")
         if cache is not None and cache.keys[0].dtype != self.embed.weight.dtype:
             raise TypeError(f"cache holds {cache.keys[0].dtype} keys and values, the model computes in "
                             f"{self.embed.weight.dtype}: make the cache after converting the model (model.new_cache)")

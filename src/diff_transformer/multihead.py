@@ -148,8 +148,9 @@ class MultiheadDiffAttention(nn.Module):
         x has the dtype of the module's weights (any under torch.autocast, which casts it)."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a (batch, length, embed_dim) tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"x must be (batch, length, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim or 0 in x.shape:
+            raise ValueError(f"x must be (batch, length, embed_dim={self.embed_dim}) with at least one position, got "
+                             f"{tuple(x.shape)}")
         weight = self.q_proj.weight
         if x.dtype != weight.dtype and not (x.is_floating_point() and torch.is_autocast_enabled(x.device.type)):
             hint = f"x.to({weight.dtype}) or module.to({x.dtype})" if x.is_floating_point() else f"x.to({weight.dtype})"
