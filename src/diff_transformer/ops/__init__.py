@@ -182,9 +182,13 @@ def check_every_query_sees_a_key(attn_mask: Tensor, t: int, s: int, *, causal: b
     """A ValueError naming the first query that ``attn_mask`` (bool, broadcastable to (B, H, T, S),
     True = may attend), with the causal mask when ``causal``, leaves without a visible key: its
     softmax would be 0 / 0, NaN in the output and every gradient. One pass over the mask (at
-    most B·H·T·S bools, the size of one attention map) and one read back."""
-    visible = visible_mask(t, s, causal=causal, attn_mask=attn_mask, device=attn_mask.device)
-    blind = ~visible.any(dim=-1)  # (.., T): True where a query sees no key
+    most B·H·T·S bools, the size of one attention map; B·H·S for a key-padding mask) and one read
+    back."""
+    if attn_mask.shape[-2] == 1:  # the same keys for every query: the first sees the fewest under the causal mask
+        blind = ~attn_mask[..., : s - t + 1 if causal else s].any(dim=-1)  # (.., 1): query 0 blind in these rows
+    else:
+        visible = visible_mask(t, s, causal=causal, attn_mask=attn_mask, device=attn_mask.device)
+        blind = ~visible.any(dim=-1)  # (.., T): True where a query sees no key
     if not bool(blind.any()):
         return
     where = blind.nonzero()[0].tolist()  # the first blind query: its index along each of blind's dims
