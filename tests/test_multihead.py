@@ -281,7 +281,8 @@ def test_bad_arguments_and_inputs_are_named():
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         MultiheadDiffAttention(64, 2, backend="flash")
     m = MultiheadDiffAttention(64, 2)
-    with pytest.raises(ValueError, match=r"x must be \(batch, length, embed_dim=64\) with at least one position, got \(2, 5, 32\)"):
+    with pytest.raises(ValueError, match=r"x must be \(batch, length, embed_dim=64\) with at least one position, "
+                                         r"got \(2, 5, 32\)"):
         m(torch.randn(2, 5, 32))
     with pytest.raises(TypeError, match="attn_mask must be a bool tensor"):
         m(torch.randn(2, 5, 64), attn_mask=torch.ones(5, 5))
