@@ -107,3 +107,18 @@ def test_time_budget_skips_later_phases(tmp_path):
     assert "attention" not in report and "model" not in report
     assert any("time budget" in n for n in report["notes"])
     assert "## Notes" in gpu.format_markdown(report)
+
+
+def test_time_budget_flag_reaches_the_settings(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_run(settings, progress=True):
+        seen["budget"] = settings.time_budget_s
+        return {"correctness_passed": True, "triton": {"turn_on": "-"}}
+
+    monkeypatch.setattr(gpu, "cuda_problem", lambda: None)
+    monkeypatch.setattr(gpu, "run_gpu_bench", fake_run)
+    monkeypatch.setattr(gpu, "write_report", lambda out, report: (tmp_path / "a.json", tmp_path / "a.md"))
+    assert main(["bench", "gpu", "--out", str(tmp_path / "gpu"), "--time-budget", "180"]) == 0
+    assert seen["budget"] == 180.0
+    assert main(["bench", "gpu", "--out", str(tmp_path / "gpu")]) == 0 and seen["budget"] == 480.0
