@@ -91,3 +91,11 @@ def test_compare_keeps_the_config_budget_note_only_for_the_config_budget(argv, k
     assert "56 steps" in shipped
     expected = ("mine" if "compare.budget_note=mine" in argv else shipped) if keeps_note else ""
     assert seen["note"] == expected
+
+
+def test_generate_takes_the_shipped_tokenizer_by_name(tmp_path, capsys):
+    """--tokenizer default (the shipped BPE) was accepted by the parser but not found when loaded."""
+    LanguageModel(ModelConfig.from_preset("debug", vocab_size=8192)).save_pretrained(tmp_path / "ckpt")
+    assert main(["generate", str(tmp_path / "ckpt"), "--tokenizer", "default", "--prompt", "To be",
+                 "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("To be")
