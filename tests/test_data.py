@@ -113,6 +113,14 @@ def test_tokenizer_train_cli(tmp_path, capsys):
     assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out", str(out), "--overwrite"]) == 0
 
 
+def test_tokenizer_train_prints_one_line_into_a_pipe(tmp_path, capfd):
+    """tokenizers' progress bar writes blank lines when stdout is not a terminal: off there."""
+    source = write_docs(tmp_path / "docs")
+    assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out", str(tmp_path / "t.json")]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("trained a byte-level BPE of 300 tokens on ") and out.count("\n") == 1, repr(out)
+
+
 # prepare ------------------------------------------------------------------------------------------
 
 def test_prepare_folder_keeps_every_document_whole(byte_dataset):

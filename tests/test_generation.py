@@ -145,6 +145,7 @@ def test_generate_with_compile_matches_eager():
     assert model.generate(prompts[:1], 6, temperature=0, compile=True)[0] == eager[0][:6]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CUDA graphs)")
 def test_generate_with_compile_on_cuda_replays_cuda_graphs_and_matches_eager():
     """On CUDA compile=True uses mode="reduce-overhead" over a static cache: the same greedy tokens."""

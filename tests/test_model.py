@@ -318,8 +318,8 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="padding_mask must be bool"):
         model(torch.zeros(1, 4, dtype=torch.long), padding_mask=torch.ones(1, 3, dtype=torch.bool))
     tokens = torch.zeros(1, 4, dtype=torch.long)
-    for keep, targets in [(-1, None), (1, tokens)]:
-        with pytest.raises(ValueError, match="logits_to_keep must be >= 0, and 0 with targets"):
+    for keep, targets in [(-1, None), (1, tokens), (1.5, None)]:
+        with pytest.raises(ValueError, match="logits_to_keep must be an integer >= 0, and 0 with targets"):
             model(tokens, targets, logits_to_keep=keep)
     with pytest.raises(ValueError, match="unknown attention backend"):
         model.set_attention_backend("nope")

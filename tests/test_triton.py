@@ -22,6 +22,7 @@ from diff_transformer.config import ModelConfig  # noqa: E402
 from diff_transformer.model import LanguageModel  # noqa: E402
 from diff_transformer.ops import diff_attention, resolve_backend  # noqa: E402
 
+pytestmark = pytest.mark.gpu  # every case runs on the GPU when there is one (scripts/gpu_check.sh selects them)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_kernels = pytest.mark.skipif(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from . import args as types
@@ -63,7 +64,9 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
     out = check_tokenizer_out(Path(args.out), overwrite=args.overwrite)  # before the work
     documents = scan_documents(args.input, args.text_field)
     start = time.perf_counter()
-    tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size, min_frequency=args.min_frequency)
+    # tokenizers draws its bar on a terminal; into a pipe or a file it writes only blank lines
+    tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size, min_frequency=args.min_frequency,
+                          show_progress=sys.stdout.isatty())
     save_tokenizer_file(tokenizer, out, overwrite=args.overwrite)
     size = sum(d.size for d in documents)
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens on {len(documents)} documents "

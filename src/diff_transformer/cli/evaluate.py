@@ -69,7 +69,9 @@ def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> N
                    help="checkpoint directory; repeat to evaluate several models together")
     p.add_argument("--label", action="append", default=[], help="a name per --checkpoint, in order (default: KIND:DIRNAME, the run folder for RUN/checkpoint)")
     p.add_argument("--out", default=str(DEFAULT_OUT), type=types.output_dir, help=f"output folder (default: {DEFAULT_OUT})")
-    p.add_argument("--tokenizer", default=None, type=types.tokenizer_spec, help="tokenizer for checkpoints without one ('bytes', a JSON file)")
+    p.add_argument("--tokenizer", default=None, type=types.tokenizer_spec,
+                   help="tokenizer for checkpoints without one ('bytes', 'default', a JSON file): the one the model "
+                   "was trained with (its vocabulary the model's)")
     p.add_argument("--text", default=None, metavar="FILE", type=types.existing_file,
                    help="held-out text file to evaluate on (default: the embedded corpus' validation documents)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", type=types.device,

@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run.out_dir/.lock names its pid, and a second run on the same directory is refused. "
         "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly. "
         "--init-from starts a new run from another checkpoint's weights, e.g. to extend its context: "
-        "--init-from RUN/checkpoint --set model.max_seq_len=1024 --set model.rope_theta=80000 --set data.seq_len=1024.",
+        "--init-from RUN/checkpoint --set model.max_seq_len=1024 --set model.rope_theta=226000 "
+        "--set data.seq_len=1024.",
         epilog=TRAIN_EXIT_STATUSES,
     )
     p.add_argument("--config", default="tiny", help=CONFIG_HELP)
@@ -61,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "experiment (small models trained on generated multi-needle and MQAR tasks: accuracy by difficulty, "
         "attention to the answer); then the evaluations of compare.evaluations on every seed's model (JSON and "
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
-        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff). "
-        "One comparison at a time writes into DIR (DIR/.lock names its pid). "
+        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds; the Transformer, DIFF and "
+        "DIFF V2). One comparison at a time writes into DIR (DIR/.lock names its pid). "
         "A config with a long_context section (--config long-context) runs the long-context experiment instead: "
         "the models trained short, each seed extended (run.init_from) to a longer context and a larger RoPE θ, "
         "cumulative NLL by position and retrieval by length before and after (docs/training.md, "
@@ -143,6 +144,8 @@ def run_compare(args: argparse.Namespace) -> int:
         overrides.append(f"run.steps={args.steps}")
     if args.retrieval_steps is not None:
         overrides.append(f"retrieval.steps={args.retrieval_steps}")
+    if _changes_the_budget(args) and not any(item.startswith("compare.budget_note=") for item in overrides):
+        overrides.append("compare.budget_note=''")  # the config's note describes its own budget, not this run's
     config = load_config(args.config, overrides)
     kinds = [k.strip() for k in args.attention.split(",") if k.strip()] if args.attention else None
     models = select_models(config, kinds)
@@ -161,3 +164,13 @@ def run_compare(args: argparse.Namespace) -> int:
         return exc.exit_status
     print(f"report: {args.out}/report.md ({metrics['wall_seconds'] / 60:.1f} min)", file=sys.stderr)
     return 0
+
+
+def _changes_the_budget(args: argparse.Namespace) -> bool:
+    """Whether compare's command line changes what the config's budget note describes (steps, seeds,
+    models, recipes, learning rates, evaluations, any --set), which --out, --resume, --jobs and
+    --nproc do not."""
+    flags = (args.steps, args.seeds, args.retrieval_steps, args.recipes, args.lr_grid, args.retrieval_lr_grid,
+             args.attention)
+    return any(flag is not None for flag in flags) or args.no_retrieval or args.no_eval or args.quick_eval or bool(
+        args.overrides)

@@ -47,6 +47,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from ..checkpoint import (
+    FORMAT,
     CheckpointError,
     load_checkpoint_tokenizer,
     load_state_dict_checked,
@@ -467,6 +468,10 @@ def load_hf(directory: str | Path, *, with_tokenizer: bool = True) -> tuple[Lang
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(hf, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    if hf.get("format") == FORMAT:
+        raise CheckpointError(f"{directory} is already a diff-transformer checkpoint, not a transformers directory: "
+                              f"nothing to import; use it as it is (LanguageModel.from_pretrained, generate, eval, "
+                              f"train --init-from)")
     config = model_config_from_hf(hf, path)
     state = from_hf_state_dict(_read_hf_weights(directory), config, source=f"{directory} weights")
     model = LanguageModel(config, device="meta")

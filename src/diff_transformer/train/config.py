@@ -780,10 +780,25 @@ def load_config(name_or_path: str | Path = "tiny", overrides: list[str] | None =
                           f"{', '.join(shipped_configs())})")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    data = apply_overrides(data, overrides or [])
-    if "model" not in data and "models" not in data:
+    overrides = list(overrides or [])
+    merged = apply_overrides(data, overrides)
+    if "model" not in merged and "models" not in merged:
         raise ConfigError(f"{path}: no model; set model (e.g. model: {{preset: tiny}}) or models")
     try:
-        return config_from_dict(data, source=str(path))
+        return config_from_dict(merged, source=str(path))
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{_error_source(path, data, overrides, str(exc))}: {exc}") from None
+
+
+def _error_source(path: Path, data: dict[str, Any], overrides: list[str], message: str) -> str:
+    """Where a config error came from: the file, when it has the error without the overrides, else
+    the first override (``--set KEY=VALUE``) with which the error appears."""
+    for applied in range(len(overrides) + 1):
+        try:
+            config_from_dict(apply_overrides(data, overrides[:applied]), source=str(path))
+        except ConfigError as exc:
+            if str(exc) == message:
+                return str(path) if applied == 0 else f"--set {overrides[applied - 1]}"
+        except (TypeError, ValueError, KeyError):  # a part-way config may fail otherwise: the error is further on
+            pass
+    return f"{path} with {' '.join(f'--set {item}' for item in overrides)}"

@@ -28,6 +28,7 @@ import yaml
 from torch import nn
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, save_pretrained
+from ..tokenizer import same_tokenizer
 from .distributed import Environment
 
 TRAINING_STATE_FILE = "training_state.pt"
@@ -258,15 +259,6 @@ def check_initial_tokenizer(directory: str | Path, tokenizer) -> None:
                           f"({type(saved).__name__} of {saved.vocab_size} tokens against "
                           f"{type(tokenizer).__name__} of {tokenizer.vocab_size}, or other merges)")
 
-
-_TOKENIZER_PROBE = "The quick brown fox, 1234 — naïve café; ROMEO. O, she doth teach the torches to burn bright!\n"
-
-
-def same_tokenizer(a, b) -> bool:
-    """Whether two tokenizers agree: the same kind, vocabulary size, end-of-text id and encoding of
-    a probe text (BPE tokenizers trained on other text split it differently)."""
-    return (type(a) is type(b) and a.vocab_size == b.vocab_size and a.eos_id == b.eos_id
-            and a.encode(_TOKENIZER_PROBE) == b.encode(_TOKENIZER_PROBE))
 
 
 def load_weights(directory: str | Path, model: nn.Module, env: Environment) -> None:
