@@ -59,12 +59,15 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
 
     from ..data.bpe import check_tokenizer_out, save_tokenizer_file, train_bpe
     from ..data.inputs import iter_texts, scan_documents
+    from ..files import lock_output
 
     out = check_tokenizer_out(Path(args.out), overwrite=args.overwrite)  # before the work
-    documents = scan_documents(args.input, args.text_field)
-    start = time.perf_counter()
-    tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size, min_frequency=args.min_frequency)
-    save_tokenizer_file(tokenizer, out, overwrite=args.overwrite)
+    with lock_output(out):  # one writer: a second `tokenizer train --out` the same file is refused before its work
+        documents = scan_documents(args.input, args.text_field)
+        start = time.perf_counter()
+        tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size,
+                              min_frequency=args.min_frequency)
+        save_tokenizer_file(tokenizer, out, overwrite=args.overwrite)
     size = sum(d.size for d in documents)
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens on {len(documents)} documents "
           f"({size:,} bytes) in {time.perf_counter() - start:.1f} s -> {out}")
