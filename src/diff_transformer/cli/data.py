@@ -7,7 +7,8 @@ import time
 
 from . import args as types
 
-INPUT_HELP = "a text file, a folder of text files (.txt .text .md .rst .jsonl), or a JSONL file"
+INPUT_HELP = ("a text file, a folder of text files (.txt .text .md .rst .jsonl .json), or a file of records "
+              "(.jsonl: JSON Lines; .json: an object or a list of objects, else JSON Lines)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,10 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare = subparsers.add_parser(
         "prepare",
         help="tokenize text into train/validation token shards",
-        description="Tokenize text files, folders of text files or JSONL into DIR/train.bin and DIR/val.bin "
+        description="Tokenize text files, folders of text files or JSON records into DIR/train.bin and DIR/val.bin "
         "(uint16 or uint32 token ids, each document followed by <|endoftext|>) plus DIR/meta.json and the "
-        "tokenizer. The split is by document, deterministic given --seed. DIR is written atomically and "
-        "never replaced without --overwrite.",
+        "tokenizer. The split is by document, deterministic given --seed. DIR is written atomically, by one "
+        "process at a time, and never replaced without --overwrite.",
     )
     prepare.add_argument("inputs", nargs="+", type=types.existing_path, metavar="INPUT", help=INPUT_HELP)
     prepare.add_argument("--out", required=True, type=types.output_dir, metavar="DIR", help="dataset directory to create")
@@ -46,8 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "or a tokenizers JSON file (default 'default')")
     prepare.add_argument("--text-field", default="text", help="field holding the text in JSONL records (default 'text')")
     prepare.add_argument("--val-fraction", type=types.fraction, default=0.05,
-                         help="share of the bytes held out for validation: whole documents in a seeded order, "
-                         "or the tail of one document if none fits (default 0.05)")
+                         help="share of the bytes held out for validation, more than 0 and less than 1: whole "
+                         "documents in a seeded order, or the tail of one document if none fits (default 0.05)")
     prepare.add_argument("--seed", type=types.seed, default=0, help="seed of the document split (default 0)")
     prepare.add_argument("--overwrite", action="store_true", help="replace DIR if it holds a dataset prepared by this project")
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
