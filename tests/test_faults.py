@@ -327,6 +327,21 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_note(tmp_path, cap
     assert not (directory / ".lock").exists()
 
 
+def test_a_lock_probed_at_the_moment_it_is_taken_is_still_taken(tmp_path):
+    """Checking whether a directory is being written probes its lock (shared, for an instant): a
+    writer taking the lock in that instant (another rank checking the run it is about to lock)
+    waits for the probe instead of refusing itself."""
+    import fcntl
+    import threading
+
+    directory = claim_output_dir(tmp_path / "run", "train-run")
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # the probe, held a little longer than probes are
+    threading.Timer(0.03, os.close, [fd]).start()
+    with lock_output_dir(directory):
+        assert json.loads((directory / ".lock").read_text())["pid"] == os.getpid()
+
+
 def test_only_abandoned_temporary_directories_are_removed(tmp_path):
     """A save's temporary directory is removed when no process holds its lock (its writer died),
     and kept while a writer holds it."""

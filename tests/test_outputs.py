@@ -6,6 +6,7 @@ refusal the user's files are checked byte for byte."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 from pathlib import Path
@@ -405,3 +406,30 @@ def test_nothing_is_written_inside_a_running_run_or_a_project_output(capsys, hf,
         refused(capsys, ["tokenizer", "train", "--input", str(text), "--out", str(directory / "tokenizer.json"),
                          "--vocab-size", "260", "--overwrite"], f"inside {directory}, a diff-transformer")
     assert snapshot(tmp_path) == before
+
+
+def test_another_rank_of_the_same_torchrun_job_is_not_another_writer(tmp_path, monkeypatch):
+    """Under torchrun, rank 0 locks the run and every rank checks its directories: a lock held by a
+    rank of the same job (same rendezvous) is not another writer; one of another job is."""
+    import subprocess
+    import sys
+    import time
+
+    job = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "r1"}
+    run = claim_output_dir(tmp_path / "run", "train-run")
+    marker = tmp_path / "locked"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), str(marker)], env={**os.environ, **job})
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and holder.poll() is None:
+            time.sleep(0.05)
+        for name, value in job.items():
+            monkeypatch.setenv(name, value)
+        assert check_output_dir(run / "checkpoint", "checkpoint") == run / "checkpoint"  # rank 1 of the same job
+        monkeypatch.setenv("MASTER_PORT", "29512")  # another job
+        with pytest.raises(OutputPathError, match=re.escape(f"{run}: in use by another diff-transformer process (pid "
+                                                            f"{holder.pid} on ")):
+            check_output_dir(run / "checkpoint", "checkpoint")
+    finally:
+        holder.kill()
+        holder.wait()

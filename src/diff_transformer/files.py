@@ -47,6 +47,7 @@ import re
 import socket
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -306,7 +307,7 @@ def check_output_place(path: str | Path, what: str) -> None:
             raise OutputPathError(f"{path}: inside {parent}, a diff-transformer {_output_name(found)}, which is "
                                   f"written as a whole (each write replaces the directory); write the {what} "
                                   "outside it")
-    for place in (resolved, *resolved.parents):
+    for place in reversed((resolved, *resolved.parents)):  # the outermost first: a run, not its checkpoint
         holder = writing_process(place)
         if holder is not None:
             raise OutputPathError(f"{place}: in use by another diff-transformer process ({_describe_holder(holder)}); "
@@ -363,6 +364,7 @@ def unclaim_output_dir(directory: str | Path) -> None:
 
 
 _HELD_LOCKS: set[str] = set()  # the lock files this process holds (absolute paths)
+_BUSY_TRIES = 5  # attempts at a lock another process holds before it is refused (about 0.1 s in all)
 
 
 def _lock_key(path: Path) -> str:
@@ -452,8 +454,8 @@ def _remove_empty(folders: Sequence[Path]) -> None:
 def writing_process(directory: str | Path) -> dict | None:
     """The process (its lock record: pid, host, since) that is writing into ``directory`` now, or
     None: another process holding the lock beside it (:func:`lock_output`), or, for a training run,
-    its ``DIR/.lock``. A lock this process holds, or one left by a killed process, is None. (The
-    lock is probed by taking it shared for an instant.)"""
+    its ``DIR/.lock``. A lock this process holds, one that another rank of this torchrun job holds,
+    or one left by a killed process, is None. (The lock is probed by taking it shared for an instant.)"""
     directory = Path(directory)
     if not directory.name:  # the root
         return None
@@ -470,22 +472,38 @@ def writing_process(directory: str | Path) -> dict | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _read_holder(lock_path)
+            holder = _read_holder(lock_path)
+            if _job() is None or holder.get("job") != _job():  # (rank 0 of this torchrun job writes for every rank)
+                return holder
         finally:
             os.close(fd)  # releases the shared lock, if taken
     return None
+
+
+def _job() -> str | None:
+    """The torchrun job this process is a rank of (its rendezvous: run id, master address and port,
+    which every rank of one job shares and no two running jobs do), or None outside one."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or not os.environ.get("MASTER_PORT"):
+        return None
+    return (f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}@{os.environ.get('MASTER_ADDR', '')}:"
+            f"{os.environ['MASTER_PORT']}")
 
 
 def lock_file(path: str | Path, busy: str) -> OutputLock:
     """:func:`lock_output_dir` for the lock file ``path`` itself; ``busy`` opens the refusal."""
     path = Path(path)
     with naming_os_errors(path):
+        busy_tries = 0
         for _ in range(100):
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
+                busy_tries += 1
+                if busy_tries < _BUSY_TRIES:  # perhaps only writing_process's probe, which lets go at once
+                    time.sleep(0.01 * busy_tries)
+                    continue
                 raise OutputLockedError(f"{busy} ({_describe_holder(_read_holder(path))}); wait for it to end, "
                                         "or choose another directory") from None
             except BaseException:
@@ -506,6 +524,8 @@ def lock_file(path: str | Path, busy: str) -> OutputLock:
                       "releasing it", file=sys.stderr)
             record = {"pid": os.getpid(), "host": socket.gethostname(),
                       "since": datetime.datetime.now().isoformat(timespec="seconds")}
+            if _job() is not None:
+                record["job"] = _job()
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         except BaseException:
