@@ -97,7 +97,10 @@ CASES = [
     ("prepare-out-under-file", ["prepare", "{text}", "--out", "{file}/data"], "is a file, so no directory can be created"),
     ("prepare-tokenizer", ["prepare", "{text}", "--out", "{root}/data", "--tokenizer", "{root}/none.json"], "--tokenizer"),
     ("prepare-text-field", ["prepare", "{jsonl}", "--out", "{root}/data", "--text-field", "content"], "no field 'content'"),
-    ("prepare-val-fraction", ["prepare", "{text}", "--out", "{root}/data", "--val-fraction", "1.5"], "--val-fraction: '1.5' is not valid (must be in [0, 1))"),
+    ("prepare-val-fraction", ["prepare", "{text}", "--out", "{root}/data", "--val-fraction", "1.5"],
+     "--val-fraction: '1.5' is not valid (must be more than 0 and less than 1: train needs a validation split)"),
+    ("prepare-val-fraction-0", ["prepare", "{text}", "--out", "{root}/data", "--val-fraction", "0"],
+     "--val-fraction: '0' is not valid (must be more than 0 and less than 1: train needs a validation split)"),
     ("prepare-seed", ["prepare", "{text}", "--out", "{root}/data", "--seed", "x"], "--seed"),
     # export-hf / import-hf
     ("export-checkpoint", ["export-hf", "{root}/none", "{root}/hf"], "not a checkpoint directory"),

@@ -28,7 +28,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
-from .files import OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, naming_os_errors, os_error_naming
+from .files import (OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, lock_output, naming_os_errors,
+                    os_error_naming)
 from .tokenizer import BPE_FILE, BYTES_CONFIG, as_tokenizer, load_tokenizer, same_tokenizer
 
 FORMAT = "diff-transformer"
@@ -67,19 +68,34 @@ def _fault_point(point: str) -> None:
 
 def write_directory_atomically(directory: str | Path, write: Callable[[Path], None], *, kind: str,
                                overwrite: bool = False, reading: Iterable[str | Path] = (),
-                               hint: str = "pass --overwrite to replace it") -> Path:
+                               hint: str = "pass --overwrite to replace it", own_training_state: bool = False) -> Path:
     """Call ``write(tmp_dir)`` then move tmp_dir to ``directory``, replacing an old version.
 
-    ``directory`` is first checked by :func:`~diff_transformer.files.check_output_dir` (``kind``,
-    ``overwrite``, ``reading``, ``hint`` as there): only an output of the same kind that the project
-    wrote is ever replaced, and only with ``overwrite``. The new directory carries the marker,
-    unless its own files say what it is (a checkpoint's config.json, a dataset's meta.json).
-    The old directory is renamed aside before the new one takes its name and deleted after, so
-    at every moment one complete version exists under ``directory`` or its ``.old`` sibling.
-    A failure of the operating system (a full disk...) is an OSError naming the file under
-    ``directory`` that was being written; nothing of the attempt is left.
+    The writer holds the lock of ``directory`` (:func:`~diff_transformer.files.lock_output`, a file
+    beside it) from the check to the swap: a second writer is refused with the first's pid instead
+    of replacing its output. ``directory`` is checked by
+    :func:`~diff_transformer.files.check_output_dir` (``kind``, ``overwrite``, ``reading``, ``hint``,
+    ``own_training_state`` as there): only an output of the same kind that the project wrote is
+    ever replaced, only with ``overwrite``, and a training checkpoint only by its own run. The new
+    directory carries the marker, unless its own files say what it is (a checkpoint's config.json,
+    a dataset's meta.json). The old directory is renamed aside before the new one takes its name
+    and deleted after, so at every moment one complete version exists under ``directory`` or its
+    ``.old`` sibling. A failure of the operating system (a full disk...) is an OSError naming the
+    file under ``directory`` that was being written; nothing of the attempt is left.
     """
-    directory = check_output_dir(directory, kind, overwrite=overwrite, reading=reading, hint=hint)
+    check_output_dir(directory, kind, overwrite=overwrite, reading=reading, hint=hint,
+                     own_training_state=own_training_state)  # refused before anything is created
+    with lock_output(directory):
+        return _write_directory_locked(Path(directory), write, kind=kind, overwrite=overwrite, reading=reading,
+                                       hint=hint, own_training_state=own_training_state)
+
+
+def _write_directory_locked(directory: Path, write: Callable[[Path], None], *, kind: str, overwrite: bool,
+                            reading: Iterable[str | Path], hint: str, own_training_state: bool) -> Path:
+    """:func:`write_directory_atomically` once its lock is held: checked again (another writer may
+    have finished since the first check), then written and swapped in."""
+    directory = check_output_dir(directory, kind, overwrite=overwrite, reading=reading, hint=hint,
+                                 own_training_state=own_training_state)
     with naming_os_errors(directory):
         directory.parent.mkdir(parents=True, exist_ok=True)
         remove_abandoned_temporaries(directory)
@@ -185,6 +201,7 @@ def save_pretrained(
     overwrite: bool = False,
     reading: Iterable[str | Path] = (),
     hint: str = "pass overwrite=True (--overwrite) to replace it",
+    own_training_state: bool = False,
 ) -> Path:
     """Write ``model`` (a LanguageModel) and optionally its tokenizer to ``directory``.
 
@@ -193,7 +210,9 @@ def save_pretrained(
     ``extra_files(tmp_dir)`` writes more files into the same atomically written directory.
     ``directory`` must be new, empty, or (with ``overwrite``) a checkpoint of this project; any
     other path is an :class:`~diff_transformer.files.OutputPathError` (``reading``, ``hint``: see
-    :func:`write_directory_atomically`).
+    :func:`write_directory_atomically`). A directory holding a training state (``training_state.pt``)
+    is refused, ``overwrite`` or not: only the run that owns it replaces it, passing
+    ``own_training_state`` (train/state.py's save, compare's copy of its own run).
     """
     if tokenizer is not None:
         tokenizer = as_tokenizer(tokenizer)
@@ -214,7 +233,7 @@ def save_pretrained(
             extra_files(tmp)
 
     return write_directory_atomically(directory, write, kind="checkpoint", overwrite=overwrite, reading=reading,
-                                      hint=hint)
+                                      hint=hint, own_training_state=own_training_state)
 
 
 def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:

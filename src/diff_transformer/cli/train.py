@@ -152,7 +152,8 @@ def run_compare(args: argparse.Namespace) -> int:
     evaluation = None
     if not args.no_eval and config.compare.evaluations:
         evaluation = partial(run_suite, quick=args.quick_eval, evaluations=config.compare.evaluations,
-                             options=None if args.quick_eval else config.compare.evaluation_options)
+                             options=None if args.quick_eval else config.compare.evaluation_options,
+                             overwrite=True)  # OUT/eval is the comparison's own: a rerun replaces its results
     try:
         metrics = compare(
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..files import write_atomically, write_text_atomically
+from ..files import write_atomically, write_files_together, write_text_atomically
 from .models import BASELINE, DIFF_KINDS
 
 DEFAULT_OUT = Path("out/eval")
@@ -20,8 +20,28 @@ DEFAULT_OUT = Path("out/eval")
 
 def write_json(path: Path, data: Any) -> Path:
     """Write ``data`` as indented JSON, atomically (NaN/inf become null)."""
-    text = json.dumps(_finite(data), indent=2) + "\n"
-    return write_text_atomically(path, text)
+    return write_text_atomically(path, _json_text(data))
+
+
+def _json_text(data: Any) -> str:
+    return json.dumps(_finite(data), indent=2) + "\n"
+
+
+def result_files(out_dir: Path, name: str) -> tuple[Path, Path]:
+    """(OUT/NAME.json, OUT/NAME.png): the files of one evaluation's result."""
+    return out_dir / f"{name}.json", out_dir / f"{name}.png"
+
+
+def write_result(out_dir: Path, name: str, data: Any, plot: Callable[[Path], None] | None) -> list[Path]:
+    """Write one evaluation's result: OUT/NAME.png drawn by ``plot(path)`` (None: no plot, and an
+    earlier result's plot is removed) and OUT/NAME.json (``data``), together: both or, on a failure
+    (a full disk), neither, an earlier result left as it was. The JSON, which readers take as the
+    sign that the result exists, takes its name last. Returns the files written, the JSON first."""
+    json_path, png_path = result_files(out_dir, name)
+    files: list[tuple[Path, Callable[[Path], None]]] = [] if plot is None else [(png_path, plot)]
+    files.append((json_path, lambda tmp: tmp.write_text(_json_text(data), encoding="utf-8")))
+    write_files_together(files, remove=[png_path] if plot is None else [])
+    return [json_path] + ([png_path] if plot is not None else [])
 
 
 def _finite(x: Any) -> Any:

@@ -420,7 +420,7 @@ def _best_lr(name: str, by_lr: dict[float, list[float]], n_seeds: int) -> float:
 def _replace_tree(source: Path, target: Path) -> None:
     """Make ``target`` (new, or a checkpoint this comparison wrote) a copy of checkpoint ``source``."""
     write_directory_atomically(target, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True), kind="checkpoint",
-                               overwrite=True)
+                               overwrite=True, own_training_state=True)  # the copy of this comparison's own run
 
 
 def _finished_summary(log_dir: Path, checkpoint_dir: Path, steps: int) -> dict | None:

@@ -55,7 +55,7 @@ from ..checkpoint import (
     write_directory_atomically,
 )
 from ..config import ModelConfig
-from ..files import check_output_dir
+from ..files import check_output_dir, lock_output
 from ..model import LanguageModel
 from ..tokenizer import BPE_FILE, EOS_TOKEN, BPETokenizer, ByteTokenizer
 
@@ -415,9 +415,10 @@ def export_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = Fals
     """A checkpoint directory of this project -> a transformers directory at ``out`` (new, empty,
     or with ``overwrite`` an earlier export; never the checkpoint itself)."""
     check_output_dir(out, "hf-export", overwrite=overwrite, reading=[checkpoint])  # before the work
-    model = LanguageModel.from_pretrained(checkpoint)
-    tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
-    return save_hf(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
+    with lock_output(out):  # one writer: a second export to ``out`` is refused before its work
+        model = LanguageModel.from_pretrained(checkpoint)
+        tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
+        return save_hf(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
 
 
 def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
@@ -489,5 +490,6 @@ def import_hf(directory: str | Path, out: str | Path, *, with_tokenizer: bool = 
     """A DiffLlama or Llama directory -> a checkpoint of this project at ``out`` (new, empty, or
     with ``overwrite`` a checkpoint of this project; never the directory read)."""
     check_output_dir(out, "checkpoint", overwrite=overwrite, reading=[directory])  # before the work
-    model, tokenizer = load_hf(directory, with_tokenizer=with_tokenizer)
-    return model.save_pretrained(out, tokenizer, overwrite=overwrite, reading=[directory])
+    with lock_output(out):  # one writer: a second import to ``out`` is refused before its work
+        model, tokenizer = load_hf(directory, with_tokenizer=with_tokenizer)
+        return model.save_pretrained(out, tokenizer, overwrite=overwrite, reading=[directory])

@@ -28,10 +28,10 @@ import yaml
 from torch import nn
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, save_pretrained
+from ..files import TRAINING_STATE_FILE
 from ..tokenizer import same_tokenizer
 from .distributed import Environment
 
-TRAINING_STATE_FILE = "training_state.pt"
 TRAIN_CONFIG_FILE = "train_config.yaml"
 STATE_VERSION = 1
 
@@ -120,7 +120,7 @@ def save_training_checkpoint(
 
         written = save_pretrained(  # replaces this run's previous checkpoint (checked when the run started)
             model, directory, tokenizer=tokenizer, state=weights, extra_files=write_training_files,
-            extra=extra, overwrite=True,
+            extra=extra, overwrite=True, own_training_state=True,
         )
     if env.distributed:
         torch.distributed.barrier()

@@ -466,7 +466,9 @@ class _Run:
         reading = [plan.directory] + ([init_from] if init_from is not None else [])
         # A checkpoint directory refused whatever it holds is refused before run.out_dir is created
         # (whether it may hold this run's checkpoint is known once the run directory is locked).
-        check_output_dir(checkpoint_dir, "checkpoint", overwrite=True, reading=reading, hint=elsewhere)
+        # (own_training_state: this run replaces only its own training checkpoint, found and checked below.)
+        check_output_dir(checkpoint_dir, "checkpoint", overwrite=True, reading=reading, hint=elsewhere,
+                         own_training_state=True)
         for lock in _lock_run(out_dir, checkpoint_dir, env, reading=reading, hint=elsewhere):
             held.callback(lock.release)
         existing = find_checkpoint(checkpoint_dir)
@@ -488,7 +490,8 @@ class _Run:
             )
         # Each save replaces the checkpoint directory: one that holds files the project did not write
         # there (the user's, an export made inside it) is refused now, not deleted by the first save.
-        check_output_dir(checkpoint_dir, "checkpoint", overwrite=existing is not None, reading=reading, hint=elsewhere)
+        check_output_dir(checkpoint_dir, "checkpoint", overwrite=existing is not None, reading=reading, hint=elsewhere,
+                         own_training_state=True)
         if env.is_main:  # a save killed mid-write left its temporary directory: nobody else will remove it
             for leftover in remove_abandoned_temporaries(checkpoint_dir):
                 print(f"note: removed {leftover}, left by a checkpoint write that was interrupted", file=sys.stderr)
