@@ -113,13 +113,16 @@ def run_train(args: argparse.Namespace) -> int:
     if args.init_from:  # YAML-quoted: a path is a string whatever it looks like
         overrides.append(f"run.init_from={json.dumps(args.init_from)}")
     config = load_config(args.config, overrides)
-    result = train(config, args.model, resume=args.resume)
-    code = {"completed": 0, "paused": 0, "diverged": 1}.get(result.status)
+    # An explicit --set run.steps=N may lengthen a resumed run; a run.steps that only the config file
+    # changed is a difference like any other.
+    lengthen = any(item.partition("=")[0].strip() == "run.steps" for item in args.overrides)
+    result = train(config, args.model, resume=args.resume, lengthen=lengthen)
+    code = {"completed": 0, "paused": 0, "finished": 0, "diverged": 1}.get(result.status)
     if result.status == "interrupted":  # 128 + the signal, as a shell reports a process it stopped
         code = 128 + signal.Signals[result.stopped_by or "SIGTERM"].value
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for all
         return code
-    if result.status == "diverged":
+    if result.status in ("diverged", "finished"):  # the trainer said why
         return code
     if result.status in ("interrupted", "paused"):  # a checkpoint was saved: --resume continues
         print(result.message, file=sys.stderr)
