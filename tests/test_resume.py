@@ -335,6 +335,16 @@ def saved_model(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def damaged_model(saved_model, tmp_path_factory) -> Path:
+    """A copy of ``saved_model`` whose weights file lost its second half."""
+    directory = tmp_path_factory.mktemp("damaged") / "model"
+    shutil.copytree(saved_model, directory)
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return directory
+
+
 CREATE_NOTHING = [  # (case, --set overrides or extra arguments with {placeholders}, text of the error line)
     ("nothing-to-resume", ["--resume"], "--resume: no training checkpoint at {out}/checkpoint"),
     ("checkpoint-dir-is-a-model", ["--set", "run.checkpoint_dir={model}"],
@@ -349,18 +359,21 @@ CREATE_NOTHING = [  # (case, --set overrides or extra arguments with {placeholde
      "run.checkpoint_dir: {dataset}/ckpt lies inside {dataset}"),
     ("inside-init-from", ["--init-from", "{model}", "--set", "run.out_dir={model}/run"],
      "run.out_dir: {model}/run lies inside {model}"),
+    ("init-from-damaged", ["--init-from", "{damaged}"],
+     "run.init_from: {damaged}/model.safetensors: truncated or corrupted safetensors file"),
 ]
 
 
 @pytest.mark.parametrize("argv, expected", [c[1:] for c in CREATE_NOTHING], ids=[c[0] for c in CREATE_NOTHING])
-def test_a_refused_train_creates_nothing(argv, expected, byte_dataset, tiny_validation, saved_model, tmp_path,  # noqa: F811
-                                         monkeypatch, capsys):
+def test_a_refused_train_creates_nothing(argv, expected, byte_dataset, tiny_validation, saved_model, damaged_model,  # noqa: F811
+                                         tmp_path, monkeypatch, capsys):
     from diff_transformer.ops import triton_diff
 
     monkeypatch.setattr(triton_diff, "INTERPRET", False)  # as outside the tests: no Triton interpreter on CPU
     out = tmp_path / "run"
     config = write_config(byte_dataset, out, tmp_path / "config.yaml")
-    places = {"out": out, "model": saved_model, "tiny": tiny_validation, "dataset": byte_dataset}
+    places = {"out": out, "model": saved_model, "tiny": tiny_validation, "dataset": byte_dataset,
+              "damaged": damaged_model}
     watched = [tmp_path, byte_dataset, saved_model.parent]
     before = [snapshot(root) for root in watched]
     line = refused(capsys, "train", "--config", str(config), *[a.format(**places) for a in argv])
@@ -413,3 +426,13 @@ def test_resuming_on_a_dataset_prepared_again_with_another_tokenizer_is_refused(
     assert line.startswith(f"error: --resume: {tmp_path / 'run' / 'checkpoint'} was trained with another tokenizer "
                            "than the dataset's"), line
     assert snapshot(tmp_path / "run") == before
+
+
+def test_train_help_states_the_resume_rules(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for rule in ("refused by name", "--set run.steps=N larger than the run's lengthens it",
+                 "the learning-rate schedule is recomputed for N steps", "A finished run's --resume says so, exits 0 "
+                 "and writes nothing", "--resume found the run finished"):
+        assert rule in text, rule

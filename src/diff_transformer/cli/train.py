@@ -23,7 +23,8 @@ SET_HELP = (
 # Exit statuses of train and compare, as shells and schedulers read them.
 INTERRUPTED = ("130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint: rerun the same command with "
                "--resume to continue exactly where it stopped.")
-TRAIN_EXIT_STATUSES = ("Exit status: 0 done (or paused at run.stop_at_step); 1 the loss diverged; 2 an error "
+TRAIN_EXIT_STATUSES = ("Exit status: 0 done (or paused at run.stop_at_step, or --resume found the run finished); "
+                       "1 the loss diverged; 2 an error "
                        f"(one 'error:' line); {INTERRUPTED}")
 COMPARE_EXIT_STATUSES = f"Exit status: 0 done; 2 an error (one 'error:' line); {INTERRUPTED}"
 
@@ -44,7 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default="tiny", help=CONFIG_HELP)
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in run.checkpoint_dir")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run from the checkpoint in run.checkpoint_dir, with the settings it was started "
+                   "with: one that changes the numbers (the model, data, optim values, seeds, precision) and differs is "
+                   "refused by name; logging, evaluation, paths, device and backend may change. An explicit --set "
+                   "run.steps=N larger than the run's lengthens it: the learning-rate schedule is recomputed for N "
+                   "steps (a note gives the rate before and after). A finished run's --resume says so, exits 0 and "
+                   "writes nothing (docs/training.md, Resume)")
     p.add_argument("--init-from", metavar="CHECKPOINT", type=types.checkpoint_dir,
                    help="start a new run from this checkpoint's weights (a fresh optimizer, schedule and step count; "
                    "sets run.init_from). The model must be the checkpoint's but for model.max_seq_len and "

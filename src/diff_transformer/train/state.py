@@ -377,6 +377,29 @@ def check_initializable(directory: str | Path, model_config) -> None:
     if differing:
         raise ConfigError(f"run.init_from: {directory} holds another model (" + "; ".join(differing) + "); "
                           f"a run started from a checkpoint may change only {' and '.join(INIT_CHANGEABLE)}")
+    problem = weights_problem(path / WEIGHTS_FILE, model_config)
+    if problem is not None:
+        raise ConfigError(f"run.init_from: {problem}")
+
+
+def weights_problem(path: Path, model_config) -> str | None:
+    """What keeps the safetensors file ``path`` from loading into a model of ``model_config``, from
+    its header alone (unreadable or truncated, a tensor missing, foreign or of another shape), or
+    None. Their values (NaN...) are checked when they are read."""
+    from safetensors import SafetensorError, safe_open
+
+    from ..model import LanguageModel
+
+    try:
+        with safe_open(str(path), "pt") as weights:
+            shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    except (SafetensorError, OSError) as exc:
+        return f"{path}: truncated or corrupted safetensors file ({exc})"
+    expected = {name: tuple(t.shape) for name, t in LanguageModel(model_config, device="meta").state_dict().items()}
+    wrong = sorted(set(shapes) ^ set(expected)) + sorted(n for n in set(shapes) & set(expected) if shapes[n] != expected[n])
+    if wrong:
+        return f"{path}: its tensors do not fit the model ({', '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''})"
+    return None
 
 
 def check_initial_tokenizer(directory: str | Path, tokenizer, where: str = "run.init_from") -> None:
