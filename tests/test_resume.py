@@ -436,3 +436,24 @@ def test_train_help_states_the_resume_rules(capsys):
                  "the learning-rate schedule is recomputed for N steps", "A finished run's --resume says so, exits 0 "
                  "and writes nothing", "--resume found the run finished"):
         assert rule in text, rule
+
+
+@pytest.mark.slow  # a torchrun launch of 2 processes
+def test_every_process_refuses_before_anything_is_created(byte_dataset, tmp_path):  # noqa: F811
+    """Under torchrun, rank 0 finds nothing to resume: both ranks stop with the same one line (none
+    waits for the other in a collective), and run.out_dir is not created."""
+    import subprocess
+    import sys
+
+    from test_distributed import free_port
+
+    config = write_config(byte_dataset, tmp_path / "run", tmp_path / "config.yaml")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+               "-m", "diff_transformer", "train", "--config", str(config), "--resume"]
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=240)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and lines == [f"error: --resume: no training checkpoint at {tmp_path / 'run' / 'checkpoint'}"] * 2, \
+        done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
