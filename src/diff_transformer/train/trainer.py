@@ -49,8 +49,8 @@ from ..config import DIFF_HEAD_KINDS, ConfigError, ModelConfig
 from ..loss import IGNORE_INDEX
 from ..checkpoint import remove_abandoned_temporaries
 from ..files import (
-    OutputLock, OutputPathError, check_output_dir, claim_output_dir, lock_file, lock_output_dir, naming_os_errors,
-    write_text_atomically,
+    LOCK_FILE, OutputLock, OutputPathError, check_output_dir, check_unlocked, claim_output_dir, lock_file,
+    lock_output_dir, naming_os_errors, write_text_atomically,
 )
 from ..model import LanguageModel
 from .config import ModelEntry, OptimConfig, TrainConfig
@@ -385,8 +385,8 @@ def check_training(config: TrainConfig, model_name: str | None = None, *, resume
     run.init_from's checkpoint, the output paths (new or this run's, not inside what it reads),
     and with ``resume`` the checkpoint (there, of this run, its settings those of the config).
     Raises the error ``train`` would (ConfigError, CheckpointError, OutputPathError,
-    TrainingError); writes nothing (but for the corpus cache of ``data.dataset: default``).
-    ``compare`` calls it for every run before it starts one."""
+    TrainingError); writes nothing (but for the corpus cache of ``data.dataset: default``), so
+    that ``compare`` can check every run before it starts one."""
     entry = config.model(model_name)
     env = Environment(rank=0, world_size=processes, local_rank=0, device=resolve_device(config.run.device))
     return _check(config, entry, entry.model_config(), env, resume=resume, lengthen=lengthen)
@@ -498,6 +498,10 @@ def _check_outputs(plan: TrainingPlan, env: Environment, *, resume: bool, length
     where a resumed run goes on."""
     config, out_dir, checkpoint_dir = plan.config, plan.out_dir, plan.checkpoint_dir
     elsewhere = "choose another run.out_dir / run.checkpoint_dir"
+    # A run another process is training is answered as such (its files are in flux): the locks
+    # _lock_run takes, looked at without taking them.
+    check_unlocked(out_dir / LOCK_FILE, f"{out_dir}: in use by another diff-transformer process")
+    check_unlocked(checkpoint_lock_file(checkpoint_dir), f"{checkpoint_dir}: in use by another diff-transformer process")
     # Neither directory may hold anything the project did not write, nor be, hold or lie inside
     # the data or the weights the run reads.
     for directory, setting in ((out_dir, "run.out_dir"), (checkpoint_dir, "run.checkpoint_dir")):
@@ -631,7 +635,7 @@ def _lock_run(plan: TrainingPlan, env: Environment) -> list[OutputLock]:
                                                           hint="choose another run.out_dir / run.checkpoint_dir")))
             if not checkpoint_dir.resolve().is_relative_to(out_dir.resolve()):
                 checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-                locks.append(lock_file(checkpoint_dir.with_name(f".{checkpoint_dir.name}.lock"),
+                locks.append(lock_file(checkpoint_lock_file(checkpoint_dir),
                                        f"{checkpoint_dir}: in use by another diff-transformer process"))
             found = find_checkpoint(checkpoint_dir)
             expected = plan.resume.checkpoint if plan.resume is not None else None
@@ -648,6 +652,11 @@ def _lock_run(plan: TrainingPlan, env: Environment) -> list[OutputLock]:
     if message is not None:
         raise TrainingError(message)
     return locks
+
+
+def checkpoint_lock_file(checkpoint_dir: Path) -> Path:
+    """The lock file beside a run.checkpoint_dir that lies outside run.out_dir."""
+    return checkpoint_dir.with_name(f".{checkpoint_dir.name}.lock")
 
 
 @dataclass
