@@ -25,7 +25,7 @@ from diff_transformer.model import LanguageModel
 from diff_transformer.train import TrainingError, train
 from diff_transformer.train import config as config_module
 from diff_transformer.train import trainer as trainer_module
-from diff_transformer.train.state import FREE, RESUME_RULES, SAME, TRAIN_CONFIG_FILE
+from diff_transformer.train.state import FREE, KEPT, LENGTHEN, RESUME_RULES, SAME, TRAIN_CONFIG_FILE
 from diff_transformer.train.trainer import check_training, read_metrics
 from test_train import byte_dataset, debug_config, losses  # noqa: F401  (byte_dataset is a fixture)
 
@@ -87,25 +87,25 @@ def paused(byte_dataset, tmp_path_factory) -> dict:  # noqa: F811
 # --- the classification ------------------------------------------------------------------------
 
 
-def _rules_cover(cls: type, rules: str | dict[str, str], where: str) -> list[str]:
-    """The fields of dataclass ``cls`` that ``rules`` leaves unclassified, and the rules naming no field."""
-    if isinstance(rules, str):  # one rule for the whole section
-        return [] if rules in (SAME, FREE) else [f"{where}: unknown rule {rules!r}"]
+def _unclassified(cls: type, rules: dict[str, str], where: str) -> list[str]:
+    """The fields of dataclass ``cls`` that ``rules`` leaves out, the rules naming no field, and
+    the rules that are not rules."""
     names = {f.name for f in dataclasses.fields(cls)}
-    problems = [f"{where}.{name}: not classified" for name in sorted(names - set(rules))]
-    problems += [f"{where}.{name}: no such field" for name in sorted(set(rules) - names)]
-    return problems
+    problems = [f"{where}{name}: not classified" for name in sorted(names - set(rules))]
+    problems += [f"{where}{name}: no such field" for name in sorted(set(rules) - names)]
+    return problems + [f"{where}{name}: rule {rule!r}" for name, rule in rules.items()
+                       if isinstance(rule, str) and rule not in (SAME, FREE, LENGTHEN, KEPT)]
 
 
 def test_every_field_of_every_config_dataclass_is_classified_for_resume():
     """A field added to a config dataclass later fails here until RESUME_RULES says whether a resumed
     run may change it; the model's own fields (ModelConfig) are all compared with config.json."""
-    hints = typing.get_type_hints(config_module.TrainConfig)
-    problems = _rules_cover(config_module.TrainConfig, RESUME_RULES, "")
-    for name, hint in hints.items():
-        if name in RESUME_RULES and not isinstance(RESUME_RULES[name], str) or name == "models":
-            section = config_module.ModelEntry if name == "models" else hint
-            problems += _rules_cover(section, RESUME_RULES[name], name)
+    problems = _unclassified(config_module.TrainConfig, RESUME_RULES, "")
+    for name, hint in typing.get_type_hints(config_module.TrainConfig).items():
+        rules = RESUME_RULES.get(name)
+        if isinstance(rules, dict):  # field by field: the section's dataclass (models: dict[str, ModelEntry])
+            section = typing.get_args(hint)[1] if typing.get_origin(hint) is dict else hint
+            problems += _unclassified(section, rules, f"{name}.")
     assert problems == []
     assert set(ModelConfig().to_dict()) == {f.name for f in dataclasses.fields(ModelConfig)}  # compared whole
 
@@ -143,7 +143,8 @@ def test_every_setting_that_changes_the_numbers_has_a_refusal_case():
 
 
 @pytest.mark.parametrize("key", sorted(CHANGES))
-def test_resuming_with_a_setting_that_changes_the_numbers_is_refused_by_name(key, paused, byte_dataset, capsys):  # noqa: F811
+def test_resuming_with_a_setting_that_changes_the_numbers_is_refused_by_name(key, paused, byte_dataset,  # noqa: F811
+                                                                            capsys):
     copy = paused["root"] / "dataset-copy"
     if not copy.exists():
         shutil.copytree(byte_dataset, copy)
@@ -153,7 +154,8 @@ def test_resuming_with_a_setting_that_changes_the_numbers_is_refused_by_name(key
         overrides += ["--set", "data.long_document_tokens=64"]
     before = snapshot(paused["out"])
     line = refused(capsys, "train", "--config", str(paused["config"]), "--resume", *overrides)
-    assert line.startswith(f"error: {paused['out'] / 'checkpoint'}: cannot resume with a different ") and named in line, line
+    assert line.startswith(f"error: {paused['out'] / 'checkpoint'}: cannot resume with a different "), line
+    assert named in line, line
     assert snapshot(paused["out"]) == before
 
 
@@ -202,7 +204,8 @@ def test_a_finished_run_does_not_become_longer_without_asking(finished_copy, cap
     """Without the --set run.steps=4 it was started with, the file's 6 steps are a difference."""
     before = snapshot(finished_copy["out"])
     line = refused(capsys, "train", "--config", str(finished_copy["config"]), "--resume")
-    assert "cannot resume with a different run.steps: 4 -> 6 (to lengthen the run on purpose, --set run.steps=6)" in line
+    assert ("cannot resume with a different run.steps: 4 -> 6 (to lengthen the run on purpose, --set run.steps=6)"
+            in line)
     assert snapshot(finished_copy["out"]) == before
 
 
@@ -349,7 +352,8 @@ CREATE_NOTHING = [  # (case, --set overrides or extra arguments with {placeholde
     ("nothing-to-resume", ["--resume"], "--resume: no training checkpoint at {out}/checkpoint"),
     ("checkpoint-dir-is-a-model", ["--set", "run.checkpoint_dir={model}"],
      "{model}: already holds a diff-transformer checkpoint"),
-    ("validation-split-too-small", ["--set", "data.dataset={tiny}"], "data.dataset: the val split of {tiny} has 5 tokens"),
+    ("validation-split-too-small", ["--set", "data.dataset={tiny}"],
+     "data.dataset: the val split of {tiny} has 5 tokens"),
     ("triton-on-cpu", ["--set", "run.attn_backend=triton"], "run.attn_backend=triton needs a CUDA GPU, and this run is "
                                                            "on the cpu"),
     ("decode-backend", ["--set", "run.attn_backend=decode"], "run.attn_backend=decode takes one query per sequence"),
@@ -365,8 +369,8 @@ CREATE_NOTHING = [  # (case, --set overrides or extra arguments with {placeholde
 
 
 @pytest.mark.parametrize("argv, expected", [c[1:] for c in CREATE_NOTHING], ids=[c[0] for c in CREATE_NOTHING])
-def test_a_refused_train_creates_nothing(argv, expected, byte_dataset, tiny_validation, saved_model, damaged_model,  # noqa: F811
-                                         tmp_path, monkeypatch, capsys):
+def test_a_refused_train_creates_nothing(argv, expected, byte_dataset, tiny_validation,  # noqa: F811
+                                         saved_model, damaged_model, tmp_path, monkeypatch, capsys):
     from diff_transformer.ops import triton_diff
 
     monkeypatch.setattr(triton_diff, "INTERPRET", False)  # as outside the tests: no Triton interpreter on CPU
@@ -403,7 +407,8 @@ def test_check_training_is_the_check_train_makes(byte_dataset, tmp_path):  # noq
     with pytest.raises(TrainingError, match="no training checkpoint"):
         check_training(config, resume=True)
     plan = check_training(config, processes=2)
-    assert plan.resume is None and plan.out_dir == tmp_path / "run" and plan.checkpoint_dir == tmp_path / "run" / "checkpoint"
+    assert plan.resume is None and plan.out_dir == tmp_path / "run"
+    assert plan.checkpoint_dir == tmp_path / "run" / "checkpoint"
     assert plan.data.per_process == 3 and list(tmp_path.iterdir()) == []
 
 
@@ -454,6 +459,6 @@ def test_every_process_refuses_before_anything_is_created(byte_dataset, tmp_path
     done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=240)
     lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert done.returncode != 0 and lines == [f"error: --resume: no training checkpoint at {tmp_path / 'run' / 'checkpoint'}"] * 2, \
-        done.stderr[-3000:]
+    refusal = f"error: --resume: no training checkpoint at {tmp_path / 'run' / 'checkpoint'}"
+    assert done.returncode != 0 and lines == [refusal] * 2, done.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]

@@ -47,8 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--resume", action="store_true",
                    help="continue the run from the checkpoint in run.checkpoint_dir, with the settings it was started "
-                   "with: one that changes the numbers (the model, data, optim values, seeds, precision) and differs is "
-                   "refused by name; logging, evaluation, paths, device and backend may change. An explicit --set "
+                   "with: one that changes the numbers (the model, data, optim values, seeds, precision) and "
+                   "differs is refused by name; logging, evaluation, paths, device and backend may change. An explicit --set "
                    "run.steps=N larger than the run's lengthens it: the learning-rate schedule is recomputed for N "
                    "steps (a note gives the rate before and after). A finished run's --resume says so, exits 0 and "
                    "writes nothing (docs/training.md, Resume)")

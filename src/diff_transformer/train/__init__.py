@@ -11,5 +11,5 @@ The side-by-side comparison built on it is :mod:`diff_transformer.experiments`.
 from .config import ConfigError, TrainConfig, load_config, shipped_configs
 from .trainer import TrainingError, TrainingPlan, TrainResult, check_training, train
 
-__all__ = ["ConfigError", "TrainConfig", "TrainResult", "TrainingError", "TrainingPlan", "check_training", "load_config",
-           "shipped_configs", "train"]
+__all__ = ["ConfigError", "TrainConfig", "TrainResult", "TrainingError", "TrainingPlan", "check_training",
+           "load_config", "shipped_configs", "train"]

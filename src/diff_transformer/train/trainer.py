@@ -501,7 +501,8 @@ def _check_outputs(plan: TrainingPlan, env: Environment, *, resume: bool, length
     # A run another process is training is answered as such (its files are in flux): the locks
     # _lock_run takes, looked at without taking them.
     check_unlocked(out_dir / LOCK_FILE, f"{out_dir}: in use by another diff-transformer process")
-    check_unlocked(checkpoint_lock_file(checkpoint_dir), f"{checkpoint_dir}: in use by another diff-transformer process")
+    check_unlocked(checkpoint_lock_file(checkpoint_dir),
+                   f"{checkpoint_dir}: in use by another diff-transformer process")
     # Neither directory may hold anything the project did not write, nor be, hold or lie inside
     # the data or the weights the run reads.
     for directory, setting in ((out_dir, "run.out_dir"), (checkpoint_dir, "run.checkpoint_dir")):
@@ -729,9 +730,9 @@ class _Run:
             forward_model=torch.compile(model) if run.compile else model,
             optim=optim, optimizer=optimizer, schedule=schedule, progress=progress, log=log,
             validation=checked.validation, autocast=_autocast(env, run.precision),
-            probe_tokens=plan.probe_tokens(PROBE_SEQUENCES).to(env.device), spikes=GradientSpikes(earlier=earlier_spikes),
-            meter=meter, started=time.perf_counter() if started is None else started,
-            earlier_wall_seconds=progress.wall_seconds,
+            probe_tokens=plan.probe_tokens(PROBE_SEQUENCES).to(env.device),
+            spikes=GradientSpikes(earlier=earlier_spikes), meter=meter,
+            started=time.perf_counter() if started is None else started, earlier_wall_seconds=progress.wall_seconds,
         )
 
     def account(self) -> None:
