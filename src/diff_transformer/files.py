@@ -535,6 +535,24 @@ def lock_file(path: str | Path, busy: str) -> OutputLock:
     return OutputLock(path, fd)
 
 
+def check_unlocked(path: str | Path, busy: str) -> None:
+    """The refusal :func:`lock_file` would give if another process holds the lock file ``path``
+    (``busy`` opens it), without creating the file or keeping a lock: a look before anything is
+    written."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file: nobody holds it (any other trouble is lock_file's to report)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go of at once, when fd closes
+    except BlockingIOError:
+        raise OutputLockedError(f"{busy} ({_describe_holder(_read_holder(path))}); wait for it to end, "
+                                "or choose another directory") from None
+    finally:
+        os.close(fd)
+
+
 def _read_holder(path: Path) -> dict:
     try:
         holder = json.loads(path.read_text(encoding="utf-8") or "{}")

@@ -23,7 +23,8 @@ SET_HELP = (
 # Exit statuses of train and compare, as shells and schedulers read them.
 INTERRUPTED = ("130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint: rerun the same command with "
                "--resume to continue exactly where it stopped.")
-TRAIN_EXIT_STATUSES = ("Exit status: 0 done (or paused at run.stop_at_step); 1 the loss diverged; 2 an error "
+TRAIN_EXIT_STATUSES = ("Exit status: 0 done (or paused at run.stop_at_step, or --resume found the run finished); "
+                       "1 the loss diverged; 2 an error "
                        f"(one 'error:' line); {INTERRUPTED}")
 COMPARE_EXIT_STATUSES = f"Exit status: 0 done; 2 an error (one 'error:' line); {INTERRUPTED}"
 
@@ -45,7 +46,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default="tiny", help=CONFIG_HELP)
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in run.checkpoint_dir")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run from the checkpoint in run.checkpoint_dir, with the settings it was started "
+                   "with: one that changes the numbers (the model, data, optim values, seeds, precision) and "
+                   "differs is refused by name; logging, evaluation, paths, device and backend may change. An explicit --set "
+                   "run.steps=N larger than the run's lengthens it: the learning-rate schedule is recomputed for N "
+                   "steps (a note gives the rate before and after). A finished run's --resume says so, exits 0 and "
+                   "writes nothing (docs/training.md, Resume)")
     p.add_argument("--init-from", metavar="CHECKPOINT", type=types.checkpoint_dir,
                    help="start a new run from this checkpoint's weights (a fresh optimizer, schedule and step count; "
                    "sets run.init_from). The model must be the checkpoint's but for model.max_seq_len and "
@@ -114,13 +121,16 @@ def run_train(args: argparse.Namespace) -> int:
     if args.init_from:  # YAML-quoted: a path is a string whatever it looks like
         overrides.append(f"run.init_from={json.dumps(args.init_from)}")
     config = load_config(args.config, overrides)
-    result = train(config, args.model, resume=args.resume)
-    code = {"completed": 0, "paused": 0, "diverged": 1}.get(result.status)
+    # An explicit --set run.steps=N may lengthen a resumed run; a run.steps that only the config file
+    # changed is a difference like any other.
+    lengthen = any(item.partition("=")[0].strip() == "run.steps" for item in args.overrides)
+    result = train(config, args.model, resume=args.resume, lengthen=lengthen)
+    code = {"completed": 0, "paused": 0, "finished": 0, "diverged": 1}.get(result.status)
     if result.status == "interrupted":  # 128 + the signal, as a shell reports a process it stopped
         code = 128 + signal.Signals[result.stopped_by or "SIGTERM"].value
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for all
         return code
-    if result.status == "diverged":
+    if result.status in ("diverged", "finished"):  # the trainer said why
         return code
     if result.status in ("interrupted", "paused"):  # a checkpoint was saved: --resume continues
         print(result.message, file=sys.stderr)

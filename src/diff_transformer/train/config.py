@@ -263,6 +263,12 @@ class RunConfig:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"run.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
+    def resolved_precision(self, device_type: str) -> str:
+        """What ``precision`` means on a device of ``device_type``: "fp32" or "bf16" (autocast)."""
+        if self.precision == "auto":
+            return "bf16" if device_type == "cuda" else "fp32"
+        return self.precision
+
 
 def retrieval_examples_per_step(batch_size: int) -> dict[str, int]:
     """The examples of each retrieval task in one training batch: half needle documents, half MQAR."""
