@@ -506,6 +506,21 @@ def test_logit_tap_reads_both_maps_and_skips_masked_positions():
     assert summary["count"] == 6 and summary["median"] == 2.0  # |1 3 2 7 .5 4|: lower middle of 6 values
 
 
+def test_massive_activations_are_each_layers_top_magnitude_over_its_median():
+    """Per layer (Sun et al. 2024): layer 0 |1 2 −3 100| has top-1 100 and median 2 (the lower middle of four),
+    ratio 50; layer 1 |0.5 −4 1 2 0.5| top-1 4, median 1, ratio 4; layer 2, all zeros, has no ratio."""
+    stats = outliers.MagnitudeStats(1.0, seed=0)
+    stats.update(torch.tensor([1.0, 2.0, -3.0, 100.0]), layer_index=0)
+    stats.update(torch.tensor([0.5, -4.0, 1.0]), layer_index=1)
+    stats.update(torch.tensor([2.0, 0.5]), layer_index=1)  # a layer's values may come in several updates
+    stats.update(torch.zeros(3), layer_index=2)
+    summary = stats.summary()
+    assert summary["per_layer_top1"] == [100.0, 4.0, 0.0]
+    assert summary["per_layer_median"] == [2.0, 1.0, 0.0]
+    assert summary["per_layer_ratio"] == [50.0, 4.0, None]
+    assert summary["median"] == 1.0  # over every layer: |0 0 0 .5 .5 1 1 2 2 3 4 100|, the lower middle
+
+
 @pytest.mark.parametrize("kind", ["diff", "diff_v2"])
 def test_outliers_are_the_logits_of_every_map_and_the_output_of_every_block(kind):
     model = tiny(kind, n_layers=2, max_seq_len=24)
@@ -532,6 +547,10 @@ def test_outliers_are_the_logits_of_every_map_and_the_output_of_every_block(kind
     per_layer = [float(torch.cat([m[..., visible].abs().flatten() for m in maps]).max()) for maps in logit_maps]
     assert result["attention_logits"]["per_layer_top1"] == pytest.approx(per_layer, rel=1e-4)
     assert result["hidden_states"]["per_layer_top1"] == pytest.approx([float(h.abs().max()) for h in hidden], rel=1e-4)
+    medians = [float(h.abs().median()) for h in hidden]
+    assert result["hidden_states"]["per_layer_median"] == pytest.approx(medians, rel=1e-4)
+    assert result["hidden_states"]["per_layer_ratio"] == pytest.approx(
+        [float(h.abs().max()) / m for h, m in zip(hidden, medians)], rel=1e-4)
 
 
 # --- quantisation -------------------------------------------------------------------------------------
