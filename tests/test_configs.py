@@ -79,6 +79,24 @@ def test_the_wide_head_transformer_and_gated_attention_beside_the_matched_transf
     assert not {"standard-wide", "gated", "gated_headwise"} & set(tiny.compare.models)
 
 
+def test_diff_heads_keeps_the_presets_diff_head_count_at_any_size():
+    """The wide-head entry follows the preset (tiny shrunk to debug: 2 heads of 32), the retrieval
+    models likewise; without a preset, or beside its own n_heads, it is an error naming it."""
+    small = load_config("tiny", ["model.preset=debug"])
+    wide, diff = small.model("standard-wide").model_config(), small.model("diff").model_config()
+    assert (wide.n_heads, wide.head_dim) == (diff.n_heads, 2 * diff.head_dim) == (2, 32)
+    assert small.model("standard-wide").to_dict()["diff_heads"] is True
+    retrieval = load_config("tiny").retrieval
+    wide, standard = retrieval.model_config("standard", diff_heads=True), retrieval.model_config("standard")
+    assert (wide.n_heads, standard.n_heads) == (retrieval.n_heads, 2 * retrieval.n_heads)
+    for models in ({"w": {"attention": "standard", "diff_heads": True, "d_model": 64, "n_heads": 2}},
+                   {"w": {"attention": "standard", "diff_heads": True, "preset": "debug", "n_heads": 2}}):
+        with pytest.raises(ConfigError, match=r"models\.w\.diff_heads keeps a preset's DIFF head count"):
+            config_from_dict(minimal(models=models))
+    with pytest.raises(ConfigError, match=r"models\.w\.diff_heads must be bool"):
+        config_from_dict(minimal(models={"w": {"attention": "standard", "preset": "debug", "diff_heads": "yes"}}))
+
+
 def minimal(**sections):
     data = {"models": {"diff": {"preset": "debug"}}, "optim": {"recipe": "paper-scaling"}}
     data.update(sections)

@@ -86,8 +86,8 @@ def test_parameters_counted_by_hand(preset):
     assert count["gated"] - count["standard"] == layers * e * e
     assert count["gated_headwise"] - count["standard"] == layers * e * std.n_heads
     diff = ModelConfig.from_preset(preset, attention="diff")
-    wide = ModelConfig.from_preset(preset, attention="standard", n_heads=diff.n_heads, n_kv_heads=diff.n_kv_heads)
-    assert (wide.n_heads, wide.head_dim) == (diff.n_heads, 2 * diff.head_dim)
+    wide = ModelConfig.from_preset(preset, attention="standard", diff_heads=True)
+    assert (wide.n_heads, wide.n_kv_heads, wide.head_dim) == (diff.n_heads, diff.n_kv_heads, 2 * diff.head_dim)
     assert LanguageModel(wide, device="meta").num_parameters() == count["standard"]
 
 
@@ -137,8 +137,7 @@ def test_the_tiny_configs_new_models_train_save_load_and_generate_from_the_cli(n
     out = tmp_path / "run"
     overrides = ["model.preset=debug", "model.vocab_size=257", "model.max_seq_len=32", f"data.dataset={byte_dataset}",
                  "data.seq_len=32", "data.batch_size=4", "data.eval_sequences=4", "run.steps=4", "run.eval_every=2",
-                 "run.log_every=2", f"run.out_dir={out}", "run.tensorboard=false", "run.progress=false",
-                 "models.standard-wide.n_heads=2"]  # DIFF's head count at the debug size
+                 "run.log_every=2", f"run.out_dir={out}", "run.tensorboard=false", "run.progress=false"]
     assert cli_main(["train", "--config", "tiny", "--model", name, *[f"--set={o}" for o in overrides]]) == 0
     model = LanguageModel.from_pretrained(out / "checkpoint")
     kind = "standard" if name == "standard-wide" else name

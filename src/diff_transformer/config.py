@@ -7,7 +7,8 @@ gated kinds it counts ordinary heads of width d, ``head_dim = d_model / n_heads`
 asked for with ``attention="standard"`` is the matched Transformer: twice the DIFF heads, the same
 head dim, the same parameters but for the λ vectors and head-norm weights (6d per layer). The
 wide-head Transformer (DIFF's head count and value width) is ``attention="standard"`` with
-``n_heads`` set to the DIFF head count: head dim 2d, the matched Transformer's parameters.
+``n_heads`` set to the DIFF head count (``from_preset(..., diff_heads=True)``): head dim 2d, the
+matched Transformer's parameters.
 
 ``"gated"`` and ``"gated_headwise"`` are the matched Transformer's attention with a sigmoid gate
 on each head's output before ``o_proj`` (Qiu et al. 2025, position G1): one gate per channel
@@ -151,16 +152,20 @@ class ModelConfig:
         return self.lambda_init if self.lambda_init is not None else lambda_init_schedule(layer_index)
 
     @classmethod
-    def from_preset(cls, name: str, attention: str = "diff", **overrides: Any) -> "ModelConfig":
+    def from_preset(
+        cls, name: str, attention: str = "diff", *, diff_heads: bool = False, **overrides: Any
+    ) -> "ModelConfig":
         """A named size with the given attention kind, e.g. ``from_preset("1.4b", attention="standard")``.
 
         The presets hold DIFF head counts; the other kinds ("standard", "diff_v2", the gated kinds)
-        get twice as many heads (and key/value heads) of the same width, unless ``overrides`` set them.
+        get twice as many heads (and key/value heads) of the same width, unless ``overrides`` set them
+        or ``diff_heads`` keeps DIFF's: with attention="standard", the wide-head Transformer (DIFF's
+        head count and value width 2d, the matched Transformer's parameters).
         """
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         fields = dict(PRESETS[name])
-        if attention not in DIFF_HEAD_KINDS:
+        if attention not in DIFF_HEAD_KINDS and not diff_heads:
             for key in ("n_heads", "n_kv_heads"):
                 if fields.get(key) is not None:
                     fields[key] *= 2
