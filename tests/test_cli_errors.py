@@ -138,6 +138,8 @@ CASES = [
     ("eval-quantization-granularity", ["eval", "quantization", "--checkpoint", "{ckpt}", "--granularity", "tensor"], "invalid choice: 'tensor'"),
     ("eval-attention-noise-depths", ["eval", "attention-noise", "--checkpoint", "{ckpt}", "--depths", "1.5"], "--depths: '1.5' is not valid"),
     ("eval-outliers-tokens", ["eval", "outliers", "--checkpoint", "{ckpt}", "--tokens", "0"], "--tokens: '0' is not valid"),
+    ("eval-attention-sink-windows", ["eval", "attention-sink", "--checkpoint", "{ckpt}", "--windows", "0"],
+     "--windows: '0' is not valid"),
     ("eval-position-nll-windows", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--windows", "many"], "--windows: 'many' is not valid (an integer is needed)"),
     ("eval-icl-demos", ["eval", "icl", "--checkpoint", "{ckpt}", "--demos", "-2"], "--demos"),
     ("eval-icl-data", ["eval", "icl", "--checkpoint", "{ckpt}", "--data", "{root}/none.jsonl", "--tasks", "none"], "no such JSONL file"),

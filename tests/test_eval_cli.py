@@ -66,6 +66,27 @@ def test_eval_command_writes_json_and_png(checkpoints, tmp_path, capsys):
     assert "| D (ours" in printed and "Transformer (paper, 1.4B)" in printed
 
 
+def test_eval_attention_sink_writes_the_first_token_share_per_layer(checkpoints, tmp_path, capsys):
+    ckpts, text = checkpoints
+    out = tmp_path / "sink"
+    assert main(["eval", "attention-sink", "--checkpoint", str(ckpts["standard"]), "--checkpoint", str(ckpts["diff"]),
+                 "--label", "T", "--label", "D", "--text", str(text), "--out", str(out), "--no-progress",
+                 "--windows", "3", "--seq-len", "64", "--first-query", "2"]) == 0
+    data = json.loads((out / "attention-sink.json").read_text())
+    assert data["options"] == {"windows": 3, "seq_len": 64, "batch_size": 4, "first_query": 2}
+    for label in ("T", "D"):
+        result = data["models"][label]
+        assert (result["windows"], result["seq_len"], result["first_query"]) == (3, 64, 2)
+        assert len(result["per_layer"]["mean"]) == 2 and len(result["per_window"]["per_layer"]) == 3
+    assert (out / "attention-sink.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "| T (3 × 64 tokens) |" in printed and "First-token share, mean over layers: D" in printed
+    assert main(["eval", "attention-sink", "--checkpoint", str(ckpts["diff"]), "--out", str(tmp_path / "bad"),
+                 "--first-query", "300", "--text", str(text)]) == 2
+    assert capsys.readouterr().err.startswith("error: attention-sink cannot run on diff:diff: first_query 300")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_eval_reads_every_checkpoint_at_the_context_and_theta_asked(tmp_path):
     """--max-seq-len and --rope-theta apply to every checkpoint: 64-token models read at 128 tokens
     and θ 20,000 give what the same weights saved as 128-token, θ 20,000 models give."""

@@ -8,7 +8,7 @@ import torch
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.generation import generate, sample_next
 
-KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"]
 # (kind, n_kv_heads): MHA and MQA for every kind but the symmetric one, whose keys are its queries
 KIND_AND_KV_HEADS = [(kind, kv) for kind in KINDS for kv in (None, 1) if not (kind == "diff_symmetric" and kv)]
 

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.config import ConfigError
 from diff_transformer.attention import AttentionTap, DiffAttention, DiffSymmetricAttention, DiffV2Attention, StandardAttention
+from diff_transformer.attention import GatedAttention
 
-KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"]
 # (kind, n_kv_heads): MHA and MQA for every kind but the symmetric one, whose keys are its queries
 KIND_AND_KV_HEADS = [(kind, kv) for kind in KINDS for kv in (None, 1) if not (kind == "diff_symmetric" and kv)]
 
@@ -111,8 +112,28 @@ def naive_symmetric_module(m: DiffSymmetricAttention, x):
     return torch.cat(heads, -1) @ m.o_proj.weight.double().T
 
 
+def naive_gated_module(m: GatedAttention, x, weights=None):
+    """Gated attention (Qiu et al. 2025, gate G1) in float64, one head at a time: head h of the standard
+    kind times sigmoid(x W_g) of its channels (gated: d gates per head) or of its one gate (gated_headwise).
+    ``weights``: {"q_proj.weight": ..., ...} to use instead of the module's (float64 leaves, for gradients)."""
+    cfg, d = m.config, m.head_dim
+    w = weights or {name: p.double() for name, p in m.named_parameters()}
+    b, t, _ = x.shape
+    x = x.double()
+    q = rope_complex((x @ w["q_proj.weight"].T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, H, d)
+    k = rope_complex((x @ w["k_proj.weight"].T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, Hkv, d)
+    v = (x @ w["v_proj.weight"].T).view(b, t, -1, d)
+    gates = torch.sigmoid(x @ w["gate_proj.weight"].T).view(b, t, cfg.n_heads, -1)  # (B, T, H, d or 1)
+    heads = []
+    for h in range(cfg.n_heads):
+        g = h // (cfg.n_heads // cfg.n_kv_heads)
+        head = causal_softmax(q[:, :, h] @ k[:, :, g].transpose(-1, -2) / math.sqrt(d)) @ v[:, :, g]  # (B, T, d)
+        heads.append(head * gates[:, :, h])
+    return torch.cat(heads, -1) @ w["o_proj.weight"].T
+
+
 NAIVE = {"standard": naive_standard_module, "diff": naive_diff_module, "diff_v2": naive_v2_module,
-         "diff_symmetric": naive_symmetric_module}
+         "diff_symmetric": naive_symmetric_module, "gated": naive_gated_module, "gated_headwise": naive_gated_module}
 
 
 def randomise(model):

@@ -6,7 +6,7 @@ tensors keep their addresses. Per layer:
     standard  k (B, Hkv, L, d)    v (B, Hkv, L, d)
     diff      k (B, 2Hkv, L, d)   v (B, Hkv, L, 2d)   K1/K2 interleaved as sub-heads 2g, 2g+1
               (diff_symmetric alike, its keys being its rotated queries)
-    diff_v2   k (B, Hkv, L, d)    v (B, Hkv, L, d)
+    diff_v2   k (B, Hkv, L, d)    v (B, Hkv, L, d)    (gated, gated_headwise alike: the gate is computed from x)
 
 Two kinds, one interface (``positions``, ``update``, ``advance``, ``expand``, ``reset``):
 

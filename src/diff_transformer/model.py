@@ -2,7 +2,7 @@
 
     x = embed(tokens)                                   (B, T, E)
     for each layer:
-        x = x + Attention(RMSNorm(x))                    standard | diff | diff_v2 | diff_symmetric
+        x = x + Attention(RMSNorm(x))                    standard | diff | diff_v2 | diff_symmetric | gated(_headwise)
         x = x + SwiGLU(RMSNorm(x))                       (silu(x W_gate) * x W_up) W_down
     logits = lm_head(RMSNorm(x))                        (B, T, V)
 
@@ -134,8 +134,8 @@ class LanguageModel(nn.Module):
         module initialises its own tensors, in this order: embed, then per layer the attention
         and the FFN, then lm_head.
 
-        - embed.weight, lm_head.weight, every q/k/v/qk/gate/up projection, DIFF V2's lambda_proj:
-          N(0, init_std)
+        - embed.weight, lm_head.weight, every q/k/v/qk/gate/up projection (the gated kinds' attention
+          gate_proj too), DIFF V2's lambda_proj: N(0, init_std)
         - o_proj and down_proj (they write into the residual stream): N(0, init_std / sqrt(2 L)), or
           N(0, init_std) with ``scale_residual_init=False``
         - DIFF lambda_q1, lambda_k1, lambda_q2, lambda_k2: N(0, lambda_std) in fp32

@@ -80,8 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
     c.add_argument(
         "--attention",
-        help="comma-separated attention kinds to train (standard,diff,diff_v2,diff_symmetric): the config's models of these "
-        "kinds (for a kind that compare.models names, only its models there); default: the config's compare.models",
+        help="comma-separated attention kinds to train (standard,diff,diff_v2,diff_symmetric,gated,gated_headwise): "
+        "the config's models of these kinds (for a kind that compare.models names, only its models there); default: "
+        "the config's compare.models",
     )
     c.add_argument("--steps", type=types.positive_int, help="optimizer steps per model (overrides run.steps)")
     c.add_argument("--seeds", type=types.positive_int, help="seeds per model (overrides compare.seeds)")

@@ -71,14 +71,15 @@ def save_figure(fig, path: Path) -> Path:
     return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
-KIND_COLORS = {"standard": "#4c72b0", "diff": "#dd8452", "diff_v2": "#55a868", "diff_symmetric": "#8172b3"}
-EXTRA_COLORS = ("#c44e52", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+KIND_COLORS = {"standard": "#4c72b0", "diff": "#dd8452", "diff_v2": "#55a868", "diff_symmetric": "#8172b3",
+               "gated": "#c44e52", "gated_headwise": "#937860"}
+EXTRA_COLORS = ("#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd", "#1b9e77", "#7570b3")
 
 
 def model_colors(results: dict[str, dict]) -> dict[str, str]:
     """A colour per model label: blue for the first Transformer, orange for the first DIFF, green for
-    the first DIFF V2, purple for the first symmetric DIFF (as in every plot of the suite), other
-    colours for further models."""
+    the first DIFF V2, purple for the first symmetric DIFF, red and brown for the first gated and
+    head-wise gated models (as in every plot of the suite), other colours for further models."""
     colors, used, extra = {}, set(), 0
     for label, result in results.items():
         kind = result["model"]["attention"]
@@ -108,11 +109,12 @@ def fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
-def pairs_to_compare(results: dict[str, dict]) -> list[tuple[str, str]]:
-    """(baseline label, DIFF-kind label) pairs among the results, in order. Labels of one seed
-    of a comparison ("DIFF s1", as ``compare`` names them) are paired with the same seed only."""
+def pairs_to_compare(results: dict[str, dict], candidates: Sequence[str] = DIFF_KINDS) -> list[tuple[str, str]]:
+    """(baseline label, candidate label) pairs among the results, in order, a candidate being a model
+    of a kind in ``candidates`` (the DIFF kinds by default). Labels of one seed of a comparison
+    ("DIFF s1", as ``compare`` names them) are paired with the same seed only."""
     baselines = [k for k, r in results.items() if r["model"]["attention"] == BASELINE]
-    diffs = [k for k, r in results.items() if r["model"]["attention"] in DIFF_KINDS]
+    diffs = [k for k, r in results.items() if r["model"]["attention"] in candidates]
     return [(b, d) for b in baselines for d in diffs if _seed_of(b) == _seed_of(d)]
 
 

@@ -30,10 +30,11 @@ Weight mapping, per layer (H DIFF heads, Hkv KV groups, head dim d; HF's DiffLla
    our head-norm weight to ones and keeps the folded W_o, which computes the same function.
 5. λ vectors, MLP, block norms, embeddings and the LM head copy over unchanged.
 
-What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2 and symmetric DIFF
-(no HF class), a constant λ_init (HF hard-codes the depth schedule), DIFF without its head norm,
-a block ``norm_eps`` other than the head norm's 1e-5 (HF shares one eps between them), and a
-standard model with the head-norm ablation (no Llama equivalent).
+What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2, symmetric DIFF and
+gated attention (no HF class computes them), a constant λ_init (HF hard-codes the depth
+schedule), DIFF without its head norm, a block ``norm_eps`` other than the head norm's 1e-5 (HF
+shares one eps between them), and a standard model with the head-norm ablation (no Llama
+equivalent).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from ..checkpoint import (
     read_weights,
     write_directory_atomically,
 )
-from ..config import ModelConfig
+from ..config import GATED_KINDS, ModelConfig
 from ..files import check_output_dir, lock_output
 from ..model import LanguageModel
 from ..tokenizer import BPE_FILE, EOS_TOKEN, BPETokenizer, ByteTokenizer
@@ -213,6 +214,13 @@ def check_exportable(config: ModelConfig) -> None:
         raise HFConversionError(
             "symmetric DIFF (attention='diff_symmetric', keys = queries) has no transformers equivalent (DiffLlama "
             "has separate query and key projections); it cannot be exported"
+        )
+    if config.attention in GATED_KINDS:
+        # transformers' gated attentions (Qwen3-Next, Qwen3.5, Beam, AFMoE, LFM3, ...) all normalise q and k
+        # per head (or differ further: partial RoPE, sliding windows, MoE, recurrent stacks): none is this
+        raise HFConversionError(
+            f"gated attention (attention={config.attention!r}) has no transformers equivalent: its classes with an "
+            "output gate (Qwen3-Next and others) also normalise queries and keys; it cannot be exported"
         )
     if config.attention == "standard":
         if config.head_norm:

@@ -86,13 +86,20 @@ class ModelEntry:
     # Its learning rates under an init recipe of compare.recipes where they differ from the above:
     # {recipe: {lr: ..., retrieval_lr: ...}} (from a sweep; compare's --lr-grid searches instead).
     lr_by_recipe: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The preset's DIFF head count (not doubled) for a kind of ordinary heads, at whatever size the
+    # preset is: with attention "standard", the wide-head Transformer (head dim 2d, the same parameters).
+    diff_heads: bool = False
 
     def model_config(self) -> ModelConfig:
         """The ModelConfig this entry describes (validated by ModelConfig itself)."""
+        if self.diff_heads and (self.preset is None or "n_heads" in self.fields):
+            raise ConfigError(f"models.{self.name}.diff_heads keeps a preset's DIFF head count: it needs a preset "
+                              "(model.preset or models.NAME.preset) and no n_heads of its own")
         try:
             if self.preset is None:
                 return ModelConfig.from_dict({**self.fields, "attention": self.attention})
-            return ModelConfig.from_preset(self.preset, attention=self.attention, **self.fields)
+            return ModelConfig.from_preset(self.preset, attention=self.attention, diff_heads=self.diff_heads,
+                                           **self.fields)
         except (ConfigError, TypeError) as exc:
             raise ConfigError(f"models.{self.name}: {exc}") from None
 
@@ -109,6 +116,8 @@ class ModelEntry:
             out["optim"] = dict(self.optim)
         if self.lr_by_recipe:
             out["lr_by_recipe"] = {recipe: dict(lrs) for recipe, lrs in self.lr_by_recipe.items()}
+        if self.diff_heads:
+            out["diff_heads"] = True
         return {**out, **self.fields}
 
 
@@ -349,9 +358,10 @@ class RetrievalConfig:
         """4 markers (BOS, NEEDLE, QUERY, one spare), the keys, the values, the noise tokens."""
         return 4 + self.keys + self.values + self.noise_tokens
 
-    def model_config(self, attention: str, **fields: Any) -> ModelConfig:
-        """The retrieval model of one attention kind (DIFF head counts, doubled for the others)."""
-        heads = self.n_heads if attention in DIFF_HEAD_KINDS else 2 * self.n_heads
+    def model_config(self, attention: str, *, diff_heads: bool = False, **fields: Any) -> ModelConfig:
+        """The retrieval model of one attention kind (DIFF head counts, doubled for the others unless
+        ``diff_heads``, as a model entry's: the wide-head Transformer)."""
+        heads = self.n_heads if attention in DIFF_HEAD_KINDS or diff_heads else 2 * self.n_heads
         return ModelConfig(vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=heads,
                            max_seq_len=self.length, attention=attention, **fields)
 
@@ -652,6 +662,7 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             raise ConfigError(f"models.{name}.optim must be a mapping of optim fields, got {optim!r}")
         retrieval_lr = merged.pop("retrieval_lr", None)
         lr_by_recipe = _lr_by_recipe(merged.pop("lr_by_recipe", None), f"models.{name}.lr_by_recipe")
+        diff_heads = _check_type(merged.pop("diff_heads", False), bool, f"models.{name}.diff_heads")
         entry = ModelEntry(
             name=str(name),
             attention=attention,
@@ -662,6 +673,7 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             optim=optim,
             retrieval_lr=None if retrieval_lr is None else _check_type(retrieval_lr, float, f"models.{name}.retrieval_lr"),
             lr_by_recipe=lr_by_recipe,
+            diff_heads=diff_heads,
         )
         entry.model_config()  # validate now: unknown ModelConfig fields are named here
         entries[str(name)] = entry
