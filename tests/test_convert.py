@@ -182,6 +182,27 @@ def test_gradients_reach_lambda_at_step_0_and_the_second_maps_from_step_1():
     assert attn.q_proj.weight.grad.view(4, 2, 16, 64)[:, 1].abs().max() > 0
 
 
+def test_the_evaluations_attention_tap_reads_a_converted_model():
+    """The evaluations watch attention through a tap (the reference maps): on the exact conversion it
+    gives the same logits, and each layer's effective map p1 − λ·p2 is its first map, the source's."""
+    from diff_transformer.attention import AttentionTap
+
+    class Maps(AttentionTap):
+        def __init__(self):
+            self.seen = []
+
+        def record(self, layer_index, maps):
+            self.seen.append(maps)
+
+    source = standard(2)
+    converted = convert_model(source, "diff", "exact").model
+    tokens = torch.randint(0, 512, (2, 40))
+    with converted.tap_attention(Maps()) as tap:
+        tapped = logits(converted, tokens)
+    assert (tapped - logits(source, tokens)).abs().max().item() < LOGITS_TOL
+    assert len(tap.seen) == 2 and all(torch.equal(m.combined, m.probs[0]) for m in tap.seen)
+
+
 # --- split: the matched DIFF, heads paired ------------------------------------------------------
 
 
