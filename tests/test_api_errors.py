@@ -199,18 +199,19 @@ def test_numpy_integers_are_token_ids_and_counts(model):
 # --- diff_attention / reference_diff_attention ------------------------------------------------------
 
 
-def _inputs(v_width_factor: int = 2, t: int = 5):
+def _inputs(v_width: int = 16, t: int = 5):
     b, h, d = 2, 2, 8
     q1, q2, k1, k2 = (torch.randn(b, h, t, d) for _ in range(4))
-    v = torch.randn(b, h, t, v_width_factor * d)
+    v = torch.randn(b, h, t, v_width)
     return q1, q2, k1, k2, v, torch.tensor(0.3)
 
 
 @pytest.mark.parametrize("op", [lambda *a: diff_attention(*a, backend="math"), lambda *a: reference_diff_attention(*a)],
                          ids=["diff_attention", "reference_diff_attention"])
 def test_the_reference_checks_its_inputs_as_the_fast_op_does(op):
-    with pytest.raises(ValueError, match=re.escape("v must be (B, Hkv, S, 2d) = (2, 2, 5, 16), got (2, 2, 5, 8)")):
-        op(*_inputs(v_width_factor=1))
+    message = "v must be (B, Hkv, S, 2d) = (2, 2, 5, 16) (or (B, Hkv, S, d) = (2, 2, 5, 8)), got (2, 2, 5, 12)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        op(*_inputs(v_width=12))
     with pytest.raises(ValueError, match=re.escape("q1 has 0 queries and k1 0 keys: both need at least one")):
         op(*_inputs(t=0))
     q1, q2, k1, k2, v, lam = _inputs()

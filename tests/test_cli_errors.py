@@ -109,6 +109,15 @@ CASES = [
     ("import-out", ["import-hf", "{root}", "{file}/x"], "is a file, so no directory"),
     ("import-own-checkpoint", ["import-hf", "{ckpt}", "{root}/back"],
      "{ckpt} is already a diff-transformer checkpoint, not a transformers directory: nothing to import"),
+    # convert (its refusals of sources and outputs: tests/test_convert.py)
+    ("convert-source", ["convert", "{root}/none", "{root}/conv"], "argument SOURCE: "),
+    ("convert-source-diff", ["convert", "{ckpt}", "{root}/conv"], "holds a model with attention='diff'"),
+    ("convert-out", ["convert", "{ckpt}", "{file}"], "an output directory is needed"),
+    ("convert-to", ["convert", "{ckpt}", "{root}/conv", "--to", "gated"], "argument --to: invalid choice: 'gated'"),
+    ("convert-init", ["convert", "{ckpt}", "{root}/conv", "--init", "zero"], "argument --init: invalid choice"),
+    ("convert-seed", ["convert", "{ckpt}", "{root}/conv", "--seed", "-1"], "--seed: '-1' is not valid"),
+    ("convert-windows", ["convert", "{ckpt}", "{root}/conv", "--windows", "0"], "--windows: '0' is not valid"),
+    ("convert-text", ["convert", "{ckpt}", "{root}/conv", "--text", "{root}/none.txt"], "--text: "),
     # eval (the shared flags, and the option flags of several evaluations)
     ("eval-checkpoint", ["eval", "needle", "--checkpoint", "{root}/none"], "--checkpoint {root}/none: not a checkpoint directory"),
     ("eval-label", ["eval", "needle", "--checkpoint", "{ckpt}", "--label", "a", "--label", "b"], "2 --label for 1 --checkpoint"),

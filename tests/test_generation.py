@@ -33,6 +33,22 @@ def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, bac
     assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
+def test_diff_heads_with_values_of_width_d_decode_as_the_full_forward(static):
+    """value_factor=1 (a converted Transformer): the cache holds d-wide values, "auto" decodes one token
+    at a time with the "decode" backend, and the logits are the full forward's."""
+    config = ModelConfig.from_preset("debug", attention="diff", n_heads=4, n_kv_heads=2, value_factor=1)
+    model = LanguageModel(config).eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 15))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        cache = model.new_cache(2, 16, static=static)
+        pieces = [model(tokens[:, :6], cache=cache)[0]]
+        pieces += [model(tokens[:, i : i + 1], cache=cache)[0] for i in range(6, 15)]
+    assert cache.values[0].shape[-1] == config.head_dim
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
+
+
 def test_cache_errors():
     model = LanguageModel(ModelConfig.from_preset("debug"))
     cache = model.new_cache(1, 8)

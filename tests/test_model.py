@@ -37,7 +37,7 @@ def naive_diff_module(m: DiffAttention, x):
     x = x.double()
     q = rope_complex((x @ m.q_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, 2H, d)
     k = rope_complex((x @ m.k_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, 2Hkv, d)
-    v = (x @ m.v_proj.weight.double().T).view(b, t, -1, 2 * d)
+    v = (x @ m.v_proj.weight.double().T).view(b, t, -1, cfg.value_factor * d)  # 2d wide; d with value_factor=1
     lam = (
         torch.exp((m.lambda_q1.double() * m.lambda_k1.double()).sum())
         - torch.exp((m.lambda_q2.double() * m.lambda_k2.double()).sum())
@@ -157,6 +157,24 @@ def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
     expected = NAIVE[kind](module, x)
     assert out.shape == x.shape
     assert (out.double() - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+@pytest.mark.parametrize("head_norm", [False, True])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
+def test_diff_heads_with_values_of_width_d_match_the_naive_formulas(n_kv_heads, head_norm, backend):
+    """value_factor=1 (what convert --init exact builds): H DIFF heads of two d-wide groups and a
+    d-wide value, d = d_model / H, with λ ≠ 0, with and without the head norm, MHA and GQA."""
+    config = ModelConfig.from_preset("debug", attention="diff", n_heads=4, n_kv_heads=n_kv_heads, value_factor=1,
+                                     head_norm=head_norm)
+    model = LanguageModel(config, attn_backend=backend)
+    randomise(model)
+    module = model.layers[1].attn
+    d = config.d_model // 4
+    assert config.head_dim == d and module.v_proj.weight.shape == (config.n_kv_heads * d, config.d_model)
+    assert module.q_proj.weight.shape == (2 * 4 * d, config.d_model) and abs(module.lam().item()) > 0.1
+    x = torch.randn(2, 19, config.d_model)
+    assert (module(x).double() - naive_diff_module(module, x)).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

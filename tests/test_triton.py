@@ -173,6 +173,9 @@ def test_clear_errors():
     q1, q2, k1, k2, v, lam = make_inputs(1, 2, 2, 8, 8, 24)
     with pytest.raises(ValueError, match="head dims"):
         diff_attention(q1, q2, k1, k2, v, lam, backend="triton")
+    q1, q2, k1, k2, v, lam = make_inputs(1, 2, 2, 8, 8, 16)
+    with pytest.raises(ValueError, match=r"takes v of width 2d = 32 .* got 16 \(a converted Transformer's heads"):
+        diff_attention(q1, q2, k1, k2, v[..., :16], lam, backend="triton")  # value_factor=1: d wide
 
 
 def test_missing_triton_is_a_clear_error(monkeypatch):

@@ -7,6 +7,7 @@ Weight layout of DIFF follows the authors' code so their state dicts load as the
 q_proj (E -> 2H·d) viewed as 2H sub-heads of width d, DIFF head h taking sub-heads 2h (Q1) and
 2h+1 (Q2); k_proj (E -> 2Hkv·d) likewise for K1/K2 of KV group g; v_proj (E -> Hkv·2d);
 o_proj (2H·d = E -> E). RoPE is the interleaved (GPT-J) kind, applied per d-wide sub-head.
+With ``config.value_factor = 1`` (a converted Transformer) a DIFF head's value is d wide, not 2d.
 Symmetric DIFF has one qk_proj in the place of q_proj and k_proj: its keys are its queries.
 Gated attention is the standard kind plus gate_proj (E -> H·d, or E -> H for one gate per head).
 """
@@ -224,13 +225,16 @@ class StandardAttention(Attention):
 class DiffAttention(Attention):
     """Multi-head differential attention (paper §2.1), H DIFF heads of two d-wide groups.
 
-    q (B, 2H, T, d) and k (B, 2Hkv, S, d) hold the groups as interleaved sub-heads; v (B, Hkv, S, 2d).
-    Parameters beyond a matched standard attention: λ vectors 4d, head-norm weight 2d.
+    q (B, 2H, T, d) and k (B, 2Hkv, S, d) hold the groups as interleaved sub-heads; v (B, Hkv, S, 2d),
+    or (B, Hkv, S, d) with ``value_factor=1``. Parameters beyond a matched standard attention: λ
+    vectors 4d, head-norm weight 2d.
     """
 
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
-        super().__init__(config, layer_index, q_heads=2 * h, k_heads=2 * hkv, value_width=2 * d, out_heads=h)
+        super().__init__(
+            config, layer_index, q_heads=2 * h, k_heads=2 * hkv, value_width=config.value_factor * d, out_heads=h
+        )
         # λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, one scalar per layer; vectors kept in fp32.
         self.lambda_q1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
         self.lambda_k1 = nn.Parameter(torch.empty(d, dtype=torch.float32))

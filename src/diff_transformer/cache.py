@@ -5,6 +5,7 @@ tensors keep their addresses. Per layer:
 
     standard  k (B, Hkv, L, d)    v (B, Hkv, L, d)
     diff      k (B, 2Hkv, L, d)   v (B, Hkv, L, 2d)   K1/K2 interleaved as sub-heads 2g, 2g+1
+              (v (B, Hkv, L, d) with value_factor = 1)
               (diff_symmetric alike, its keys being its rotated queries)
     diff_v2   k (B, Hkv, L, d)    v (B, Hkv, L, d)    (gated, gated_headwise alike: the gate is computed from x)
 
@@ -58,7 +59,7 @@ class KVCache:
             raise ValueError(f"a KV cache of {max_len} tokens exceeds max_seq_len={config.max_seq_len}")
         d, hkv = config.head_dim, config.n_kv_heads
         if config.attention in DIFF_HEAD_KINDS:
-            k_shape, v_shape = (batch_size, 2 * hkv, max_len, d), (batch_size, hkv, max_len, 2 * d)
+            k_shape, v_shape = (batch_size, 2 * hkv, max_len, d), (batch_size, hkv, max_len, config.value_factor * d)
         else:
             k_shape = v_shape = (batch_size, hkv, max_len, d)
         self.keys = [torch.zeros(k_shape, device=device, dtype=dtype) for _ in range(config.n_layers)]

@@ -14,6 +14,10 @@ matched Transformer's parameters.
 on each head's output before ``o_proj`` (Qiu et al. 2025, position G1): one gate per channel
 (``gate_proj`` d_model -> n_heads·d, one d_model² matrix per layer more) or one per head
 (d_model -> n_heads).
+
+``value_factor=1`` gives DIFF heads a value of width d instead of 2d (``head_dim = d_model /
+n_heads``): a Transformer's heads, each kept as the first map of one DIFF head, which is what
+``diff-transformer convert --init exact`` builds (:mod:`diff_transformer.convert`).
 """
 
 from __future__ import annotations
@@ -87,6 +91,9 @@ class ModelConfig:
     lambda_init: float | None = None  # None = the depth schedule; a number = constant (Table 6 ablation)
     lambda_std: float = 0.1  # std of the four λ vectors at init
     head_norm: bool | None = None  # per-head RMSNorm; None = on for the DIFF-head kinds, off otherwise
+    # A DIFF head's value width in units of head_dim d: 2 (the paper's 2d) or, for attention="diff", 1
+    # (d: a Transformer's heads converted one for one). None = the kind's own: 2 for DIFF heads, 1 otherwise.
+    value_factor: int | None = None
     # Initialisation
     init_std: float = 0.02
     # o_proj and down_proj (they write into the residual stream) at init_std / sqrt(2·n_layers), as
@@ -100,11 +107,19 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
-        widths_per_head = 2 if self.attention in DIFF_HEAD_KINDS else 1
-        if self.d_model % (widths_per_head * self.n_heads):
-            what = "2 * n_heads (each DIFF head has two groups)" if widths_per_head == 2 else "n_heads"
+        own_factor = 2 if self.attention in DIFF_HEAD_KINDS else 1
+        if self.value_factor is None:
+            self.value_factor = own_factor
+        allowed = (1, 2) if self.attention == "diff" else (own_factor,)
+        if type(self.value_factor) is not int or self.value_factor not in allowed:  # a bool is no factor
             raise ConfigError(
-                f"d_model={self.d_model} must be divisible by {what} = {widths_per_head * self.n_heads}"
+                f"value_factor must be {' or '.join(map(str, allowed))} with attention={self.attention!r} (a head's "
+                f"value width in units of head_dim; 1 only for 'diff'), got {self.value_factor!r}"
+            )
+        if self.d_model % (self.value_factor * self.n_heads):
+            what = "2 * n_heads (each DIFF head has two groups)" if self.value_factor == 2 else "n_heads"
+            raise ConfigError(
+                f"d_model={self.d_model} must be divisible by {what} = {self.value_factor * self.n_heads}"
             )
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
@@ -145,7 +160,7 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         """d: the width of one query/key group (DIFF heads) or of one head (standard, DIFF V2)."""
-        return self.d_model // (2 * self.n_heads if self.attention in DIFF_HEAD_KINDS else self.n_heads)
+        return self.d_model // (self.value_factor * self.n_heads)
 
     def lambda_init_for(self, layer_index: int) -> float:
         """λ_init of the 0-based layer: the constant if set, else the depth schedule."""

@@ -33,8 +33,8 @@ Weight mapping, per layer (H DIFF heads, Hkv KV groups, head dim d; HF's DiffLla
 What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2, symmetric DIFF and
 gated attention (no HF class computes them), a constant λ_init (HF hard-codes the depth
 schedule), DIFF without its head norm, a block ``norm_eps`` other than the head norm's 1e-5 (HF
-shares one eps between them), and a standard model with the head-norm ablation (no Llama
-equivalent).
+shares one eps between them), DIFF heads with d-wide values (``value_factor=1``: a converted
+Transformer), and a standard model with the head-norm ablation (no Llama equivalent).
 """
 
 from __future__ import annotations
@@ -228,6 +228,12 @@ def check_exportable(config: ModelConfig) -> None:
                 "a standard-attention model with the head-norm ablation (head_norm=True) has no Llama equivalent"
             )
         return
+    if config.value_factor != 2:
+        raise HFConversionError(
+            f"DiffLlama's DIFF heads have values of width 2·head_dim; this model's are {config.value_factor}·head_dim "
+            f"(value_factor={config.value_factor}, a Transformer converted by diff-transformer convert) and cannot "
+            "be exported"
+        )
     if not config.head_norm:
         raise HFConversionError("DiffLlama always applies the per-head norm; a DIFF model with head_norm=False cannot be exported")
     if config.lambda_init is not None:

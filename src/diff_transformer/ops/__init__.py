@@ -239,7 +239,8 @@ def diff_attention(
     Args:
         q1, q2: (B, H, T, d) the two query groups.
         k1, k2: (B, Hkv, S, d) the two key groups; query head h reads KV head h // (H / Hkv).
-        v: (B, Hkv, S, 2d).
+        v: (B, Hkv, S, 2d), or (B, Hkv, S, d) (a converted Transformer's heads, ``value_factor=1``;
+            not the "triton" backend).
         lam: λ, a 0-d tensor or one value per head (H,); gradients flow into it.
         causal: mask future keys. With S > T the mask is aligned to the end (KV cache):
             query i sits at position S − T + i.
@@ -256,7 +257,7 @@ def diff_attention(
             attn_mask (combined with ``attn_mask`` if both are given).
 
     Returns:
-        (B, H, T, 2d) in q1's dtype. For the maps, call :func:`reference_diff_attention`.
+        (B, H, T, 2d) (v's width) in q1's dtype. For the maps, call :func:`reference_diff_attention`.
     """
     if check:
         _check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
