@@ -2,11 +2,14 @@
 # make test-fast   the same install, then the tests not marked slow (every module, in under 150 s on 2 cores)
 # make demo        create .venv, install, run the main job: train DIFF and the matched Transformer
 #                  side by side on the embedded corpus and write out/compare/report.md
+# make gpu-check   on a CUDA machine with torch, triton and transformers already installed (no .venv,
+#                  no network): the CUDA tests and bench gpu, results in $(OUT) (BENCHMARKS.md)
 PYTHON ?= python3
 VENV ?= .venv
+OUT ?= out/gpu-check
 BIN := $(VENV)/bin
 
-.PHONY: install test test-fast demo clean
+.PHONY: install test test-fast demo gpu-check clean
 
 # constraints.txt: the exact versions CI uses (torch the local CPU wheel); pyproject.toml has ranges
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -25,6 +28,9 @@ test-fast: install
 
 demo: install
 	$(BIN)/diff-transformer compare --out out/compare
+
+gpu-check:
+	PYTHON=$(PYTHON) scripts/gpu_check.sh $(OUT)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

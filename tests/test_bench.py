@@ -52,6 +52,9 @@ def test_reference_maps_are_counted_and_skipped_over_budget():
     need = quadratic_bytes("diff", "reference", "fwd", cpu, batch=1, heads=16, t=16384, s=16384)
     assert need == 6 * 8 * 16384**2 * 4
     assert quadratic_bytes("diff", "sdpa_split", "fwd", cpu, batch=1, heads=16, t=16384, s=16384) == 0
+    # "math" keeps its two fp32 maps per DIFF head for the backward only
+    assert quadratic_bytes("diff", "math", "fwd+bwd", cpu, batch=2, heads=16, t=4096, s=4096) == 2 * 2 * 8 * 4096**2 * 4
+    assert quadratic_bytes("diff", "math", "fwd", cpu, batch=2, heads=16, t=4096, s=4096) == 0
     settings = AttentionBenchSettings(
         lengths=(64,), heads=4, head_dim=16, backends=("reference", "sdpa_split"), modes=("fwd",),
         repeats=1, warmup=0, measure_memory=False, memory_budget_gib=1e-6,
@@ -131,6 +134,35 @@ def test_model_bench_settings_errors():
         ModelBenchSettings(compile=True, warmup=0)
     with pytest.raises(ValueError, match="decode_tokens must be >= 2"):
         ModelBenchSettings(decode_tokens=1)
+    with pytest.raises(ValueError, match=r"length 100,000 is beyond the context of preset 'tiny' \(256 tokens"):
+        ModelBenchSettings(length=100_000)  # ran for hours before
+    ModelBenchSettings(preset="small", length=1024, decode_tokens=32)  # bench gpu's: the decoded tokens run past it
+    with pytest.raises(ValueError, match="backend 'decode' takes one query per sequence"):
+        ModelBenchSettings(backend="decode")
+    with pytest.raises(ValueError, match="backend 'triton' \\(the fused kernel\\) needs a CUDA device, not 'cpu'"):
+        ModelBenchSettings(backend="triton")
+
+
+def test_model_bench_refuses_what_would_not_fit_in_memory_before_building_it(monkeypatch):
+    from diff_transformer.bench import model as bench_model
+
+    settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, compare_hf=False)
+    need = bench_model.planned_bytes(settings)
+    # a floor counted by hand from the models themselves: weights, gradients and two AdamW states of both
+    floor = sum(4 * 4 * LanguageModel(model_config(settings, kind), device="meta").num_parameters()
+                for kind in ("diff", "standard"))
+    assert floor <= need < 2 * floor + 16 * 512 * 4 * 3 * 2
+    monkeypatch.setattr(bench_model, "memory_budget", lambda device: need - 1)
+    built = []  # the devices models were built on: "meta" (counted, no memory) only
+
+    def spy(config, **kwargs):
+        built.append(str(kwargs.get("device")))
+        return LanguageModel(config, **kwargs)
+
+    monkeypatch.setattr(bench_model, "LanguageModel", spy)
+    with pytest.raises(ValueError, match=r"bench model --preset debug --length 16 --batch 1 needs about 0\.0 GiB on cpu"):
+        bench_model.run_model_bench(settings, progress=False)
+    assert built and set(built) == {"meta"}
 
 
 def test_cli_json(capsys):

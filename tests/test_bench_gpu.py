@@ -32,6 +32,26 @@ def test_refuses_without_cuda(tmp_path, capsys):
     assert not (tmp_path / "gpu").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the refusal on a machine without CUDA")
+def test_gpu_check_script_refuses_without_cuda_writing_nothing(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(script), str(tmp_path / "check")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"error: the GPU check needs a CUDA GPU (torch {torch.__version__} sees no CUDA device: "
+        "torch.cuda.is_available() is False)"
+    ]
+    assert not (tmp_path / "check").exists()
+    usage = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert usage.returncode == 2 and usage.stderr == "error: usage: scripts/gpu_check.sh OUTDIR\n"
+
+
 def test_correctness_report_on_cpu_backends():
     backends = ("sdpa", "sdpa_split", "decode") + (("triton",) if os.environ.get("TRITON_INTERPRET") == "1" else ())
     rows = correctness_report("cpu", backends=backends, dtypes=("float32",), cases=CPU_CASES)
@@ -87,3 +107,18 @@ def test_time_budget_skips_later_phases(tmp_path):
     assert "attention" not in report and "model" not in report
     assert any("time budget" in n for n in report["notes"])
     assert "## Notes" in gpu.format_markdown(report)
+
+
+def test_time_budget_flag_reaches_the_settings(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_run(settings, progress=True):
+        seen["budget"] = settings.time_budget_s
+        return {"correctness_passed": True, "triton": {"turn_on": "-"}}
+
+    monkeypatch.setattr(gpu, "cuda_problem", lambda: None)
+    monkeypatch.setattr(gpu, "run_gpu_bench", fake_run)
+    monkeypatch.setattr(gpu, "write_report", lambda out, report: (tmp_path / "a.json", tmp_path / "a.md"))
+    assert main(["bench", "gpu", "--out", str(tmp_path / "gpu"), "--time-budget", "180"]) == 0
+    assert seen["budget"] == 180.0
+    assert main(["bench", "gpu", "--out", str(tmp_path / "gpu")]) == 0 and seen["budget"] == 480.0

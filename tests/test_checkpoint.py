@@ -17,7 +17,7 @@ from diff_transformer.checkpoint import (
 from diff_transformer.tokenizer import ByteTokenizer
 
 
-@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "diff_symmetric"])
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"])
 @pytest.mark.parametrize("tied", [False, True])
 def test_round_trip(tmp_path, kind, tied):
     config = ModelConfig.from_preset("debug", attention=kind, vocab_size=257, tie_embeddings=tied)
@@ -96,3 +96,60 @@ def test_a_checkpoint_that_carries_the_old_attn_backend_field_still_loads(tmp_pa
     assert LanguageModel.from_pretrained(out, attn_backend="sdpa").attn_backend == "sdpa"
     tokens = torch.randint(0, 257, (2, 9))
     torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], atol=0, rtol=0)
+
+
+def _rewrite_weights(directory, convert) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(directory / "model.safetensors")
+    save_file({k: convert(v) for k, v in weights.items()}, directory / "model.safetensors")
+
+
+def test_integer_weights_are_refused_by_name_and_half_precision_ones_load(tmp_path):
+    """An int32 file would load as whole numbers (mostly 0) and generate nothing; fp16 is a precision."""
+    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257))
+    model.save_pretrained(tmp_path / "int32")
+    _rewrite_weights(tmp_path / "int32", lambda t: t.to(torch.int32))
+    with pytest.raises(CheckpointError, match=r"not floating point: embed\.weight is torch\.int32 \(the model's "
+                                              r"torch\.float32\); .* and \d+ more"):
+        LanguageModel.from_pretrained(tmp_path / "int32")
+    model.save_pretrained(tmp_path / "fp16")
+    _rewrite_weights(tmp_path / "fp16", lambda t: t.half())
+    loaded = LanguageModel.from_pretrained(tmp_path / "fp16")
+    assert loaded.embed.weight.dtype == torch.float32
+    assert torch.equal(loaded.embed.weight, model.embed.weight.half().float())  # fp16's rounding, nothing else
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["norm.weight"] = state["norm.weight"].bool()
+    with pytest.raises(CheckpointError, match=r"not floating point: norm\.weight is torch\.bool"):
+        load_state_dict_checked(model, state)
+
+
+def test_save_pretrained_takes_a_tokenizer_name_or_path(tmp_path):
+    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257))
+    out = model.save_pretrained(tmp_path / "named", tokenizer="bytes")
+    assert isinstance(load_checkpoint_tokenizer(out, 257), ByteTokenizer)
+    with pytest.raises(TypeError, match=r"tokenizer must be a tokenizer \(ByteTokenizer, BPETokenizer, load_tokenizer"):
+        model.save_pretrained(tmp_path / "bad", tokenizer=257)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_tokenizer_given_for_a_checkpoint_must_be_its_models(tmp_path):
+    from diff_transformer.checkpoint import tokenizer_for_model
+    from diff_transformer.data.bpe import train_bpe
+    from diff_transformer.tokenizer import BPETokenizer
+
+    LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(tmp_path / "bytes", "bytes")
+    train_bpe(["some text to train on " * 20], 257, show_progress=False).save(str(tmp_path / "bpe.json"))
+    other = BPETokenizer(tmp_path / "bpe.json")  # the same size as the byte tokenizer, other ids
+    with pytest.raises(CheckpointError, match=r"tokenizer: BPETokenizer of 257 tokens, but .*bytes holds the tokenizer "
+                                              r"its model was trained with \(ByteTokenizer of 257 tokens\)"):
+        tokenizer_for_model(tmp_path / "bytes", 257, other)
+    assert isinstance(tokenizer_for_model(tmp_path / "bytes", 257, "bytes"), ByteTokenizer)  # its own: fine
+    for vocab, fits in ((257, True), (320, True), (384, False), (8192, False)):  # 320: 257 padded to a multiple of 64
+        LanguageModel(ModelConfig.from_preset("debug", vocab_size=vocab)).save_pretrained(tmp_path / f"v{vocab}")
+        if fits:
+            assert isinstance(tokenizer_for_model(tmp_path / f"v{vocab}", vocab, "bytes"), ByteTokenizer)
+        else:
+            with pytest.raises(CheckpointError, match=f"tokenizer bytes: ByteTokenizer of 257 tokens for a model of "
+                                                      f"vocab_size {vocab:,}: ids 257 to {vocab - 1:,} would have no text"):
+                tokenizer_for_model(tmp_path / f"v{vocab}", vocab, "bytes")

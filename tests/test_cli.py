@@ -52,3 +52,50 @@ def test_generate_without_tokenizer_is_a_clear_error(tmp_path, capsys):
     LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(tmp_path / "ckpt")
     assert main(["generate", str(tmp_path / "ckpt")]) == 2
     assert "holds no tokenizer; pass --tokenizer" in capsys.readouterr().err
+
+
+def test_generate_without_max_new_tokens_fills_what_the_context_leaves(tmp_path, capsys):
+    """The default (200) is cut to what fits after the prompt; an explicit count that does not fit is refused."""
+    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257))  # 128 tokens of context
+    model.save_pretrained(tmp_path / "ckpt", tokenizer=ByteTokenizer())
+    prompt = "x" * 100
+    assert main(["generate", str(tmp_path / "ckpt"), "--prompt", prompt, "--temperature", "0"]) == 0
+    expected = model.generate([list(prompt.encode())], 28, temperature=0, stop_tokens=[256])[0]
+    assert capsys.readouterr().out == prompt + ByteTokenizer().decode(expected) + "\n"
+    assert main(["generate", str(tmp_path / "ckpt"), "--prompt", prompt, "--max-new-tokens", "29"]) == 2
+    assert "at most 28 fit after this prompt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, keeps_note", [
+    ([], True), (["--jobs", "1", "--resume"], True),
+    (["--steps", "4"], False), (["--seeds", "1"], False), (["--set", "optim.lr=1e-3"], False),
+    (["--set", "run.steps=4", "--set", "compare.budget_note=mine"], True),
+], ids=["defaults", "jobs-resume", "steps", "seeds", "set", "own-note"])
+def test_compare_keeps_the_config_budget_note_only_for_the_config_budget(argv, keeps_note, tmp_path, monkeypatch):
+    """tiny.yaml's note says "56 steps"; a report of `compare --steps 4` must not repeat it."""
+    import importlib
+
+    from diff_transformer.train import load_config
+
+    compare_module = importlib.import_module("diff_transformer.experiments.compare")  # the package names a function so
+
+    seen = {}
+
+    def fake_compare(config, out, **options):
+        seen["note"] = config.compare.budget_note
+        return {"wall_seconds": 0.0}
+
+    monkeypatch.setattr(compare_module, "compare", fake_compare)
+    assert main(["compare", "--out", str(tmp_path / "cmp"), *argv]) == 0
+    shipped = load_config("tiny").compare.budget_note
+    assert "56 steps" in shipped
+    expected = ("mine" if "compare.budget_note=mine" in argv else shipped) if keeps_note else ""
+    assert seen["note"] == expected
+
+
+def test_generate_takes_the_shipped_tokenizer_by_name(tmp_path, capsys):
+    """--tokenizer default (the shipped BPE) was accepted by the parser but not found when loaded."""
+    LanguageModel(ModelConfig.from_preset("debug", vocab_size=8192)).save_pretrained(tmp_path / "ckpt")
+    assert main(["generate", str(tmp_path / "ckpt"), "--tokenizer", "default", "--prompt", "To be",
+                 "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("To be")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from diff_transformer.cli import main
 from diff_transformer.config import ModelConfig
@@ -39,9 +40,15 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "empty.txt").write_text("")
     (root / "baddata").mkdir()
     (root / "baddata" / "meta.json").write_bytes(b'{"format": "diff-transformer-tokens", \xff')
+    integers = root / "int32"  # a checkpoint whose tensors were stored as integers
+    LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(integers, ByteTokenizer())
+    weights = load_file(integers / "model.safetensors")
+    save_file({k: v.to(torch.int32) for k, v in weights.items()}, integers / "model.safetensors")
+    no_tokenizer = root / "no-tokenizer"  # 512 ids, saved without the tokenizer it was trained with
+    LanguageModel(ModelConfig.from_preset("debug")).save_pretrained(no_tokenizer)
     return {"root": root, "ckpt": ckpt, "damaged": damaged, "text": root / "text.txt", "jsonl": root / "docs.jsonl",
             "junk": root / "junk.json", "file": root / "file", "empty_config": root / "empty.yaml", "no_model": root / "nomodel.yaml",
-            "empty_text": root / "empty.txt", "baddata": root / "baddata"}
+            "empty_text": root / "empty.txt", "baddata": root / "baddata", "int32": integers, "no_tokenizer": no_tokenizer}
 
 
 # (case id, argument list with {placeholders}, text the error line must contain)
@@ -64,6 +71,15 @@ CASES = [
     ("generate-device-cuda", ["generate", "{ckpt}", "--device", CUDA_BAD], "--device"),
     ("generate-prompt-too-long", ["generate", "{ckpt}", "--prompt", "x" * 200], "--prompt: 200 tokens (the model's context is 128)"),
     ("generate-prompt-not-utf8", ["generate", "{ckpt}", "--prompt", "caf\udce9"], "--prompt: b'caf\\xe9' is not UTF-8 text"),
+    ("generate-beyond-context", ["generate", "{ckpt}", "--prompt", "x" * 100, "--max-new-tokens", "500"],
+     "--max-new-tokens 500: the prompt (100 tokens) and 500 new tokens exceed the model's context of 128 tokens; "
+     "at most 28 fit after this prompt"),
+    ("generate-tokenizer-too-small", ["generate", "{no_tokenizer}", "--tokenizer", "bytes"],
+     "--tokenizer bytes: ByteTokenizer of 257 tokens for a model of vocab_size 512: ids 257 to 511 would have no text"),
+    ("generate-tokenizer-too-large", ["generate", "{ckpt}", "--tokenizer", "default"],
+     "--tokenizer default: BPETokenizer of 8,192 tokens, more than the model's vocab_size 257"),
+    ("generate-integer-weights", ["generate", "{int32}"],
+     "not floating point: embed.weight is torch.int32 (the model's torch.float32)"),
     # info
     ("info-missing", ["info", "{root}/none"], "not a checkpoint directory"),
     ("info-truncated", ["info", "{damaged}"], "truncated or corrupted safetensors"),
@@ -81,18 +97,35 @@ CASES = [
     ("prepare-out-under-file", ["prepare", "{text}", "--out", "{file}/data"], "is a file, so no directory can be created"),
     ("prepare-tokenizer", ["prepare", "{text}", "--out", "{root}/data", "--tokenizer", "{root}/none.json"], "--tokenizer"),
     ("prepare-text-field", ["prepare", "{jsonl}", "--out", "{root}/data", "--text-field", "content"], "no field 'content'"),
-    ("prepare-val-fraction", ["prepare", "{text}", "--out", "{root}/data", "--val-fraction", "1.5"], "--val-fraction: '1.5' is not valid (must be in [0, 1))"),
+    ("prepare-val-fraction", ["prepare", "{text}", "--out", "{root}/data", "--val-fraction", "1.5"],
+     "--val-fraction: '1.5' is not valid (must be more than 0 and less than 1: train needs a validation split)"),
+    ("prepare-val-fraction-0", ["prepare", "{text}", "--out", "{root}/data", "--val-fraction", "0"],
+     "--val-fraction: '0' is not valid (must be more than 0 and less than 1: train needs a validation split)"),
     ("prepare-seed", ["prepare", "{text}", "--out", "{root}/data", "--seed", "x"], "--seed"),
     # export-hf / import-hf
     ("export-checkpoint", ["export-hf", "{root}/none", "{root}/hf"], "not a checkpoint directory"),
     ("export-out", ["export-hf", "{ckpt}", "{file}"], "an output directory is needed"),
     ("import-directory", ["import-hf", "{root}/none", "{root}/back"], "no such directory"),
     ("import-out", ["import-hf", "{root}", "{file}/x"], "is a file, so no directory"),
+    ("import-own-checkpoint", ["import-hf", "{ckpt}", "{root}/back"],
+     "{ckpt} is already a diff-transformer checkpoint, not a transformers directory: nothing to import"),
+    # convert (its refusals of sources and outputs: tests/test_convert.py)
+    ("convert-source", ["convert", "{root}/none", "{root}/conv"], "argument SOURCE: "),
+    ("convert-source-diff", ["convert", "{ckpt}", "{root}/conv"], "holds a model with attention='diff'"),
+    ("convert-out", ["convert", "{ckpt}", "{file}"], "an output directory is needed"),
+    ("convert-to", ["convert", "{ckpt}", "{root}/conv", "--to", "gated"], "argument --to: invalid choice: 'gated'"),
+    ("convert-init", ["convert", "{ckpt}", "{root}/conv", "--init", "zero"], "argument --init: invalid choice"),
+    ("convert-seed", ["convert", "{ckpt}", "{root}/conv", "--seed", "-1"], "--seed: '-1' is not valid"),
+    ("convert-windows", ["convert", "{ckpt}", "{root}/conv", "--windows", "0"], "--windows: '0' is not valid"),
+    ("convert-text", ["convert", "{ckpt}", "{root}/conv", "--text", "{root}/none.txt"], "--text: "),
     # eval (the shared flags, and the option flags of several evaluations)
     ("eval-checkpoint", ["eval", "needle", "--checkpoint", "{root}/none"], "--checkpoint {root}/none: not a checkpoint directory"),
     ("eval-label", ["eval", "needle", "--checkpoint", "{ckpt}", "--label", "a", "--label", "b"], "2 --label for 1 --checkpoint"),
     ("eval-out", ["eval", "needle", "--checkpoint", "{ckpt}", "--out", "{file}"], "--out"),
     ("eval-tokenizer", ["eval", "needle", "--checkpoint", "{ckpt}", "--tokenizer", "{root}/none.json"], "--tokenizer"),
+    ("eval-tokenizer-not-the-models", ["eval", "position-nll", "--checkpoint", "{no_tokenizer}", "--tokenizer", "bytes",
+                                       "--out", "{root}/pn", "--quick", "--no-progress"],
+     "tokenizer bytes: ByteTokenizer of 257 tokens for a model of vocab_size 512"),
     ("eval-text", ["eval", "needle", "--checkpoint", "{ckpt}", "--text", "{root}/none.txt"], "--text: "),
     ("eval-text-not-utf8", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "{junk}", "--out", "{root}/pn"], "--text {junk}: not UTF-8 text"),
     ("eval-text-empty", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "{empty_text}", "--out", "{root}/pn", "--quick", "--no-progress"],
@@ -114,6 +147,8 @@ CASES = [
     ("eval-quantization-granularity", ["eval", "quantization", "--checkpoint", "{ckpt}", "--granularity", "tensor"], "invalid choice: 'tensor'"),
     ("eval-attention-noise-depths", ["eval", "attention-noise", "--checkpoint", "{ckpt}", "--depths", "1.5"], "--depths: '1.5' is not valid"),
     ("eval-outliers-tokens", ["eval", "outliers", "--checkpoint", "{ckpt}", "--tokens", "0"], "--tokens: '0' is not valid"),
+    ("eval-attention-sink-windows", ["eval", "attention-sink", "--checkpoint", "{ckpt}", "--windows", "0"],
+     "--windows: '0' is not valid"),
     ("eval-position-nll-windows", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--windows", "many"], "--windows: 'many' is not valid (an integer is needed)"),
     ("eval-icl-demos", ["eval", "icl", "--checkpoint", "{ckpt}", "--demos", "-2"], "--demos"),
     ("eval-icl-data", ["eval", "icl", "--checkpoint", "{ckpt}", "--data", "{root}/none.jsonl", "--tasks", "none"], "no such JSONL file"),
@@ -144,7 +179,10 @@ CASES = [
     ("train-model", ["train", "--config", "tiny", "--model", "gpt"], "gpt"),
     ("train-set-syntax", ["train", "--config", "tiny", "--set", "run.steps"], "run.steps"),
     ("train-set-key", ["train", "--config", "tiny", "--set", "run.bogus=1"], "bogus"),
-    ("train-set-value", ["train", "--config", "tiny", "--set", "data.batch_size=-4"], "data.batch_size must be positive"),
+    ("train-set-value", ["train", "--config", "tiny", "--set", "data.batch_size=-4"],
+     "error: --set data.batch_size=-4: data.batch_size must be positive"),  # the source is the --set, not tiny.yaml
+    ("train-set-steps", ["train", "--config", "tiny", "--set", "run.log_every=2", "--set", "run.steps=0"],
+     "error: --set run.steps=0: run.steps must be positive, got 0"),
     ("train-init-from", ["train", "--config", "tiny", "--init-from", "{root}/none"], "--init-from: {root}/none: not a checkpoint directory"),
     ("train-init-from-resume", ["train", "--config", "tiny", "--init-from", "{ckpt}", "--resume"], "give one of them"),
     ("train-init-from-model", ["train", "--config", "tiny", "--model", "diff", "--init-from", "{ckpt}"], "run.init_from: {ckpt} holds another model"),
@@ -174,6 +212,8 @@ CASES = [
     # bench attention
     ("bench-gpu", ["bench", "gpu", "--out", "{root}/gpu"], "needs a CUDA device"),
     ("bench-gpu-out", ["bench", "gpu", "--out", "{file}"], "--out"),
+    ("bench-gpu-time-budget", ["bench", "gpu", "--out", "{root}/gpu", "--time-budget", "0"],
+     "--time-budget: '0' is not valid (must be greater than 0)"),
     ("bench-attention-device", ["bench", "attention", "--device", "gpu"], "--device"),
     ("bench-attention-dtype", ["bench", "attention", "--dtype", "fp8"], "invalid choice: 'fp8'"),
     ("bench-attention-lengths", ["bench", "attention", "--lengths", "0"], "lengths must be positive"),
@@ -190,11 +230,21 @@ CASES = [
     # bench model
     ("bench-model-preset", ["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
     ("bench-model-length", ["bench", "model", "--length", "0"], "length must be >= 1"),
+    ("bench-model-length-beyond-context", ["bench", "model", "--length", "100000"],
+     "length 100,000 is beyond the context of preset 'tiny' (256 tokens, its max_seq_len)"),
+    ("bench-model-decode-beyond-context", ["bench", "model", "--preset", "debug", "--decode-tokens", "1000"],  # length 128
+     "decode_tokens 1,000 is beyond the context of preset 'debug' (128 tokens"),
+    ("bench-model-memory", ["bench", "model", "--preset", "13.1b", "--length", "16"],
+     "bench model --preset 13.1b --length 16 --batch 1 needs about "),
+    ("bench-model-batch-memory", ["bench", "model", "--batch", "1000000"], "GiB on cpu"),
+    ("bench-model-backend-decode", ["bench", "model", "--backend", "decode"], "backend 'decode' takes one query"),
     ("bench-model-batch", ["bench", "model", "--batch", "0"], "batch must be >= 1"),
     ("bench-model-decode-tokens", ["bench", "model", "--decode-tokens", "1"], "decode_tokens must be >= 2"),
     ("bench-model-device", ["bench", "model", "--device", "gpu"], "--device"),
     ("bench-model-dtype", ["bench", "model", "--dtype", "int8"], "invalid choice: 'int8'"),
     ("bench-model-backend", ["bench", "model", "--backend", "magic"], "invalid choice: 'magic'"),
+    *([("bench-model-backend-triton", ["bench", "model", "--backend", "triton"],
+        "backend 'triton' (the fused kernel) needs a CUDA device, not 'cpu'")] if not torch.cuda.is_available() else []),
     ("bench-model-repeats", ["bench", "model", "--repeats", "0"], "repeats must be >= 1"),
     ("bench-model-warmup", ["bench", "model", "--warmup", "-1"], "warmup must be >= 0"),
     ("bench-model-threads", ["bench", "model", "--threads", "0"], "threads must be >= 1"),
@@ -220,15 +270,18 @@ def test_bad_input_is_one_error_line_and_status_2(argv, expected, files, capsys)
     assert "Traceback" not in captured.err and captured.out == ""
 
 
-@pytest.mark.parametrize("name, argv", [
-    ("position-nll", ["--text", "{empty_text}"]), ("mqar", ["--seq-lens", "100000"]),
-], ids=["empty-text", "mqar-too-long"])
-def test_an_evaluation_that_cannot_run_writes_nothing(name, argv, files, tmp_path, capsys):
+@pytest.mark.parametrize("name, argv, why", [
+    ("position-nll", ["--text", "{empty_text}"], ""), ("mqar", ["--seq-lens", "100000"], ""),
+    ("icl", ["--demos", "1000"], "keywords-4: no number of demonstrations of (1000,) fits the model's context of 128"),
+    ("icl", ["--robustness-demos", "1000"], "keywords-4: robustness_demos=1000 does not fit the model's context of 128"),
+], ids=["empty-text", "mqar-too-long", "icl-no-demos-fit", "icl-robustness-does-not-fit"])
+def test_an_evaluation_that_cannot_run_writes_nothing(name, argv, why, files, tmp_path, capsys):
     out = tmp_path / "eval"
     assert main(["eval", name, "--checkpoint", str(files["ckpt"]), "--out", str(out), "--quick", "--no-progress",
                  *_fill(argv, files)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {name} cannot run on ") and err[0].endswith("; nothing written")
+    assert why in err[0]  # before: icl exited 0 with a report of no figure at all
     assert not out.exists()
 
 

@@ -17,12 +17,21 @@ def count(config: ModelConfig, **kw) -> int:
         (dict(d_model=100, n_heads=3, attention="standard"), "d_model=100 must be divisible by n_heads = 3"),
         (dict(n_heads=4, n_kv_heads=3, d_model=128), "n_kv_heads=3 must be a positive divisor of n_heads=4"),
         (dict(d_model=36, n_heads=2), "head_dim=9 .* must be even for RoPE"),
-        (dict(attention="linear"), "attention must be one of standard, diff, diff_v2, diff_symmetric, got 'linear'"),
+        (dict(attention="linear"),
+         "attention must be one of standard, diff, diff_v2, diff_symmetric, gated, gated_headwise, got 'linear'"),
         (dict(vocab_size=0), "vocab_size must be a positive integer"),
         (dict(attention="diff_v2", head_norm=True, n_heads=2, d_model=64), "head_norm: DIFF V2 has no per-head norm"),
         (dict(attention="standard", lambda_init=0.8, n_heads=2, d_model=64), "lambda_init only applies"),
         (dict(attention="diff_symmetric", n_heads=4, n_kv_heads=2, d_model=128),
          "n_kv_heads=2 with attention='diff_symmetric': its keys are its queries"),
+        (dict(value_factor=3), "value_factor must be 1 or 2 with attention='diff'"),
+        (dict(value_factor=True), r"value_factor must be 1 or 2 .* got True"),
+        (dict(attention="standard", value_factor=2, n_heads=2, d_model=64),
+         "value_factor must be 1 with attention='standard'"),
+        (dict(attention="diff_v2", value_factor=2, n_heads=2, d_model=64),
+         "value_factor must be 1 with attention='diff_v2'"),
+        (dict(attention="diff_symmetric", value_factor=1), "value_factor must be 2 with attention='diff_symmetric'"),
+        (dict(d_model=100, n_heads=3, value_factor=1), "d_model=100 must be divisible by n_heads = 3"),
     ],
 )
 def test_invalid_config_names_the_field(fields, message):
@@ -44,6 +53,30 @@ def test_derived_fields():
     assert ModelConfig(d_model=3072, n_heads=12).ffn_hidden == 8192  # exactly 8/3 * 3072
     std = ModelConfig(d_model=2048, n_heads=16, attention="standard")
     assert std.head_dim == 128 and std.head_norm is False
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "diff_symmetric"])
+def test_value_factor_left_unset_keeps_every_preset_and_saved_config(name, kind):
+    """value_factor's default is each kind's own value width (2d for DIFF heads, d otherwise): every
+    preset keeps its head width, and a config.json written before the field existed reads as before."""
+    config = ModelConfig.from_preset(name, attention=kind)
+    diff_heads = kind in ("diff", "diff_symmetric")
+    heads = PRESETS[name]["n_heads"] * (1 if diff_heads else 2)
+    assert config.value_factor == (2 if diff_heads else 1)
+    assert (config.n_heads, config.head_dim) == (heads, PRESETS[name]["d_model"] // (2 * PRESETS[name]["n_heads"]))
+    saved_before = {k: v for k, v in config.to_dict().items() if k != "value_factor"}
+    assert ModelConfig.from_dict(saved_before) == config
+
+
+def test_diff_with_values_of_width_d_is_a_transformer_with_second_maps_and_lambda():
+    """value_factor=1: as many DIFF heads as the Transformer has heads, of its width; beyond it, per
+    layer, the second query and key maps (E × H·d and E × Hkv·d) and the four λ vectors, counted by hand."""
+    std = ModelConfig.from_preset("tiny", attention="standard", n_kv_heads=2)
+    diff = ModelConfig.from_preset("tiny", attention="diff", n_heads=6, n_kv_heads=2, value_factor=1, head_norm=False)
+    assert (diff.n_heads, diff.head_dim) == (std.n_heads, std.head_dim) == (6, 32)
+    e, d = 192, 32
+    assert count(diff) - count(std) == 4 * (e * 6 * d + e * 2 * d + 4 * d)
 
 
 def test_lambda_init_schedule_is_the_papers():

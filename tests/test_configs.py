@@ -67,6 +67,42 @@ def test_matched_models_have_the_same_parameters_but_for_the_lambda_and_norm_wei
     assert diff - standard == diff_config.n_layers * 6 * diff_config.head_dim
 
 
+def test_the_wide_head_transformer_and_gated_attention_beside_the_matched_transformer():
+    """standard-wide: DIFF's head count and value width (2d), the Transformer's parameters exactly; the
+    elementwise gate adds one d_model² matrix per layer, the head-wise one d_model × heads; none of the
+    three is in the default comparison (the demo's budget)."""
+    tiny = load_config("tiny")
+    configs = {name: tiny.model(name).model_config() for name in ("standard", "diff", "standard-wide", "gated",
+                                                                  "gated_headwise")}
+    count = {name: LanguageModel(c, device="meta").num_parameters() for name, c in configs.items()}
+    standard, diff, wide = configs["standard"], configs["diff"], configs["standard-wide"]
+    assert wide.attention == "standard" and (wide.n_heads, wide.head_dim) == (diff.n_heads, 2 * diff.head_dim)
+    assert count["standard-wide"] == count["standard"] == 4_916_928
+    assert count["gated"] - count["standard"] == standard.n_layers * standard.d_model ** 2 == 147_456
+    headwise = standard.n_layers * standard.d_model * standard.n_heads
+    assert count["gated_headwise"] - count["standard"] == headwise == 4_608
+    assert {configs["gated"].attention, configs["gated_headwise"].attention} == {"gated", "gated_headwise"}
+    assert not {"standard-wide", "gated", "gated_headwise"} & set(tiny.compare.models)
+
+
+def test_diff_heads_keeps_the_presets_diff_head_count_at_any_size():
+    """The wide-head entry follows the preset (tiny shrunk to debug: 2 heads of 32), the retrieval
+    models likewise; without a preset, or beside its own n_heads, it is an error naming it."""
+    small = load_config("tiny", ["model.preset=debug"])
+    wide, diff = small.model("standard-wide").model_config(), small.model("diff").model_config()
+    assert (wide.n_heads, wide.head_dim) == (diff.n_heads, 2 * diff.head_dim) == (2, 32)
+    assert small.model("standard-wide").to_dict()["diff_heads"] is True
+    retrieval = load_config("tiny").retrieval
+    wide, standard = retrieval.model_config("standard", diff_heads=True), retrieval.model_config("standard")
+    assert (wide.n_heads, standard.n_heads) == (retrieval.n_heads, 2 * retrieval.n_heads)
+    for models in ({"w": {"attention": "standard", "diff_heads": True, "d_model": 64, "n_heads": 2}},
+                   {"w": {"attention": "standard", "diff_heads": True, "preset": "debug", "n_heads": 2}}):
+        with pytest.raises(ConfigError, match=r"models\.w\.diff_heads keeps a preset's DIFF head count"):
+            config_from_dict(minimal(models=models))
+    with pytest.raises(ConfigError, match=r"models\.w\.diff_heads must be bool"):
+        config_from_dict(minimal(models={"w": {"attention": "standard", "preset": "debug", "diff_heads": "yes"}}))
+
+
 def minimal(**sections):
     data = {"models": {"diff": {"preset": "debug"}}, "optim": {"recipe": "paper-scaling"}}
     data.update(sections)

@@ -113,6 +113,14 @@ def test_tokenizer_train_cli(tmp_path, capsys):
     assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out", str(out), "--overwrite"]) == 0
 
 
+def test_tokenizer_train_prints_one_line_into_a_pipe(tmp_path, capfd):
+    """tokenizers' progress bar writes blank lines when stdout is not a terminal: off there."""
+    source = write_docs(tmp_path / "docs")
+    assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out", str(tmp_path / "t.json")]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("trained a byte-level BPE of 300 tokens on ") and out.count("\n") == 1, repr(out)
+
+
 # prepare ------------------------------------------------------------------------------------------
 
 def test_prepare_folder_keeps_every_document_whole(byte_dataset):
@@ -157,6 +165,57 @@ def test_prepare_jsonl_reads_the_named_field(tmp_path):
     assert sorted(stored) == sorted(DOCS.values())
     with pytest.raises(InputError, match=r"data.jsonl:1: no field 'text'"):
         prepare([tmp_path / "data.jsonl"], tmp_path / "out2", tokenizer="bytes", progress=False)
+
+
+def test_prepare_reads_a_json_document_of_records(tmp_path):
+    """A .json file is one JSON document (an object: one record; a list of objects: one record
+    each), or else JSON Lines: every text of the three files below, and nothing else, is stored."""
+    texts = list(DOCS.values())
+    (tmp_path / "list.json").write_text(json.dumps([{"body": t, "n": i} for i, t in enumerate(texts[:5])], indent=2))
+    (tmp_path / "one.json").write_text(json.dumps({"body": texts[5]}, indent=4))
+    (tmp_path / "lines.json").write_text("".join(json.dumps({"body": t}) + "\n" for t in texts[6:9]))
+    meta = prepare([tmp_path / "list.json", tmp_path / "one.json", tmp_path / "lines.json"], tmp_path / "out",
+                   tokenizer="bytes", text_field="body", progress=False)
+    assert meta["documents"] == 9 and [s["documents"] for s in meta["sources"]] == [5, 1, 3]
+    stored = split_documents(tmp_path / "out", "train") + split_documents(tmp_path / "out", "val")
+    assert sorted(stored) == sorted(texts[:9])
+
+
+@pytest.mark.parametrize("content, message", [
+    ('"just a string"', "data.json: a JSON str; expected an object with a 'text' field, or a list of them"),
+    ('{\n  "title": "a"\n}', "data.json: no field 'text' (fields: title); choose one with --text-field"),
+    ('[\n  {"text": "a"},\n  {"body": "b"}\n]', "data.json: record 2: no field 'text' (fields: body)"),
+    ("[1, 2]", "data.json: record 1: expected a JSON object, got int"),
+    ('{\n  "text": "a",\n', "data.json: neither one JSON document (line 3: Expecting property name enclosed in double "
+                            "quotes) nor JSON Lines (line 1: not valid JSON (Expecting property name"),
+], ids=["string", "object-without-field", "record-without-field", "not-objects", "broken"])
+def test_prepare_refuses_json_that_holds_no_records_by_name(content, message, tmp_path, capsys):
+    (tmp_path / "data.json").write_text(content)
+    out = tmp_path / "out"
+    assert main(["prepare", str(tmp_path / "data.json"), "--out", str(out), "--tokenizer", "bytes", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / message}"), err
+    assert not out.exists()
+
+
+def test_prepare_refuses_an_output_of_the_project_as_its_input_by_name(tmp_path, capsys):
+    """A prepared dataset (its meta.json) is not text: given as the input, found inside an input
+    folder, or holding an input file, it is refused by name, and nothing is written."""
+    texts = write_docs(tmp_path / "texts", dict(list(DOCS.items())[:3]))
+    dataset = texts / "shards"
+    assert main(["prepare", str(texts), "--out", str(dataset), "--tokenizer", "bytes", "--quiet"]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for inputs, message in (
+        ([dataset], f"{dataset}: a diff-transformer dataset, not text to prepare; give the text it was made from"),
+        ([texts], f"{dataset}: a diff-transformer dataset inside the input folder {texts}, not text to prepare; move "
+                  "it out, or give the text files or folders alone"),
+        ([dataset / "meta.json"], f"{dataset / 'meta.json'}: part of a diff-transformer dataset ({dataset}), not text "
+                                  "to prepare"),
+    ):
+        assert main(["prepare", *map(str, inputs), "--out", str(tmp_path / "again"), "--tokenizer", "bytes"]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize(

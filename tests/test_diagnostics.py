@@ -1,6 +1,7 @@
 """The trainer's diagnostics (train/diagnostics.py) against values computed here another way: λ
 from the formula by hand, the attention-branch RMS from a forward written out block by block,
-the negative share of maps counted entry by entry, spikes of a made-up sequence of norms."""
+the negative share of maps counted entry by entry, the first-token share row by row, spikes of a
+made-up sequence of norms."""
 
 import json
 import math
@@ -53,7 +54,7 @@ class _Maps(AttentionTap):
         self.combined[layer_index] = maps.combined
 
 
-@pytest.mark.parametrize("kind", ["standard", "diff", "diff_symmetric", "diff_v2"])
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_symmetric", "diff_v2", "gated", "gated_headwise"])
 def test_probe_values_match_the_formulas(kind):
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig.from_preset("debug", attention=kind))
@@ -89,12 +90,29 @@ def test_probe_values_match_the_formulas(kind):
             x = x + layer.ffn(layer.ffn_norm(x))
     assert found["attn_rms"] == pytest.approx(expected, rel=1e-5)
 
-    # the negative share, counted entry by entry over the visible (causal) entries
-    if kind == "standard":
-        assert "negative_share" not in found
-        return
     with torch.no_grad(), model.tap_attention(_Maps()) as tap:
         model(tokens)
+
+    # the first-token share, row by row: each query i >= 1 of the head-mean map, divided by the row's sum
+    # (rows summing to less than 0.05 left out), its entry at key 0; the mean over the queries, then the sequences
+    expected = []
+    for layer in range(len(model.layers)):
+        mean_map = tap.combined[layer].double().mean(dim=1)  # (B, T, T)
+        per_sequence = []
+        for rows in mean_map:
+            shares = [rows[i, 0].item() / rows[i].sum().item()
+                      for i in range(1, rows.shape[0]) if rows[i].sum() >= 0.05]
+            per_sequence.append(sum(shares) / len(shares))
+        expected.append(sum(per_sequence) / len(per_sequence))
+    assert found["first_token_share"] == pytest.approx(expected, abs=1e-6)
+    uniform = sum(1 / (i + 1) for i in range(1, 24)) / 23  # the check is not of uniform maps
+    assert max(abs(x - uniform) for x in expected) > 0.01
+    assert probe(model, tokens, maps=False)["first_token_share"] == found["first_token_share"]
+
+    # the negative share, counted entry by entry over the visible (causal) entries
+    if kind in ("standard", "gated", "gated_headwise"):  # softmax maps (the gate acts after them): never negative
+        assert "negative_share" not in found
+        return
     expected = []
     for layer in range(len(model.layers)):
         maps = tap.combined[layer]  # (B, H, T, T)
@@ -146,8 +164,8 @@ def test_the_maps_are_taken_on_a_bounded_prefix_of_a_long_probe(monkeypatch):
     bound = 16
     monkeypatch.setattr(diagnostics, "MAP_PROBE_TOKENS", bound)
     shapes = []
-    record = diagnostics._NegativeShareTap.record
-    monkeypatch.setattr(diagnostics._NegativeShareTap, "record",
+    record = diagnostics._MapSharesTap.record
+    monkeypatch.setattr(diagnostics._MapSharesTap, "record",
                         lambda self, i, maps: (shapes.append(tuple(maps.combined.shape)), record(self, i, maps)))
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig.from_preset("debug", attention="diff", n_kv_heads=1))
@@ -174,8 +192,8 @@ def test_the_maps_are_taken_on_a_bounded_prefix_of_a_long_probe(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["diff", "standard"])
 def test_a_run_logs_the_diagnostics(kind, byte_dataset, tmp_path):  # noqa: F811
-    """Records at every log step (λ and RMS per layer), the negative share at evaluation steps, the
-    final λ those of the saved checkpoint, TensorBoard scalars per layer."""
+    """Records at every log step (λ, RMS and first-token share per layer), the negative share at
+    evaluation steps, the final λ those of the saved checkpoint, TensorBoard scalars per layer."""
     out = tmp_path / "run"
     config = debug_config(byte_dataset, out, models={"m": {"attention": kind}},
                           run={"steps": 4, "log_every": 2, "eval_every": 3, "tensorboard": True})
@@ -184,6 +202,7 @@ def test_a_run_logs_the_diagnostics(kind, byte_dataset, tmp_path):  # noqa: F811
     assert [r["step"] for r in records] == [2, 3, 4]  # log steps 2, 4 and evaluation steps 3, 4
     for r in records:
         assert len(r["attn_rms"]) == 2 and all(x > 0 for x in r["attn_rms"])
+        assert len(r["first_token_share"]) == 2 and all(0 < x < 1 for x in r["first_token_share"])
         assert r["grad_norm_spikes"] == 0 and r["grad_norm_median"] > 0
         assert ("lambda" in r) == (kind == "diff") and ("negative_share" in r) == (kind == "diff" and r["step"] != 2)
     assert read_metrics(out / "metrics.jsonl")[0]["kind"] == "train"  # readers of the first record keep working
@@ -197,7 +216,8 @@ def test_a_run_logs_the_diagnostics(kind, byte_dataset, tmp_path):  # noqa: F811
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"attn_rms/layer_0", "attn_rms/layer_1", "diagnostics/grad_norm_spikes", "train/loss"} <= tags
+    assert {"attn_rms/layer_0", "attn_rms/layer_1", "first_token_share/layer_1", "diagnostics/grad_norm_spikes",
+            "train/loss"} <= tags
     assert ({"lambda/layer_0", "lambda/layer_1", "negative_share/layer_1"} <= tags) == (kind == "diff")
     assert [e.value for e in events.Scalars("attn_rms/layer_1")] == pytest.approx([r["attn_rms"][1] for r in records])
 

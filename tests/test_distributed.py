@@ -1,6 +1,6 @@
 """Two CPU processes under torchrun (gloo) follow the single-process loss curve, with DDP and
-with FSDP2, at the same global batch; their diagnostics (λ, attention-branch RMS and negative map
-share per layer, from the whole model) equal the single process's."""
+with FSDP2, at the same global batch; their diagnostics (λ, attention-branch RMS, first-token and
+negative map shares per layer, from the whole model) equal the single process's."""
 
 import os
 import socket
@@ -65,10 +65,10 @@ def test_two_processes_follow_the_single_process_curve(parallel, byte_dataset, s
     expected, got = diagnostics(single_out), diagnostics(out)
     assert expected.keys() == got.keys() and expected
     for step, record in expected.items():
-        for key in ("lambda", "attn_rms", "negative_share"):
+        for key in ("lambda", "attn_rms", "first_token_share", "negative_share"):
             if key in record:
                 assert got[step][key] == pytest.approx(record[key], abs=LOSS_TOLERANCE), (key, step)
-    assert "negative_share" in expected[2] and len(expected[2]["lambda"]) == 2
+    assert "negative_share" in expected[2] and len(expected[2]["lambda"]) == len(expected[2]["first_token_share"]) == 2
 
     # The checkpoint written by rank 0 holds the full weights, close to the single process's.
     ours = LanguageModel.from_pretrained(out / "checkpoint").state_dict()

@@ -1,6 +1,7 @@
 """The documentation runs: every Python code block of README.md and docs/*.md is executed, the
 blocks of one file in order in one namespace (as a reader would paste them), in an empty
-temporary directory; and every command line the README's first lines give exists in the Makefile."""
+temporary directory (README's in the fast tier, the others' in the full one); and every command
+line the README's first lines give exists in the Makefile."""
 
 from __future__ import annotations
 
@@ -24,13 +25,27 @@ def test_the_block_finder_sees_every_block(tmp_path):
     assert python_blocks(page) == ["a = 1\n", "b = a + 1\n"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", [p for p in DOCS if python_blocks(p)], ids=lambda p: p.name)
-def test_python_blocks_run(path, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def run_python_blocks(path: Path, directory: Path, monkeypatch) -> None:
+    monkeypatch.chdir(directory)
     namespace: dict = {"__name__": f"docs.{path.stem}"}
     for i, block in enumerate(python_blocks(path)):
         exec(compile(block, f"{path.relative_to(REPO)} (python block {i + 1})", "exec"), namespace)
+
+
+def test_readme_python_blocks_run_and_leave_its_commands_room(tmp_path, monkeypatch):
+    """README's blocks (a few seconds) run in the fast tier. What they write is not where the README's
+    commands then train: `train` refuses a run.out_dir that holds a checkpoint."""
+    readme = REPO / "README.md"
+    assert python_blocks(readme)
+    run_python_blocks(readme, tmp_path, monkeypatch)
+    out_dirs = re.findall(r"run\.out_dir=(\S+)", readme.read_text(encoding="utf-8"))
+    assert out_dirs and not [d for d in out_dirs if (tmp_path / d).exists()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in DOCS[1:] if python_blocks(p)], ids=lambda p: p.name)
+def test_python_blocks_run(path, tmp_path, monkeypatch):
+    run_python_blocks(path, tmp_path, monkeypatch)
 
 
 def test_readme_opens_with_the_two_commands_a_fresh_machine_needs():

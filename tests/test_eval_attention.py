@@ -8,10 +8,10 @@ import torch
 from diff_transformer import AttentionTap, LanguageModel, ModelConfig
 from diff_transformer.data.synthetic import ICL_WORDS, build_needle_example
 from diff_transformer.evaluation import EvalText, ModelUnderTest
-from diff_transformer.evaluation import attention_noise
+from diff_transformer.evaluation import attention_noise, attention_sink
 from diff_transformer.tokenizer import ByteTokenizer
 
-KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"]
 TOK = ByteTokenizer()
 TEXT = EvalText([" ".join(random.Random(0).choices(ICL_WORDS, k=6000))])
 
@@ -31,7 +31,8 @@ class Recorder(AttentionTap):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_effective_map_rows_sum_as_expected(kind):
-    """Softmax rows sum to 1; DIFF rows to 1 − λ; DIFF V2 rows to 1 − σ(λ_h(x_t))."""
+    """Softmax rows sum to 1 (gated attention's too: its gate acts after the map); DIFF rows to 1 − λ; DIFF V2
+    rows to 1 − σ(λ_h(x_t))."""
     m = model(kind)
     inputs = {}
     hooks = [layer.attn.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0]))
@@ -46,7 +47,7 @@ def test_effective_map_rows_sum_as_expected(kind):
         for probs in maps.probs:
             torch.testing.assert_close(probs.sum(-1), torch.ones_like(probs.sum(-1)), atol=1e-5, rtol=0)
         sums = maps.combined.sum(-1)  # (B, H, T)
-        if kind == "standard":
+        if kind in ("standard", "gated", "gated_headwise"):
             expected = torch.ones_like(sums)
         elif kind in ("diff", "diff_symmetric"):
             expected = torch.full_like(sums, 1.0 - float(layer.attn.lam().detach()))
@@ -83,3 +84,18 @@ def test_attention_noise_masses_are_normalised(kind):
         assert 0.0 < entry["answer"] < 1.0 and 0.0 < entry["noise"] < 1.0
         assert len(entry["per_layer"]["answer"]) == 2 and entry["layers_left_out"] == [0, 0]
     assert len(result["profile"]["attention"]) == 200
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_sink_runs_on_every_kind(kind):
+    """Per layer a mean and a spread over the windows; for the softmax kinds (gated ones included: the
+    gate acts after the map) shares in (0, 1], the untrained models' close to uniform attention's."""
+    mut = ModelUnderTest(kind, model(kind), TOK)
+    result = attention_sink.run(mut, attention_sink.AttentionSinkOptions(windows=3, seq_len=32), TEXT, progress=False)
+    n_layers = mut.model.config.n_layers
+    assert result["windows"] == 3 and len(result["per_window"]["per_layer"]) == 3
+    assert len(result["per_layer"]["mean"]) == len(result["per_layer"]["std"]) == n_layers
+    assert result["rows_left_out"] == [0] * n_layers
+    if kind in ("standard", "gated", "gated_headwise"):
+        assert all(0 < x <= 1 for x in result["per_layer"]["mean"])
+    assert result["mean_over_layers"]["mean"] == pytest.approx(result["uniform_share"], abs=0.05)

@@ -66,6 +66,27 @@ def test_eval_command_writes_json_and_png(checkpoints, tmp_path, capsys):
     assert "| D (ours" in printed and "Transformer (paper, 1.4B)" in printed
 
 
+def test_eval_attention_sink_writes_the_first_token_share_per_layer(checkpoints, tmp_path, capsys):
+    ckpts, text = checkpoints
+    out = tmp_path / "sink"
+    assert main(["eval", "attention-sink", "--checkpoint", str(ckpts["standard"]), "--checkpoint", str(ckpts["diff"]),
+                 "--label", "T", "--label", "D", "--text", str(text), "--out", str(out), "--no-progress",
+                 "--windows", "3", "--seq-len", "64", "--first-query", "2"]) == 0
+    data = json.loads((out / "attention-sink.json").read_text())
+    assert data["options"] == {"windows": 3, "seq_len": 64, "batch_size": 4, "first_query": 2}
+    for label in ("T", "D"):
+        result = data["models"][label]
+        assert (result["windows"], result["seq_len"], result["first_query"]) == (3, 64, 2)
+        assert len(result["per_layer"]["mean"]) == 2 and len(result["per_window"]["per_layer"]) == 3
+    assert (out / "attention-sink.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "| T (3 × 64 tokens) |" in printed and "First-token share, mean over layers: D" in printed
+    assert main(["eval", "attention-sink", "--checkpoint", str(ckpts["diff"]), "--out", str(tmp_path / "bad"),
+                 "--first-query", "300", "--text", str(text)]) == 2
+    assert capsys.readouterr().err.startswith("error: attention-sink cannot run on diff:diff: first_query 300")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_eval_reads_every_checkpoint_at_the_context_and_theta_asked(tmp_path):
     """--max-seq-len and --rope-theta apply to every checkpoint: 64-token models read at 128 tokens
     and θ 20,000 give what the same weights saved as 128-token, θ 20,000 models give."""
@@ -150,3 +171,100 @@ def test_report_sections_link_plots_relative_to_the_report(monkeypatch, tmp_path
     sections = report_sections({"diff": tmp_path / "diff"}, tmp_path)
     assert seen["out_dir"] == tmp_path / "eval"
     assert sections[0].startswith("## ") and "### MQAR\n\ntable" in sections[1] and "(eval/mqar.png)" in sections[1]
+
+
+def _snapshot(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_earlier_result_is_replaced_only_with_overwrite(checkpoints, tmp_path, capsys):
+    """eval --out over an earlier result of the same evaluation is refused before any model loads,
+    with the files intact; another evaluation adds its result beside it; --overwrite (overwrite=True
+    in run_suite) replaces it."""
+    from diff_transformer.files import OutputPathError
+
+    ckpts, _ = checkpoints
+    out = tmp_path / "eval"
+    argv = ["eval", "outliers", "--checkpoint", str(ckpts["diff"]), "--out", str(out), "--quick", "--no-progress"]
+    assert main([*argv, "--label", "first"]) == 0
+    capsys.readouterr()
+    before = _snapshot(tmp_path)
+    assert main([*argv, "--label", "second"]) == 2
+    assert capsys.readouterr().err == (f"error: {out}: already holds an earlier result (outliers.json, outliers.png); "
+                                       "pass --overwrite (overwrite=True) to replace it, or choose another --out\n")
+    with pytest.raises(OutputPathError, match="already holds an earlier result"):
+        run_suite({"second": ckpts["diff"]}, out, evaluations=["outliers"], quick=True, progress=False)
+    assert _snapshot(tmp_path) == before
+    assert main([*argv, "--label", "second", "--overwrite"]) == 0
+    assert set(json.loads((out / "outliers.json").read_text())["models"]) == {"second"}
+    run_suite({"third": ckpts["diff"]}, out, evaluations=["outliers"], quick=True, progress=False, overwrite=True)
+    assert set(json.loads((out / "outliers.json").read_text())["models"]) == {"third"}
+
+
+def test_compare_replaces_the_results_of_its_own_earlier_evaluations(monkeypatch, tmp_path):
+    """compare's evaluations go into OUT/eval, which is the comparison's own: a rerun replaces them."""
+    import importlib
+
+    from diff_transformer.evaluation import report_sections, suite
+
+    compare_module = importlib.import_module("diff_transformer.experiments.compare")  # not the package's function
+    seen = {}
+
+    def fake_compare(config, out, **kwargs):
+        seen.update(kwargs["evaluation"].keywords)
+        return {"wall_seconds": 1.0}
+
+    monkeypatch.setattr(compare_module, "compare", fake_compare)
+    assert main(["compare", "--out", str(tmp_path / "cmp"), "--steps", "1"]) == 0
+    assert seen["overwrite"] is True
+    monkeypatch.setattr(suite, "run_suite", lambda checkpoints, out_dir, **kwargs: seen.update(suite=kwargs) or
+                        suite.SuiteResult())
+    report_sections({"diff": tmp_path / "diff"}, tmp_path)
+    assert seen["suite"]["overwrite"] is True
+
+
+@pytest.mark.parametrize("failing", ["plot", "json"])
+def test_an_evaluations_json_and_plot_appear_together_or_not_at_all(failing, checkpoints, tmp_path, capsys,
+                                                                   monkeypatch):
+    """A disk that fills while an evaluation writes its result: one error line naming the file, and
+    neither file of the new result, whichever fails; an earlier result replaced with --overwrite is
+    left whole; a new output directory is not left behind."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    from diff_transformer.evaluation import output
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ckpts, _ = checkpoints
+    out = tmp_path / "eval"
+    argv = ["eval", "outliers", "--checkpoint", str(ckpts["diff"]), "--out", str(out), "--quick", "--no-progress"]
+    failing_file = out / f"outliers.{'png' if failing == 'plot' else 'json'}"
+    with monkeypatch.context() as patch:
+        patch.setattr(*((Figure, "savefig") if failing == "plot" else (output, "_json_text")), full_disk)
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"error: {failing_file}: No space left on device\n"
+        assert not out.exists()
+    assert main(argv) == 0
+    capsys.readouterr()
+    before = _snapshot(tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(*((Figure, "savefig") if failing == "plot" else (output, "_json_text")), full_disk)
+        assert main([*argv, "--overwrite"]) == 2
+    assert capsys.readouterr().err == f"error: {failing_file}: No space left on device\n"
+    assert _snapshot(tmp_path) == before  # the earlier pair, byte for byte, and no temporary
+
+
+def test_a_result_without_a_plot_replaces_the_earlier_plot_too(checkpoints, tmp_path):
+    """In the suite, an evaluation that could run on no model writes its JSON (the errors) and no
+    plot: replacing an earlier result, the earlier plot goes too, so the two never disagree."""
+    ckpts, _ = checkpoints
+    run_suite({"diff": ckpts["diff"]}, tmp_path, evaluations=["mqar"], quick=True, progress=False)
+    assert (tmp_path / "mqar.png").exists()
+    run_suite({"diff": ckpts["diff"]}, tmp_path, evaluations=["mqar"], quick=True, progress=False, overwrite=True,
+              options={"mqar": {"seq_lens": [100_000]}})
+    data = json.loads((tmp_path / "mqar.json").read_text())
+    assert data["models"] == {} and list(data["errors"]) == ["diff"]
+    assert not (tmp_path / "mqar.png").exists()

@@ -31,6 +31,7 @@ from diff_transformer.evaluation import EvalText, ModelUnderTest
 from diff_transformer.evaluation import (
     ar_hit,
     attention_noise,
+    attention_sink,
     icl,
     mqar,
     needle,
@@ -67,7 +68,7 @@ class FakeModel(nn.Module):
         self.next_logits, self.maps, self.decode = next_logits, maps, decode
         self.tap = None
 
-    def forward(self, tokens, targets=None, *, cache=None, padding_mask=None):
+    def forward(self, tokens, targets=None, *, cache=None, padding_mask=None, logits_to_keep=0):
         assert cache is None, "the stand-in has no KV cache"
         if self.tap is not None:
             for layer in range(self.config.n_layers):
@@ -281,6 +282,62 @@ def test_group_mass_tap_uses_the_combined_map_averaged_over_heads():
     assert int(tap.count[0]) == 1 and tap.left_out == [1]
 
 
+# --- attention sink ------------------------------------------------------------------------------
+
+
+def test_first_token_share_of_hand_built_maps():
+    """Two windows, two heads, T = 4. Window 0, softmax rows: the head means at key 0 are 1, 0.7, 0.4, 0.4
+    over rows summing to 1. Window 1, DIFF-like rows (sums 0.5, entries of either sign): head means
+    [0.3, 0.2] (share 0.6) and [0.1, 0.1, 0.3] (share 0.2); row 3 sums to 0.015 < 0.05 and is left out."""
+    combined = torch.zeros(2, 2, 4, 4)
+    combined[0, :, 0, 0] = 1.0
+    combined[0, 0, 1:] = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.6, 0.2, 0.2, 0.0], [0.1, 0.3, 0.3, 0.3]])
+    combined[0, 1, 1:] = torch.tensor([[0.9, 0.1, 0.0, 0.0], [0.2, 0.4, 0.4, 0.0], [0.7, 0.1, 0.1, 0.1]])
+    combined[1, :, 0, 0] = 0.5
+    combined[1, 0, 1:] = torch.tensor([[0.4, 0.1, 0.0, 0.0], [0.3, -0.1, 0.3, 0.0], [0.01, 0.0, 0.0, 0.0]])
+    combined[1, 1, 1:] = torch.tensor([[0.2, 0.3, 0.0, 0.0], [-0.1, 0.3, 0.3, 0.0], [0.02, 0.0, 0.0, 0.0]])
+    shares, left_out = attention_sink.first_token_share(combined)  # queries 1, 2, 3
+    assert shares.tolist() == pytest.approx([(0.7 + 0.4 + 0.4) / 3, (0.6 + 0.2) / 2], abs=1e-6) and left_out == 1
+    shares, left_out = attention_sink.first_token_share(combined, first_query=0)  # query 0 counts (share 1)
+    assert shares.tolist() == pytest.approx([(1 + 0.7 + 0.4 + 0.4) / 4, (1 + 0.6 + 0.2) / 3], abs=1e-6)
+    shares, left_out = attention_sink.first_token_share(combined, first_query=3)  # row 3 only
+    assert shares[0].item() == pytest.approx(0.4, abs=1e-6) and math.isnan(shares[1].item()) and left_out == 1
+    assert attention_sink.uniform_share(4) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
+    assert attention_sink.uniform_share(4, first_query=0) == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+
+
+def planted_sink_maps(tokens, layer):
+    """Two layers of planted maps (B, 2 heads, T, T). Layer 0, row i >= 1: head 0 puts a = tokens[b, 0] / 512
+    on key 0 and 1 − a on key i, head 1 all on key i; the map scaled by 0.7 (a DIFF map, row sum 1 − λ).
+    Query 0 attends to key 0. Layer 1: every row sums to 0.02 (λ = 0.98): left out."""
+    b, t = tokens.shape
+    maps = torch.eye(t).expand(b, 2, t, t).clone()
+    a = tokens[:, 0].float() / 512
+    maps[:, 0, 1:, 0] = a[:, None]
+    maps[:, 0, torch.arange(1, t), torch.arange(1, t)] = 1 - a[:, None]
+    return maps * (0.7 if layer == 0 else 0.02)
+
+
+def test_attention_sink_reads_every_layer_and_window():
+    model = FakeModel(n_layers=2, max_seq_len=16, maps=planted_sink_maps)
+    seen = []
+    model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    options = attention_sink.AttentionSinkOptions(windows=6, batch_size=4)
+    result = attention_sink.run(ModelUnderTest("planted", model, TOK), options, TEXT, progress=False)
+    tokens = torch.cat(seen)  # (6, 16): the windows' inputs, over two forward passes
+    assert tokens.shape == (6, 16) and result["windows"] == 6 and result["seq_len"] == 16
+    shares = [tokens[b, 0].item() / 512 / 2 for b in range(6)]  # head mean a / 2 over rows summing to 1
+    mean = sum(shares) / 6
+    std = math.sqrt(sum((x - mean) ** 2 for x in shares) / 5)
+    assert std > 0.01  # the windows differ
+    assert result["per_layer"]["mean"] == pytest.approx([mean, None], abs=1e-6)
+    assert result["per_layer"]["std"] == pytest.approx([std, None], abs=1e-6)
+    assert result["mean_over_layers"] == pytest.approx({"mean": mean, "std": std}, abs=1e-6)
+    assert result["per_window"]["mean_over_layers"] == pytest.approx(shares, abs=1e-6)
+    assert result["rows_left_out"] == [0, 6 * 15]  # layer 1: every row of every window but query 0's
+    assert result["uniform_share"] == pytest.approx(sum(1 / (i + 1) for i in range(1, 16)) / 15)
+
+
 # --- needle retrieval ----------------------------------------------------------------------------
 
 
@@ -449,6 +506,21 @@ def test_logit_tap_reads_both_maps_and_skips_masked_positions():
     assert summary["count"] == 6 and summary["median"] == 2.0  # |1 3 2 7 .5 4|: lower middle of 6 values
 
 
+def test_massive_activations_are_each_layers_top_magnitude_over_its_median():
+    """Per layer (Sun et al. 2024): layer 0 |1 2 −3 100| has top-1 100 and median 2 (the lower middle of four),
+    ratio 50; layer 1 |0.5 −4 1 2 0.5| top-1 4, median 1, ratio 4; layer 2, all zeros, has no ratio."""
+    stats = outliers.MagnitudeStats(1.0, seed=0)
+    stats.update(torch.tensor([1.0, 2.0, -3.0, 100.0]), layer_index=0)
+    stats.update(torch.tensor([0.5, -4.0, 1.0]), layer_index=1)
+    stats.update(torch.tensor([2.0, 0.5]), layer_index=1)  # a layer's values may come in several updates
+    stats.update(torch.zeros(3), layer_index=2)
+    summary = stats.summary()
+    assert summary["per_layer_top1"] == [100.0, 4.0, 0.0]
+    assert summary["per_layer_median"] == [2.0, 1.0, 0.0]
+    assert summary["per_layer_ratio"] == [50.0, 4.0, None]
+    assert summary["median"] == 1.0  # over every layer: |0 0 0 .5 .5 1 1 2 2 3 4 100|, the lower middle
+
+
 @pytest.mark.parametrize("kind", ["diff", "diff_v2"])
 def test_outliers_are_the_logits_of_every_map_and_the_output_of_every_block(kind):
     model = tiny(kind, n_layers=2, max_seq_len=24)
@@ -475,6 +547,10 @@ def test_outliers_are_the_logits_of_every_map_and_the_output_of_every_block(kind
     per_layer = [float(torch.cat([m[..., visible].abs().flatten() for m in maps]).max()) for maps in logit_maps]
     assert result["attention_logits"]["per_layer_top1"] == pytest.approx(per_layer, rel=1e-4)
     assert result["hidden_states"]["per_layer_top1"] == pytest.approx([float(h.abs().max()) for h in hidden], rel=1e-4)
+    medians = [float(h.abs().median()) for h in hidden]
+    assert result["hidden_states"]["per_layer_median"] == pytest.approx(medians, rel=1e-4)
+    assert result["hidden_states"]["per_layer_ratio"] == pytest.approx(
+        [float(h.abs().max()) / m for h, m in zip(hidden, medians)], rel=1e-4)
 
 
 # --- quantisation -------------------------------------------------------------------------------------

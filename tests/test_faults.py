@@ -327,6 +327,21 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_note(tmp_path, cap
     assert not (directory / ".lock").exists()
 
 
+def test_a_lock_probed_at_the_moment_it_is_taken_is_still_taken(tmp_path):
+    """Checking whether a directory is being written probes its lock (shared, for an instant): a
+    writer taking the lock in that instant (another rank checking the run it is about to lock)
+    waits for the probe instead of refusing itself."""
+    import fcntl
+    import threading
+
+    directory = claim_output_dir(tmp_path / "run", "train-run")
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # the probe, held a little longer than probes are
+    threading.Timer(0.03, os.close, [fd]).start()
+    with lock_output_dir(directory):
+        assert json.loads((directory / ".lock").read_text())["pid"] == os.getpid()
+
+
 def test_only_abandoned_temporary_directories_are_removed(tmp_path):
     """A save's temporary directory is removed when no process holds its lock (its writer died),
     and kept while a writer holds it."""
@@ -540,10 +555,17 @@ def test_real_writers_failing_on_a_file_size_limit_are_one_error_line(dataset, r
 
 
 def _no_temporaries_in(folder: Path, code: int, monkeypatch) -> None:
-    """tempfile.mkstemp and mkdtemp fail with ``code`` in ``folder`` (a full or read-only file system,
-    or no permission, where every writer makes its temporary file or directory first); the OSError
-    names the temporary, as the operating system's does."""
+    """tempfile.mkstemp and mkdtemp, and creating a file with os.open (a writer's lock file beside its
+    output), fail with ``code`` in ``folder`` (a full or read-only file system, or no permission,
+    where every writer makes its lock file or temporary first); the OSError names the file, as the
+    operating system's does."""
     import tempfile
+
+    def no_new_file(path, flags, *args, real=os.open, **kwargs):
+        if flags & os.O_CREAT and Path(path).parent.resolve() == folder.resolve() and not Path(path).exists():
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path, flags, *args, **kwargs)
+    monkeypatch.setattr(os, "open", no_new_file)
 
     for name in ("mkstemp", "mkdtemp"):
         def fail(*args, real=getattr(tempfile, name), **kwargs):
@@ -555,7 +577,8 @@ def _no_temporaries_in(folder: Path, code: int, monkeypatch) -> None:
         monkeypatch.setattr(tempfile, name, fail)
 
 
-@pytest.mark.parametrize("writer", ["export-hf", "import-hf", "prepare", "tokenizer", "save_pretrained", "write_atomically"])
+@pytest.mark.parametrize("writer", ["export-hf", "import-hf", "prepare", "tokenizer", "eval", "save_pretrained",
+                                    "write_atomically"])
 @pytest.mark.parametrize("code, reason", OS_ERRORS, ids=["ENOSPC", "EROFS", "EACCES"])
 def test_a_writer_that_cannot_create_its_temporary_names_its_output(writer, code, reason, tmp_path, monkeypatch, capsys):
     """The first thing every writer creates is a temporary file or directory beside its output: when
@@ -577,7 +600,9 @@ def test_a_writer_that_cannot_create_its_temporary_names_its_output(writer, code
             "import-hf": ["import-hf", str(tmp_path / "hf"), str(out)],
             "prepare": ["prepare", str(tmp_path / "text.txt"), "--out", str(out), "--tokenizer", "bytes"],
             "tokenizer": ["tokenizer", "train", "--input", str(tmp_path / "text.txt"), "--out", str(out),
-                          "--vocab-size", "260"]}.get(writer)
+                          "--vocab-size", "260"],
+            "eval": ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(out), "--quick", "--no-progress"],
+            }.get(writer)
     if writer == "export-hf":
         pytest.importorskip("transformers")
     _no_temporaries_in(folder, code, monkeypatch)
@@ -612,3 +637,98 @@ def test_a_failure_building_the_corpus_cache_names_the_cache(code, reason, tmp_p
     assert target is None and caught.value.errno == code
     assert Path(caught.value.filename).parent == tmp_path / "cache" and Path(caught.value.filename).name.startswith("corpus-")
     assert [q.name for q in (tmp_path / "cache").iterdir()] == [".corpus.lock"]
+
+
+# --- one writer per dataset and per evaluation output ---------------------------------------------
+
+
+def _start_paused(argv: list[str], marker: Path, pause: str | None = None, **env_extra: str) -> subprocess.Popen:
+    """``diff-transformer ARGV`` in a subprocess that pauses while writing: at a fault point of its
+    first directory write (``env_extra``), or, with ``pause`` ("module:function"), on entering that
+    function; returns once it has paused (``marker`` exists)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1", **env_extra}
+    script = "import sys\nfrom diff_transformer.cli import main\n"
+    if pause is not None:
+        module, function = pause.split(":")
+        script += (f"import importlib, pathlib, time\nmodule = importlib.import_module({module!r})\n"
+                   f"def paused(*args, **kwargs):\n    pathlib.Path({str(marker)!r}).write_text('paused')\n"
+                   f"    time.sleep(120)\nsetattr(module, {function!r}, paused)\n")
+    script += "sys.exit(main(sys.argv[1:]))\n"
+    process = subprocess.Popen([sys.executable, "-c", script, *argv], env=env, stderr=subprocess.PIPE, text=True)
+    wait_for(marker.exists, process)
+    return process
+
+
+def test_a_second_prepare_to_the_same_dataset_is_refused_naming_the_first(tmp_path, capsys):
+    """Two `prepare` runs to one --out at once: the second (another input, with or without
+    --overwrite) is refused with the first one's pid and touches nothing; once the first is gone,
+    its leftovers are cleared and the dataset is the next run's."""
+    for name in ("first", "second"):
+        (tmp_path / f"{name}.txt").write_text(f"The {name} text, to be tokenized.\n" * 40)
+    out = tmp_path / "data"
+    marker = tmp_path / "paused"
+    first = _start_paused(["prepare", str(tmp_path / "first.txt"), "--out", str(out), "--tokenizer", "bytes",
+                           "--quiet"], marker, **{FAULT_ENV: f"written:1:{marker}"})
+    try:
+        before = snapshot(tmp_path)
+        for extra in ([], ["--overwrite"]):
+            assert main(["prepare", str(tmp_path / "second.txt"), "--out", str(out), "--tokenizer", "bytes",
+                         "--quiet", *extra]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith(
+                f"error: {out}: in use by another diff-transformer process (pid {first.pid} on {socket.gethostname()}, "
+                "since ") and err[0].endswith("); wait for it to end, or choose another directory"), err
+        assert snapshot(tmp_path) == before
+    finally:
+        first.kill()
+        first.communicate(timeout=30)
+    assert main(["prepare", str(tmp_path / "second.txt"), "--out", str(out), "--tokenizer", "bytes", "--quiet"]) == 0
+    assert f"taking over the lock of pid {first.pid}" in capsys.readouterr().err
+    meta = json.loads((out / "meta.json").read_text())
+    assert [source["path"] for source in meta["sources"]] == [str(tmp_path / "second.txt")]
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["data", "first.txt", "paused", "second.txt"]
+
+
+def test_a_second_evaluation_into_the_same_output_is_refused_naming_the_first(tmp_path, capsys):
+    """Two `eval` commands into one --out at once: the second (even another evaluation, even with
+    --overwrite) is refused with the first one's pid before any model loads, and writes nothing."""
+    from diff_transformer.config import ModelConfig
+    from diff_transformer.tokenizer import ByteTokenizer
+
+    ckpt = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(tmp_path / "ckpt",
+                                                                                           ByteTokenizer())
+    out = tmp_path / "eval"
+    marker = tmp_path / "paused"
+    first = _start_paused(["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(out), "--quick",
+                           "--no-progress"], marker, pause="diff_transformer.cli.evaluate:_load")
+    try:
+        before = snapshot(tmp_path)
+        for argv in (["outliers", "--overwrite"], ["ar-hit"]):
+            assert main(["eval", argv[0], "--checkpoint", str(ckpt), "--out", str(out), "--quick", "--no-progress",
+                         *argv[1:]]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith(
+                f"error: {out}: in use by another diff-transformer process (pid {first.pid} on "), err
+        assert snapshot(tmp_path) == before and not out.exists()
+    finally:
+        first.kill()
+        first.communicate(timeout=30)
+
+
+def test_a_second_tokenizer_training_to_the_same_file_is_refused_naming_the_first(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("Some text to tokenize, and some more text to tokenize.\n" * 40)
+    out = tmp_path / "tok.json"
+    marker = tmp_path / "paused"
+    argv = ["tokenizer", "train", "--input", str(text), "--out", str(out), "--vocab-size", "260"]
+    first = _start_paused(argv, marker, pause="diff_transformer.data.bpe:train_bpe")
+    try:
+        before = snapshot(tmp_path)
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(
+            f"error: {out}: in use by another diff-transformer process (pid {first.pid} on "), err
+        assert snapshot(tmp_path) == before and not out.exists()
+    finally:
+        first.kill()
+        first.communicate(timeout=30)

@@ -8,7 +8,7 @@ import torch
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.generation import generate, sample_next
 
-KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"]
 # (kind, n_kv_heads): MHA and MQA for every kind but the symmetric one, whose keys are its queries
 KIND_AND_KV_HEADS = [(kind, kv) for kind in KINDS for kv in (None, 1) if not (kind == "diff_symmetric" and kv)]
 
@@ -30,6 +30,22 @@ def test_token_by_token_decoding_gives_full_forward_logits(kind, n_kv_heads, bac
         pieces = [model(tokens[:, :7], cache=cache)[0], model(tokens[:, 7:12], cache=cache)[0]]  # chunked prefill
         pieces += [model(tokens[:, i : i + 1], cache=cache)[0] for i in range(12, 23)]
     assert cache.length == 23
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
+def test_diff_heads_with_values_of_width_d_decode_as_the_full_forward(static):
+    """value_factor=1 (a converted Transformer): the cache holds d-wide values, "auto" decodes one token
+    at a time with the "decode" backend, and the logits are the full forward's."""
+    config = ModelConfig.from_preset("debug", attention="diff", n_heads=4, n_kv_heads=2, value_factor=1)
+    model = LanguageModel(config).eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 15))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        cache = model.new_cache(2, 16, static=static)
+        pieces = [model(tokens[:, :6], cache=cache)[0]]
+        pieces += [model(tokens[:, i : i + 1], cache=cache)[0] for i in range(6, 15)]
+    assert cache.values[0].shape[-1] == config.head_dim
     assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
 
 
@@ -145,6 +161,7 @@ def test_generate_with_compile_matches_eager():
     assert model.generate(prompts[:1], 6, temperature=0, compile=True)[0] == eager[0][:6]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CUDA graphs)")
 def test_generate_with_compile_on_cuda_replays_cuda_graphs_and_matches_eager():
     """On CUDA compile=True uses mode="reduce-overhead" over a static cache: the same greedy tokens."""

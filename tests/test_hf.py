@@ -174,6 +174,7 @@ def test_import_reads_sharded_safetensors(tmp_path):
         (dict(attention="diff_symmetric"), r"symmetric DIFF \(attention='diff_symmetric', keys = queries\) has no transformers equivalent"),
         (dict(attention="diff", lambda_init=0.8), "constant lambda_init=0.8"),
         (dict(attention="diff", head_norm=False), "head_norm=False"),
+        (dict(attention="diff", value_factor=1), r"value_factor=1, a Transformer converted"),
         (dict(attention="diff", norm_eps=1e-6), "norm_eps is 1e-06"),
         (dict(attention="standard", head_norm=True), "no Llama equivalent"),
     ],

@@ -22,7 +22,7 @@ from diff_transformer.data import corpus_documents, prepare
 from diff_transformer.model import LanguageModel
 from diff_transformer.train import ConfigError, load_config, train
 from diff_transformer.train.distributed import Environment
-from diff_transformer.train.trainer import DataPlan, _Run
+from diff_transformer.train.trainer import DataPlan, _Run, check_training
 from test_distributed import free_port
 from test_train import byte_dataset, debug_config, losses  # noqa: F401  (byte_dataset is a fixture)
 
@@ -48,9 +48,8 @@ def cpu() -> Environment:
 
 def test_a_run_starts_from_the_weights_with_a_fresh_optimizer_and_its_own_context(byte_dataset, source, tmp_path):  # noqa: F811
     config = extended(byte_dataset, tmp_path, source)
-    entry = config.model("diff")
     with contextlib.ExitStack() as held:  # the run's directory locks, released at the end
-        run = _Run.prepare(config, entry, entry.model_config(), cpu(), resume=False, held=held)
+        run = _Run.prepare(check_training(config, "diff"), cpu(), held)
     saved = LanguageModel.from_pretrained(source).state_dict()
     ours = run.raw_model.state_dict()
     assert ours.keys() == saved.keys() and all(torch.equal(ours[k], saved[k]) for k in saved)

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.config import ConfigError
 from diff_transformer.attention import AttentionTap, DiffAttention, DiffSymmetricAttention, DiffV2Attention, StandardAttention
+from diff_transformer.attention import GatedAttention
 
-KINDS = ["standard", "diff", "diff_v2", "diff_symmetric"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"]
 # (kind, n_kv_heads): MHA and MQA for every kind but the symmetric one, whose keys are its queries
 KIND_AND_KV_HEADS = [(kind, kv) for kind in KINDS for kv in (None, 1) if not (kind == "diff_symmetric" and kv)]
 
@@ -36,7 +37,7 @@ def naive_diff_module(m: DiffAttention, x):
     x = x.double()
     q = rope_complex((x @ m.q_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, 2H, d)
     k = rope_complex((x @ m.k_proj.weight.double().T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, 2Hkv, d)
-    v = (x @ m.v_proj.weight.double().T).view(b, t, -1, 2 * d)
+    v = (x @ m.v_proj.weight.double().T).view(b, t, -1, cfg.value_factor * d)  # 2d wide; d with value_factor=1
     lam = (
         torch.exp((m.lambda_q1.double() * m.lambda_k1.double()).sum())
         - torch.exp((m.lambda_q2.double() * m.lambda_k2.double()).sum())
@@ -111,8 +112,28 @@ def naive_symmetric_module(m: DiffSymmetricAttention, x):
     return torch.cat(heads, -1) @ m.o_proj.weight.double().T
 
 
+def naive_gated_module(m: GatedAttention, x, weights=None):
+    """Gated attention (Qiu et al. 2025, gate G1) in float64, one head at a time: head h of the standard
+    kind times sigmoid(x W_g) of its channels (gated: d gates per head) or of its one gate (gated_headwise).
+    ``weights``: {"q_proj.weight": ..., ...} to use instead of the module's (float64 leaves, for gradients)."""
+    cfg, d = m.config, m.head_dim
+    w = weights or {name: p.double() for name, p in m.named_parameters()}
+    b, t, _ = x.shape
+    x = x.double()
+    q = rope_complex((x @ w["q_proj.weight"].T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, H, d)
+    k = rope_complex((x @ w["k_proj.weight"].T).view(b, t, -1, d), cfg.rope_theta)  # (B, T, Hkv, d)
+    v = (x @ w["v_proj.weight"].T).view(b, t, -1, d)
+    gates = torch.sigmoid(x @ w["gate_proj.weight"].T).view(b, t, cfg.n_heads, -1)  # (B, T, H, d or 1)
+    heads = []
+    for h in range(cfg.n_heads):
+        g = h // (cfg.n_heads // cfg.n_kv_heads)
+        head = causal_softmax(q[:, :, h] @ k[:, :, g].transpose(-1, -2) / math.sqrt(d)) @ v[:, :, g]  # (B, T, d)
+        heads.append(head * gates[:, :, h])
+    return torch.cat(heads, -1) @ w["o_proj.weight"].T
+
+
 NAIVE = {"standard": naive_standard_module, "diff": naive_diff_module, "diff_v2": naive_v2_module,
-         "diff_symmetric": naive_symmetric_module}
+         "diff_symmetric": naive_symmetric_module, "gated": naive_gated_module, "gated_headwise": naive_gated_module}
 
 
 def randomise(model):
@@ -136,6 +157,24 @@ def test_attention_module_matches_naive_formulas(kind, n_kv_heads, backend):
     expected = NAIVE[kind](module, x)
     assert out.shape == x.shape
     assert (out.double() - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+@pytest.mark.parametrize("head_norm", [False, True])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "sdpa_split", "math"])
+def test_diff_heads_with_values_of_width_d_match_the_naive_formulas(n_kv_heads, head_norm, backend):
+    """value_factor=1 (what convert --init exact builds): H DIFF heads of two d-wide groups and a
+    d-wide value, d = d_model / H, with λ ≠ 0, with and without the head norm, MHA and GQA."""
+    config = ModelConfig.from_preset("debug", attention="diff", n_heads=4, n_kv_heads=n_kv_heads, value_factor=1,
+                                     head_norm=head_norm)
+    model = LanguageModel(config, attn_backend=backend)
+    randomise(model)
+    module = model.layers[1].attn
+    d = config.d_model // 4
+    assert config.head_dim == d and module.v_proj.weight.shape == (config.n_kv_heads * d, config.d_model)
+    assert module.q_proj.weight.shape == (2 * 4 * d, config.d_model) and abs(module.lam().item()) > 0.1
+    x = torch.randn(2, 19, config.d_model)
+    assert (module(x).double() - naive_diff_module(module, x)).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -318,8 +357,8 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="padding_mask must be bool"):
         model(torch.zeros(1, 4, dtype=torch.long), padding_mask=torch.ones(1, 3, dtype=torch.bool))
     tokens = torch.zeros(1, 4, dtype=torch.long)
-    for keep, targets in [(-1, None), (1, tokens)]:
-        with pytest.raises(ValueError, match="logits_to_keep must be >= 0, and 0 with targets"):
+    for keep, targets in [(-1, None), (1, tokens), (1.5, None)]:
+        with pytest.raises(ValueError, match="logits_to_keep must be an integer >= 0, and 0 with targets"):
             model(tokens, targets, logits_to_keep=keep)
     with pytest.raises(ValueError, match="unknown attention backend"):
         model.set_attention_backend("nope")

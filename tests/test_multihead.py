@@ -77,10 +77,10 @@ SHAPES = {
 
 
 # The fused kernel: on CUDA, or in Triton's interpreter on CPU (conftest.py sets TRITON_INTERPRET=1 there).
-TRITON = pytest.param("triton", marks=pytest.mark.skipif(
+TRITON = pytest.param("triton", marks=[pytest.mark.gpu, pytest.mark.skipif(
     importlib.util.find_spec("triton") is None
     or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
-    reason="needs Triton, and CUDA or TRITON_INTERPRET=1"))
+    reason="needs Triton, and CUDA or TRITON_INTERPRET=1")])
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -281,7 +281,8 @@ def test_bad_arguments_and_inputs_are_named():
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         MultiheadDiffAttention(64, 2, backend="flash")
     m = MultiheadDiffAttention(64, 2)
-    with pytest.raises(ValueError, match=r"x must be \(batch, length, embed_dim=64\), got \(2, 5, 32\)"):
+    with pytest.raises(ValueError, match=r"x must be \(batch, length, embed_dim=64\) with at least one position, "
+                                         r"got \(2, 5, 32\)"):
         m(torch.randn(2, 5, 32))
     with pytest.raises(TypeError, match="attn_mask must be a bool tensor"):
         m(torch.randn(2, 5, 64), attn_mask=torch.ones(5, 5))

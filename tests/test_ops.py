@@ -40,7 +40,7 @@ def naive_diff_attention(q1, q2, k1, k2, v, lam, causal=True, mask=None):
     """The paper's formula head by head with Python loops: an oracle for the reference itself."""
     b, h, t, d = q1.shape
     hkv, s = k1.shape[1], k1.shape[2]
-    out = torch.zeros(b, h, t, 2 * d, dtype=torch.float64)
+    out = torch.zeros(b, h, t, v.shape[-1], dtype=torch.float64)
     for bi in range(b):
         for hi in range(h):
             g = hi // (h // hkv)
@@ -112,6 +112,25 @@ def test_the_packed_layout_matches_the_reference_forward_and_gradients(backend, 
     for name, got in {"q": q.grad, "k": k.grad, "v": v_packed.grad, "lam": lam_packed.grad}.items():
         err = (got - expected[name]).abs().max().item()
         assert err < TOL * max(1.0, expected[name].abs().max().item()), f"grad {name}: {err}"
+
+
+@pytest.mark.parametrize("backend", ["reference", *FAST_BACKENDS])
+@pytest.mark.parametrize("case", [(2, 4, 2, 9, 9, 8), (1, 4, 1, 6, 11, 16)])
+def test_a_value_of_width_d_forward_and_gradients(backend, case):
+    """v (B, Hkv, S, d), a Transformer's heads converted to DIFF (value_factor=1): the formula head by
+    head, and the gradients of the reference."""
+    d = case[-1]
+    ref_inputs, fast_inputs = make_inputs(*case), make_inputs(*case)
+    for inputs in (ref_inputs, fast_inputs):
+        inputs[4] = inputs[4].detach()[..., :d].clone().requires_grad_()
+    out = diff_attention(*fast_inputs, backend=backend)
+    assert out.shape == (case[0], case[1], case[3], d)
+    assert (out.double() - naive_diff_attention(*fast_inputs)).abs().max().item() < TOL
+    ref = diff_attention(*ref_inputs, backend="reference")
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    out.backward(grad_out)
+    assert_grads_close(ref_inputs, fast_inputs)
 
 
 @pytest.fixture
@@ -229,7 +248,7 @@ def test_standard_attention_matches_naive(backend):
 def test_input_errors_name_the_problem():
     q1, q2, k1, k2, v, lam = (x.detach() for x in make_inputs(1, 4, 2, 5, 5, 8))
     with pytest.raises(ValueError, match=r"v must be \(B, Hkv, S, 2d\)"):
-        diff_attention(q1, q2, k1, k2, v[..., :8], lam)
+        diff_attention(q1, q2, k1, k2, v[..., :12], lam)
     with pytest.raises(ValueError, match="q2 shape"):
         diff_attention(q1, q2[:, :2], k1, k2, v, lam)
     with pytest.raises(TypeError, match="k1 is torch.float64"):

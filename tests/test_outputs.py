@@ -6,9 +6,13 @@ refusal the user's files are checked byte for byte."""
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from diff_transformer.cli import main
@@ -251,7 +255,7 @@ def test_an_output_holding_files_it_does_not_own_is_never_replaced(capsys, hf, c
     export made inside a checkpoint) is refused even with --overwrite: replacing it would delete them."""
     export = tmp_path / "hf"
     assert main(["export-hf", str(ckpt), str(export)]) == 0
-    assert main(["import-hf", str(export), str(export / "back")]) == 0  # a checkpoint written inside the export
+    shutil.copytree(ckpt, export / "back")  # the user's copy of a checkpoint put inside the export
     (tmp_path / "text.txt").write_text("Some text to tokenize.\n" * 50)
     data = tmp_path / "data"
     assert main(["prepare", str(tmp_path / "text.txt"), "--out", str(data), "--tokenizer", "bytes"]) == 0
@@ -323,3 +327,109 @@ def test_a_new_run_never_replaces_the_logs_of_an_earlier_one(capsys, byte_datase
     refused(capsys, ["train", "--config", str(config), "--set", f"run.checkpoint_dir={tmp_path / 'second'}"],
             "holds the logs of an earlier run (metrics.jsonl), and there is no checkpoint")
     assert main(["train", "--config", str(config), "--resume"]) == 0
+
+
+# --- a training checkpoint is replaced only by its own run ----------------------------------------
+
+
+HOLDER = """
+import pathlib, sys, time
+from diff_transformer.files import lock_output_dir
+lock = lock_output_dir(sys.argv[1])
+pathlib.Path(sys.argv[2]).write_text("locked")
+time.sleep(120)
+"""
+
+
+def test_a_training_checkpoint_is_never_replaced_by_a_weights_only_write(capsys, hf, byte_dataset,  # noqa: F811
+                                                                          tmp_path):
+    """save_pretrained, import-hf and export-hf onto a run's checkpoint (or onto the ``.old`` version
+    an interrupted save left) are refused, --overwrite or not, naming the training state; nothing is
+    written inside a checkpoint; the run itself still replaces its checkpoint when resumed."""
+    config = _write_config(tmp_path, byte_dataset, stop_at_step=1)
+    assert main(["train", "--config", str(config)]) == 0
+    checkpoint = tmp_path / "run" / "checkpoint"
+    export = tmp_path / "hf"
+    assert main(["export-hf", str(checkpoint), str(export)]) == 0  # reading a training checkpoint is fine
+    capsys.readouterr()
+    state = f"{checkpoint}: holds the training state of a run (training_state.pt), which only that run replaces"
+    before = snapshot(tmp_path)
+    with pytest.raises(OutputPathError, match=re.escape(state)):
+        LanguageModel.from_pretrained(checkpoint).save_pretrained(checkpoint, overwrite=True)
+    for overwrite in ([], ["--overwrite"]):
+        refused(capsys, ["import-hf", str(export), str(checkpoint), *overwrite], state)
+        refused(capsys, ["export-hf", str(checkpoint), str(checkpoint), *overwrite], "which this command reads")
+        refused(capsys, ["export-hf", str(checkpoint), str(checkpoint / "hf"), *overwrite],
+                f"{checkpoint / 'hf'}: inside {checkpoint}, a diff-transformer checkpoint, which is written as a whole")
+    assert snapshot(tmp_path) == before
+
+    old = checkpoint.with_name(".checkpoint.old")  # a save interrupted between its two renames
+    checkpoint.rename(old)
+    before = snapshot(tmp_path)
+    with pytest.raises(OutputPathError, match=re.escape(f"{checkpoint}: has its previous version in {old}")):
+        LanguageModel.from_pretrained(old).save_pretrained(checkpoint)
+    refused(capsys, ["import-hf", str(export), str(checkpoint), "--overwrite"], "which holds the training state")
+    assert snapshot(tmp_path) == before
+
+    assert main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=null"]) == 0  # its own run
+    assert not old.exists() and torch.load(checkpoint / "training_state.pt", weights_only=True)["step"] == 2
+
+
+def test_nothing_is_written_inside_a_running_run_or_a_project_output(capsys, hf, ckpt, tmp_path):
+    """A directory another process is training into (its lock held) takes no output, not even one
+    beside its checkpoint; nor does a checkpoint, an export or a dataset take a file (a tokenizer)."""
+    import subprocess
+    import sys
+    import time
+
+    run = claim_output_dir(tmp_path / "run", "train-run")
+    marker = tmp_path / "locked"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), str(marker)])
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and holder.poll() is None:
+            time.sleep(0.05)
+        before = snapshot(tmp_path)
+        busy = f"{run}: in use by another diff-transformer process (pid {holder.pid} on "
+        refused(capsys, ["export-hf", str(ckpt), str(run / "hf")], busy)
+        refused(capsys, ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(run / "eval"), "--quick"], busy)
+        assert snapshot(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["export-hf", str(ckpt), str(run / "hf")]) == 0  # once the run has ended: a new output beside its logs
+    capsys.readouterr()
+    text = tmp_path / "text.txt"
+    text.write_text("Some text to tokenize, and some more text to tokenize.\n" * 40)
+    before = snapshot(tmp_path)
+    for directory in (ckpt, run / "hf"):
+        refused(capsys, ["tokenizer", "train", "--input", str(text), "--out", str(directory / "tokenizer.json"),
+                         "--vocab-size", "260", "--overwrite"], f"inside {directory}, a diff-transformer")
+    assert snapshot(tmp_path) == before
+
+
+def test_another_rank_of_the_same_torchrun_job_is_not_another_writer(tmp_path, monkeypatch):
+    """Under torchrun, rank 0 locks the run and every rank checks its directories: a lock held by a
+    rank of the same job (same rendezvous) is not another writer; one of another job is."""
+    import subprocess
+    import sys
+    import time
+
+    job = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "r1"}
+    run = claim_output_dir(tmp_path / "run", "train-run")
+    marker = tmp_path / "locked"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run), str(marker)], env={**os.environ, **job})
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and holder.poll() is None:
+            time.sleep(0.05)
+        for name, value in job.items():
+            monkeypatch.setenv(name, value)
+        assert check_output_dir(run / "checkpoint", "checkpoint") == run / "checkpoint"  # rank 1 of the same job
+        monkeypatch.setenv("MASTER_PORT", "29512")  # another job
+        with pytest.raises(OutputPathError, match=re.escape(f"{run}: in use by another diff-transformer process (pid "
+                                                            f"{holder.pid} on ")):
+            check_output_dir(run / "checkpoint", "checkpoint")
+    finally:
+        holder.kill()
+        holder.wait()

@@ -33,7 +33,8 @@ def test_a_pipe_gets_a_line_every_tenth_and_at_the_end():
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue()
     assert len(lines) == 10  # 5, 10, ..., 50: each 10%; close adds nothing new
-    assert lines[0] == "diff: 5/50 step (10%), 10 step/s, 0 s elapsed, ~4 s left"
+    assert lines[0] == "diff: 5/50 step (10%), 0 s elapsed"  # half a second: too soon for a rate
+    assert lines[3] == "diff: 20/50 step (40%), 10 step/s, 2 s elapsed, ~3 s left"
     assert lines[-1].startswith("diff: 50/50 step (100%)")
 
 
@@ -47,11 +48,41 @@ def test_a_slow_loop_gets_a_line_every_interval():
     bar.close()
     lines = out.getvalue().splitlines()
     assert len(lines) == 5  # one per 30 s; the last update was already printed
-    assert lines[2] == "run: 3/10,000 step (0%), 0.0323 step/s, 93 s elapsed, ~309907 s left"
+    assert lines[2] == "run: 3/10,000 step (0%), 0.0323 step/s, 93 s elapsed, ~86.1 h left"  # 9,997 × 31 s
     bar = LineProgress(total=10, desc="x", file=out, clock=clock)
     bar.update(1)
     bar.close()  # the final count is printed even below 10% and before the interval
     assert out.getvalue().splitlines()[-1].startswith("x: 1/10 it (10%)")
+
+
+def test_no_rate_before_a_second_has_passed_then_sane_figures():
+    """A fast loop's first lines carry no rate or time left (over milliseconds they are noise: 2.09e+10 B/s,
+    ~0 s left); later rates are plain numbers with thousands separators, durations in minutes or hours."""
+    out, clock = io.StringIO(), FakeClock()
+    bar = LineProgress(total=200_000, desc="fast", unit="tok", file=out, clock=clock)
+    clock.now = 0.004
+    bar.update(100_000)
+    clock.now = 4.0
+    bar.update(50_000)
+    assert out.getvalue().splitlines() == [
+        "fast: 100,000/200,000 tok (50%), 0 s elapsed",
+        "fast: 150,000/200,000 tok (75%), 37,500 tok/s, 4 s elapsed, ~1 s left",  # 150,000 / 4 s; 50,000 left
+    ]
+    out, clock = io.StringIO(), FakeClock()
+    bar = LineProgress(total=10, desc="slow", unit="step", file=out, clock=clock)
+    clock.now = 600.0
+    bar.update(1)
+    assert out.getvalue().strip() == "slow: 1/10 step (10%), 0.00167 step/s, 10.0 min elapsed, ~90.0 min left"
+
+
+def test_unit_scale_writes_si_prefixes():
+    out, clock = io.StringIO(), FakeClock()
+    bar = LineProgress(total=2_140_000, desc="tokenizing", unit="B", unit_scale=True, file=out, clock=clock)
+    clock.now = 2.0
+    bar.update(1_000_000)
+    assert out.getvalue().strip() == "tokenizing: 1 MB/2.14 MB (47%), 500 kB/s, 2 s elapsed, ~2 s left"
+    assert isinstance(progress(total=3, unit="B", unit_scale=True, file=io.StringIO()), LineProgress)
+    assert progress(total=3, unit="B", unit_scale=True, file=io.StringIO()).unit_scale
 
 
 def test_iterating_and_resuming_from_an_initial_count():

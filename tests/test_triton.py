@@ -22,6 +22,7 @@ from diff_transformer.config import ModelConfig  # noqa: E402
 from diff_transformer.model import LanguageModel  # noqa: E402
 from diff_transformer.ops import diff_attention, resolve_backend  # noqa: E402
 
+pytestmark = pytest.mark.gpu  # every case runs on the GPU when there is one (scripts/gpu_check.sh selects them)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_kernels = pytest.mark.skipif(
@@ -172,6 +173,9 @@ def test_clear_errors():
     q1, q2, k1, k2, v, lam = make_inputs(1, 2, 2, 8, 8, 24)
     with pytest.raises(ValueError, match="head dims"):
         diff_attention(q1, q2, k1, k2, v, lam, backend="triton")
+    q1, q2, k1, k2, v, lam = make_inputs(1, 2, 2, 8, 8, 16)
+    with pytest.raises(ValueError, match=r"takes v of width 2d = 32 .* got 16 \(a converted Transformer's heads"):
+        diff_attention(q1, q2, k1, k2, v[..., :16], lam, backend="triton")  # value_factor=1: d wide
 
 
 def test_missing_triton_is_a_clear_error(monkeypatch):

@@ -1,4 +1,4 @@
-"""The attention modules: standard, differential (DIFF), DIFF V2 and symmetric DIFF.
+"""The attention modules: standard, differential (DIFF), DIFF V2, symmetric DIFF and gated attention.
 
 Shapes: B batch, T new tokens, S keys (T plus what the KV cache holds), E = d_model,
 H heads of this module, Hkv key/value heads, d = config.head_dim.
@@ -7,7 +7,9 @@ Weight layout of DIFF follows the authors' code so their state dicts load as the
 q_proj (E -> 2H·d) viewed as 2H sub-heads of width d, DIFF head h taking sub-heads 2h (Q1) and
 2h+1 (Q2); k_proj (E -> 2Hkv·d) likewise for K1/K2 of KV group g; v_proj (E -> Hkv·2d);
 o_proj (2H·d = E -> E). RoPE is the interleaved (GPT-J) kind, applied per d-wide sub-head.
+With ``config.value_factor = 1`` (a converted Transformer) a DIFF head's value is d wide, not 2d.
 Symmetric DIFF has one qk_proj in the place of q_proj and k_proj: its keys are its queries.
+Gated attention is the standard kind plus gate_proj (E -> H·d, or E -> H for one gate per head).
 """
 
 from __future__ import annotations
@@ -223,13 +225,16 @@ class StandardAttention(Attention):
 class DiffAttention(Attention):
     """Multi-head differential attention (paper §2.1), H DIFF heads of two d-wide groups.
 
-    q (B, 2H, T, d) and k (B, 2Hkv, S, d) hold the groups as interleaved sub-heads; v (B, Hkv, S, 2d).
-    Parameters beyond a matched standard attention: λ vectors 4d, head-norm weight 2d.
+    q (B, 2H, T, d) and k (B, 2Hkv, S, d) hold the groups as interleaved sub-heads; v (B, Hkv, S, 2d),
+    or (B, Hkv, S, d) with ``value_factor=1``. Parameters beyond a matched standard attention: λ
+    vectors 4d, head-norm weight 2d.
     """
 
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
-        super().__init__(config, layer_index, q_heads=2 * h, k_heads=2 * hkv, value_width=2 * d, out_heads=h)
+        super().__init__(
+            config, layer_index, q_heads=2 * h, k_heads=2 * hkv, value_width=config.value_factor * d, out_heads=h
+        )
         # λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, one scalar per layer; vectors kept in fp32.
         self.lambda_q1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
         self.lambda_k1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
@@ -319,9 +324,44 @@ class DiffV2Attention(Attention):
         return out[:, 0::2] - gate.to(out.dtype) * out[:, 1::2], AttentionMaps(maps.logits, maps.probs, combined)
 
 
+class GatedAttention(StandardAttention):
+    """Gated attention (Qiu et al. 2025, "Gated Attention for Large Language Models", gate G1): the
+    standard kind's heads, each head's output multiplied by sigmoid(x · W_g) before o_proj.
+
+    attention="gated": gate_proj (E -> H·d), one gate per channel of each head (one d_model² matrix
+    per layer more than the matched Transformer, at its presets); "gated_headwise": gate_proj
+    (E -> H), one gate per head and token. Both bias-free, as the paper's σ(X W_θ) (its code adds the
+    gate's rows to a bias-free q_proj), and initialised as q_proj, N(0, init_std) (sigmoid ≈ 0.5 at
+    init). No head norm: a per-head norm after the gate would undo a per-head gate.
+    """
+
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__(config, layer_index)
+        gates_per_head = config.head_dim if config.attention == "gated" else 1
+        self.gate_proj = nn.Linear(config.d_model, config.n_heads * gates_per_head, bias=False)
+
+    def input_projections(self) -> tuple[nn.Linear, ...]:
+        return self.q_proj, self.k_proj, self.v_proj, self.gate_proj
+
+    def _gate(self, x: Tensor) -> Tensor:
+        """sigmoid(x W_g): (B, T, E) -> (B, H, T, d) or, one gate per head, (B, H, T, 1); fp32."""
+        b, t, _ = x.shape
+        return torch.sigmoid(self.gate_proj(x).float()).view(b, t, self.config.n_heads, -1).transpose(1, 2)
+
+    def attend(self, q, k, v, x, *, cache, attn_mask):
+        out = super().attend(q, k, v, x, cache=cache, attn_mask=attn_mask)  # (B, H, T, d)
+        return out * self._gate(x).to(out.dtype)
+
+    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+        out, maps = super().attend_with_maps(q, k, v, x, attn_mask=attn_mask, logits_transform=logits_transform)
+        return out * self._gate(x).to(out.dtype), maps  # the maps are softmax maps: the gate acts after them
+
+
 ATTENTION_CLASSES: dict[str, type[Attention]] = {
     "standard": StandardAttention,
     "diff": DiffAttention,
     "diff_v2": DiffV2Attention,
     "diff_symmetric": DiffSymmetricAttention,
+    "gated": GatedAttention,
+    "gated_headwise": GatedAttention,
 }

@@ -5,8 +5,9 @@ tensors keep their addresses. Per layer:
 
     standard  k (B, Hkv, L, d)    v (B, Hkv, L, d)
     diff      k (B, 2Hkv, L, d)   v (B, Hkv, L, 2d)   K1/K2 interleaved as sub-heads 2g, 2g+1
+              (v (B, Hkv, L, d) with value_factor = 1)
               (diff_symmetric alike, its keys being its rotated queries)
-    diff_v2   k (B, Hkv, L, d)    v (B, Hkv, L, d)
+    diff_v2   k (B, Hkv, L, d)    v (B, Hkv, L, d)    (gated, gated_headwise alike: the gate is computed from x)
 
 Two kinds, one interface (``positions``, ``update``, ``advance``, ``expand``, ``reset``):
 
@@ -21,6 +22,7 @@ Two kinds, one interface (``positions``, ``update``, ``advance``, ``expand``, ``
 from __future__ import annotations
 
 import copy
+import numbers
 
 import torch
 from torch import Tensor
@@ -49,9 +51,15 @@ class KVCache:
     def _allocate(
         self, config: ModelConfig, batch_size: int, max_len: int, device: torch.device | str, dtype: torch.dtype
     ) -> None:
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} of a KV cache must be a positive integer, got {value!r}")
+        batch_size, max_len = int(batch_size), int(max_len)  # NumPy integers (a tokenizer's counts) as Python's
+        if max_len > config.max_seq_len:  # positions beyond it have no RoPE angle: never reachable
+            raise ValueError(f"a KV cache of {max_len} tokens exceeds max_seq_len={config.max_seq_len}")
         d, hkv = config.head_dim, config.n_kv_heads
         if config.attention in DIFF_HEAD_KINDS:
-            k_shape, v_shape = (batch_size, 2 * hkv, max_len, d), (batch_size, hkv, max_len, 2 * d)
+            k_shape, v_shape = (batch_size, 2 * hkv, max_len, d), (batch_size, hkv, max_len, config.value_factor * d)
         else:
             k_shape = v_shape = (batch_size, hkv, max_len, d)
         self.keys = [torch.zeros(k_shape, device=device, dtype=dtype) for _ in range(config.n_layers)]

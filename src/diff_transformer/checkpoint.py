@@ -28,13 +28,17 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
-from .files import OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, naming_os_errors, os_error_naming
-from .tokenizer import BPE_FILE, BYTES_CONFIG, load_tokenizer
+from .files import (OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, lock_output, naming_os_errors,
+                    os_error_naming)
+from .tokenizer import BPE_FILE, BYTES_CONFIG, as_tokenizer, load_tokenizer, same_tokenizer
 
 FORMAT = "diff-transformer"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# A model's vocabulary may be its tokenizer's padded up to a multiple of this (cl100k's 100,277 ids -> the
+# paper presets' 100,288): the padding ids are never trained, so the tokenizer still fits the model.
+VOCAB_PADDING = 64
 
 
 class CheckpointError(ValueError):
@@ -64,19 +68,34 @@ def _fault_point(point: str) -> None:
 
 def write_directory_atomically(directory: str | Path, write: Callable[[Path], None], *, kind: str,
                                overwrite: bool = False, reading: Iterable[str | Path] = (),
-                               hint: str = "pass --overwrite to replace it") -> Path:
+                               hint: str = "pass --overwrite to replace it", own_training_state: bool = False) -> Path:
     """Call ``write(tmp_dir)`` then move tmp_dir to ``directory``, replacing an old version.
 
-    ``directory`` is first checked by :func:`~diff_transformer.files.check_output_dir` (``kind``,
-    ``overwrite``, ``reading``, ``hint`` as there): only an output of the same kind that the project
-    wrote is ever replaced, and only with ``overwrite``. The new directory carries the marker,
-    unless its own files say what it is (a checkpoint's config.json, a dataset's meta.json).
-    The old directory is renamed aside before the new one takes its name and deleted after, so
-    at every moment one complete version exists under ``directory`` or its ``.old`` sibling.
-    A failure of the operating system (a full disk...) is an OSError naming the file under
-    ``directory`` that was being written; nothing of the attempt is left.
+    The writer holds the lock of ``directory`` (:func:`~diff_transformer.files.lock_output`, a file
+    beside it) from the check to the swap: a second writer is refused with the first's pid instead
+    of replacing its output. ``directory`` is checked by
+    :func:`~diff_transformer.files.check_output_dir` (``kind``, ``overwrite``, ``reading``, ``hint``,
+    ``own_training_state`` as there): only an output of the same kind that the project wrote is
+    ever replaced, only with ``overwrite``, and a training checkpoint only by its own run. The new
+    directory carries the marker, unless its own files say what it is (a checkpoint's config.json,
+    a dataset's meta.json). The old directory is renamed aside before the new one takes its name
+    and deleted after, so at every moment one complete version exists under ``directory`` or its
+    ``.old`` sibling. A failure of the operating system (a full disk...) is an OSError naming the
+    file under ``directory`` that was being written; nothing of the attempt is left.
     """
-    directory = check_output_dir(directory, kind, overwrite=overwrite, reading=reading, hint=hint)
+    check_output_dir(directory, kind, overwrite=overwrite, reading=reading, hint=hint,
+                     own_training_state=own_training_state)  # refused before anything is created
+    with lock_output(directory):
+        return _write_directory_locked(Path(directory), write, kind=kind, overwrite=overwrite, reading=reading,
+                                       hint=hint, own_training_state=own_training_state)
+
+
+def _write_directory_locked(directory: Path, write: Callable[[Path], None], *, kind: str, overwrite: bool,
+                            reading: Iterable[str | Path], hint: str, own_training_state: bool) -> Path:
+    """:func:`write_directory_atomically` once its lock is held: checked again (another writer may
+    have finished since the first check), then written and swapped in."""
+    directory = check_output_dir(directory, kind, overwrite=overwrite, reading=reading, hint=hint,
+                                 own_training_state=own_training_state)
     with naming_os_errors(directory):
         directory.parent.mkdir(parents=True, exist_ok=True)
         remove_abandoned_temporaries(directory)
@@ -182,15 +201,21 @@ def save_pretrained(
     overwrite: bool = False,
     reading: Iterable[str | Path] = (),
     hint: str = "pass overwrite=True (--overwrite) to replace it",
+    own_training_state: bool = False,
 ) -> Path:
     """Write ``model`` (a LanguageModel) and optionally its tokenizer to ``directory``.
 
+    ``tokenizer`` is a tokenizer or its name or path ("bytes", "default", a tokenizers JSON file).
     ``state`` replaces the model's own state dict (e.g. full weights gathered from FSDP shards);
     ``extra_files(tmp_dir)`` writes more files into the same atomically written directory.
     ``directory`` must be new, empty, or (with ``overwrite``) a checkpoint of this project; any
     other path is an :class:`~diff_transformer.files.OutputPathError` (``reading``, ``hint``: see
-    :func:`write_directory_atomically`).
+    :func:`write_directory_atomically`). A directory holding a training state (``training_state.pt``)
+    is refused, ``overwrite`` or not: only the run that owns it replaces it, passing
+    ``own_training_state`` (train/state.py's save, compare's copy of its own run).
     """
+    if tokenizer is not None:
+        tokenizer = as_tokenizer(tokenizer)
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}"
@@ -208,7 +233,7 @@ def save_pretrained(
             extra_files(tmp)
 
     return write_directory_atomically(directory, write, kind="checkpoint", overwrite=overwrite, reading=reading,
-                                      hint=hint)
+                                      hint=hint, own_training_state=own_training_state)
 
 
 def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
@@ -256,14 +281,25 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
-    """``model.load_state_dict`` that names every missing, unexpected or mis-shaped tensor."""
+    """``model.load_state_dict`` that names every missing, unexpected, mis-shaped or mis-typed tensor.
+
+    A floating tensor of the model takes a floating tensor of any precision (fp16 and bf16 weights
+    are converted, as load_state_dict converts them); an integer, bool or complex one is refused:
+    converting it would load other values (an int32 file's weights become whole numbers, mostly 0).
+    """
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
+    common = sorted(set(state) & set(expected))
     mis_shaped = [
         f"{k}: {tuple(state[k].shape)} in {source}, {tuple(expected[k].shape)} in the model"
-        for k in sorted(set(state) & set(expected))
+        for k in common
         if state[k].shape != expected[k].shape
+    ]
+    mis_typed = [
+        f"{k} is {state[k].dtype} (the model's {expected[k].dtype})"
+        for k in common
+        if expected[k].is_floating_point() and not state[k].is_floating_point()
     ]
     problems = []
     if missing:
@@ -272,6 +308,9 @@ def load_state_dict_checked(model: nn.Module, state: dict[str, torch.Tensor], so
         problems.append(f"not in the model: {', '.join(unexpected)}")
     if mis_shaped:
         problems.append("shape mismatch: " + "; ".join(mis_shaped))
+    if mis_typed:  # a file of the wrong dtype has it everywhere: the first few tell
+        more = f"; and {len(mis_typed) - 3} more" if len(mis_typed) > 3 else ""
+        problems.append("not floating point: " + "; ".join(mis_typed[:3]) + more)
     if problems:
         raise CheckpointError(f"{source} cannot be loaded into this model config — " + " | ".join(problems))
     model.load_state_dict(state)
@@ -289,5 +328,40 @@ def load_checkpoint_tokenizer(directory: str | Path, vocab_size: int | None = No
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise CheckpointError(
             f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {vocab_size}"
+        )
+    return tokenizer
+
+
+def tokenizer_for_model(directory: str | Path, vocab_size: int, given=None, *, what: str = "tokenizer"):
+    """The tokenizer to read the model of checkpoint ``directory`` (``vocab_size`` ids) with:
+    ``given`` (a tokenizer, or its name or path) when there is one, else the checkpoint's own, or None.
+
+    ``given`` must be the tokenizer the model was trained with: the checkpoint's own when it holds
+    one (the same kind, size, end-of-text id and merges); else one of ``vocab_size`` ids, or fewer
+    that ``vocab_size`` pads up to a multiple of VOCAB_PADDING. Anything else is a CheckpointError
+    naming ``what`` and both sizes: the model would generate ids the tokenizer drops, or read its
+    ids as other tokens.
+    """
+    stored = load_checkpoint_tokenizer(directory, vocab_size)
+    if given is None:
+        return stored
+    tokenizer = as_tokenizer(given, what)
+    named = f"{what} {given}" if isinstance(given, (str, Path)) else what
+    size = f"{type(tokenizer).__name__} of {tokenizer.vocab_size:,} tokens"
+    if tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(f"{named}: {size}, more than the model's vocab_size {vocab_size:,} (not the tokenizer "
+                              f"of this model)")
+    if stored is not None and not same_tokenizer(stored, tokenizer):
+        alike = type(stored) is type(tokenizer) and stored.vocab_size == tokenizer.vocab_size
+        raise CheckpointError(
+            f"{named}: {size}, but {directory} holds the tokenizer its model was trained with ({type(stored).__name__} "
+            f"of {stored.vocab_size:,} tokens{', other merges' if alike else ''}): leave {what} out to use it"
+        )
+    padded = -(-tokenizer.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    if stored is None and vocab_size not in (tokenizer.vocab_size, padded):
+        raise CheckpointError(
+            f"{named}: {size} for a model of vocab_size {vocab_size:,}: ids {tokenizer.vocab_size:,} to "
+            f"{vocab_size - 1:,} would have no text (not the tokenizer of this model; a model's vocabulary is its "
+            f"tokenizer's, or that padded up to a multiple of {VOCAB_PADDING})"
         )
     return tokenizer

@@ -2,10 +2,22 @@
 
 Head counting follows the paper. For ``attention="diff"`` (and ``"diff_symmetric"``), ``n_heads``
 counts DIFF heads, each holding two query/key groups of width ``head_dim`` (d) and a value of
-width 2d, so ``head_dim = d_model / (2 * n_heads)``. For ``"standard"`` and ``"diff_v2"`` it
-counts ordinary heads of width d, ``head_dim = d_model / n_heads``. A size preset asked for with
-``attention="standard"`` is the matched Transformer: twice the DIFF heads, the same head dim,
-the same parameters but for the λ vectors and head-norm weights (6d per layer).
+width 2d, so ``head_dim = d_model / (2 * n_heads)``. For ``"standard"``, ``"diff_v2"`` and the
+gated kinds it counts ordinary heads of width d, ``head_dim = d_model / n_heads``. A size preset
+asked for with ``attention="standard"`` is the matched Transformer: twice the DIFF heads, the same
+head dim, the same parameters but for the λ vectors and head-norm weights (6d per layer). The
+wide-head Transformer (DIFF's head count and value width) is ``attention="standard"`` with
+``n_heads`` set to the DIFF head count (``from_preset(..., diff_heads=True)``): head dim 2d, the
+matched Transformer's parameters.
+
+``"gated"`` and ``"gated_headwise"`` are the matched Transformer's attention with a sigmoid gate
+on each head's output before ``o_proj`` (Qiu et al. 2025, position G1): one gate per channel
+(``gate_proj`` d_model -> n_heads·d, one d_model² matrix per layer more) or one per head
+(d_model -> n_heads).
+
+``value_factor=1`` gives DIFF heads a value of width d instead of 2d (``head_dim = d_model /
+n_heads``): a Transformer's heads, each kept as the first map of one DIFF head, which is what
+``diff-transformer convert --init exact`` builds (:mod:`diff_transformer.convert`).
 """
 
 from __future__ import annotations
@@ -15,13 +27,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric")
+ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise")
 # Kinds built of DIFF heads (two d-wide query/key groups, a 2d-wide value, λ vectors, head norm):
 # n_heads counts DIFF heads, presets keep their head counts, λ_init applies.
 DIFF_HEAD_KINDS = ("diff", "diff_symmetric")
+# Kinds that gate each head's attention output by sigmoid(x · gate_proj) before o_proj (Qiu et al. 2025).
+GATED_KINDS = ("gated", "gated_headwise")
 
 # The paper's sizes (Table 10 and Table 9) and small CPU sizes. Head counts are DIFF heads;
-# from_preset doubles them for "standard" and "diff_v2". Vocabulary: cl100k's 100,288 for the
+# from_preset doubles them for the other kinds. Vocabulary: cl100k's 100,288 for the
 # paper's sizes, the shipped byte-level BPE's 8,192 for the CPU sizes.
 PRESETS: dict[str, dict[str, Any]] = {
     # CPU sizes
@@ -56,7 +70,7 @@ def lambda_init_schedule(layer_index: int) -> float:
 
 @dataclass
 class ModelConfig:
-    """A decoder-only LLaMA-style language model with standard, DIFF or DIFF V2 attention.
+    """A decoder-only LLaMA-style language model with standard, DIFF, DIFF V2 or gated attention.
 
     Fields left as None are derived in ``__post_init__``; everything is validated there.
     """
@@ -64,9 +78,9 @@ class ModelConfig:
     vocab_size: int = 8192
     d_model: int = 192
     n_layers: int = 4
-    n_heads: int = 3  # DIFF heads for "diff" and "diff_symmetric"; ordinary heads for "standard" and "diff_v2"
+    n_heads: int = 3  # DIFF heads for "diff" and "diff_symmetric"; ordinary heads for the other kinds
     n_kv_heads: int | None = None  # key/value heads (groups) for GQA; None = n_heads (MHA)
-    attention: str = "diff"  # "standard" | "diff" | "diff_v2" | "diff_symmetric"
+    attention: str = "diff"  # "standard" | "diff" | "diff_v2" | "diff_symmetric" | "gated" | "gated_headwise"
     ffn_hidden: int | None = None  # SwiGLU inner width; None = 8/3·d_model rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     max_seq_len: int = 256
@@ -77,6 +91,9 @@ class ModelConfig:
     lambda_init: float | None = None  # None = the depth schedule; a number = constant (Table 6 ablation)
     lambda_std: float = 0.1  # std of the four λ vectors at init
     head_norm: bool | None = None  # per-head RMSNorm; None = on for the DIFF-head kinds, off otherwise
+    # A DIFF head's value width in units of head_dim d: 2 (the paper's 2d) or, for attention="diff", 1
+    # (d: a Transformer's heads converted one for one). None = the kind's own: 2 for DIFF heads, 1 otherwise.
+    value_factor: int | None = None
     # Initialisation
     init_std: float = 0.02
     # o_proj and down_proj (they write into the residual stream) at init_std / sqrt(2·n_layers), as
@@ -90,11 +107,19 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
-        widths_per_head = 2 if self.attention in DIFF_HEAD_KINDS else 1
-        if self.d_model % (widths_per_head * self.n_heads):
-            what = "2 * n_heads (each DIFF head has two groups)" if widths_per_head == 2 else "n_heads"
+        own_factor = 2 if self.attention in DIFF_HEAD_KINDS else 1
+        if self.value_factor is None:
+            self.value_factor = own_factor
+        allowed = (1, 2) if self.attention == "diff" else (own_factor,)
+        if type(self.value_factor) is not int or self.value_factor not in allowed:  # a bool is no factor
             raise ConfigError(
-                f"d_model={self.d_model} must be divisible by {what} = {widths_per_head * self.n_heads}"
+                f"value_factor must be {' or '.join(map(str, allowed))} with attention={self.attention!r} (a head's "
+                f"value width in units of head_dim; 1 only for 'diff'), got {self.value_factor!r}"
+            )
+        if self.d_model % (self.value_factor * self.n_heads):
+            what = "2 * n_heads (each DIFF head has two groups)" if self.value_factor == 2 else "n_heads"
+            raise ConfigError(
+                f"d_model={self.d_model} must be divisible by {what} = {self.value_factor * self.n_heads}"
             )
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
@@ -115,6 +140,10 @@ class ModelConfig:
             self.head_norm = self.attention in DIFF_HEAD_KINDS
         if self.head_norm and self.attention == "diff_v2":
             raise ConfigError("head_norm: DIFF V2 has no per-head norm; leave head_norm unset or False")
+        if self.head_norm and self.attention in GATED_KINDS:
+            # a per-head norm after the gate would undo a head's gate (a per-head scale) entirely
+            raise ConfigError(f"head_norm: attention={self.attention!r} gates each head's output, which a per-head "
+                              "norm would undo; leave head_norm unset or False")
         if self.lambda_init is not None and self.attention not in DIFF_HEAD_KINDS:
             raise ConfigError(f"lambda_init only applies to attention={' or '.join(map(repr, DIFF_HEAD_KINDS))}, not {self.attention!r}")
         for name in ("rope_theta", "norm_eps", "init_std", "lambda_std"):
@@ -131,23 +160,27 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         """d: the width of one query/key group (DIFF heads) or of one head (standard, DIFF V2)."""
-        return self.d_model // (2 * self.n_heads if self.attention in DIFF_HEAD_KINDS else self.n_heads)
+        return self.d_model // (self.value_factor * self.n_heads)
 
     def lambda_init_for(self, layer_index: int) -> float:
         """λ_init of the 0-based layer: the constant if set, else the depth schedule."""
         return self.lambda_init if self.lambda_init is not None else lambda_init_schedule(layer_index)
 
     @classmethod
-    def from_preset(cls, name: str, attention: str = "diff", **overrides: Any) -> "ModelConfig":
+    def from_preset(
+        cls, name: str, attention: str = "diff", *, diff_heads: bool = False, **overrides: Any
+    ) -> "ModelConfig":
         """A named size with the given attention kind, e.g. ``from_preset("1.4b", attention="standard")``.
 
-        The presets hold DIFF head counts; "standard" and "diff_v2" get twice as many heads
-        (and key/value heads) of the same width, unless ``overrides`` set them.
+        The presets hold DIFF head counts; the other kinds ("standard", "diff_v2", the gated kinds)
+        get twice as many heads (and key/value heads) of the same width, unless ``overrides`` set them
+        or ``diff_heads`` keeps DIFF's: with attention="standard", the wide-head Transformer (DIFF's
+        head count and value width 2d, the matched Transformer's parameters).
         """
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         fields = dict(PRESETS[name])
-        if attention not in DIFF_HEAD_KINDS:
+        if attention not in DIFF_HEAD_KINDS and not diff_heads:
             for key in ("n_heads", "n_kv_heads"):
                 if fields.get(key) is not None:
                     fields[key] *= 2

@@ -12,12 +12,20 @@ a directory the project writes is known by its checkpoint's config.json or its d
 meta.json, or else by a small marker file, ``.diff-transformer``, naming the kind of output it
 holds; a non-empty directory with neither is refused, as are the current directory, its
 ancestors, and the sources being read. An output replaced as a whole (a checkpoint, an export, a
-dataset) is replaced only if it holds nothing but what the project writes there.
+dataset) is replaced only if it holds nothing but what the project writes there, and nothing is
+ever written inside one. A training checkpoint (its ``training_state.pt``) is replaced only by
+the run that owns it, never by a weights-only write, ``overwrite`` or not.
 
-One writer per run (:func:`lock_output_dir`): a training run or a comparison holds an exclusive
-lock on its directory, ``DIR/.lock`` (``fcntl.flock``, which the kernel releases when the process
-ends, however it ends; the file names the holder's pid and host). A second process is refused
-with the holder's pid; a lock file left by a process that was killed is taken over, with a note.
+One writer per output: a training run or a comparison holds an exclusive lock on its directory,
+``DIR/.lock`` (:func:`lock_output_dir`); a dataset, an export, a checkpoint or an evaluation's
+results are locked through a file beside them, ``.NAME.lock`` (:func:`lock_output`), which exists
+before the output does. The lock is ``fcntl.flock``, which the kernel releases when the process
+ends, however it ends; the file names the holder's pid and host. A second process is refused
+with the holder's pid, and so is a write inside a directory another process is writing (a running
+training run); a lock file left by a process that was killed is taken over, with a note.
+
+Files that make one result together (an evaluation's plot and its JSON) are written by
+:func:`write_files_together`: all of them or, on a failure, none.
 
 A writer's failure that comes from the operating system (a full disk, a read-only file system, no
 permission), including the failures torch, safetensors and tokenizers report in their own
@@ -39,9 +47,10 @@ import re
 import socket
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 CACHE_ENV = "DIFF_TRANSFORMER_CACHE"
 OUTPUT_MARKER = ".diff-transformer"  # JSON {"kind": ...}: which of the project's writers made a directory
@@ -53,6 +62,11 @@ OUTPUT_NAMES = {"checkpoint": "checkpoint", "hf-export": "Hugging Face export", 
                 "train-run": "training run", "compare": "comparison", "eval": "evaluation", "bench": "benchmark report"}
 # Kinds whose own file says what they are (file name, its "format"), so they need no marker.
 SELF_IDENTIFYING = {"checkpoint": ("config.json", "diff-transformer"), "dataset": ("meta.json", "diff-transformer-tokens")}
+# Kinds written as a whole, atomically (checkpoint.write_directory_atomically): every write replaces the
+# directory, so nothing may be written inside one.
+WRITTEN_WHOLE = ("checkpoint", "hf-export", "dataset")
+# What makes a checkpoint a training run's (train/state.py): replaced only by that run's own saves.
+TRAINING_STATE_FILE = "training_state.pt"
 LOCK_FILE = ".lock"  # JSON {"pid", "host", "since"} of the process writing into the directory
 # What the project writes into the outputs it replaces as a whole (fnmatch patterns, beside the marker):
 # a model or training checkpoint, a transformers export (the names transformers gives its files), a
@@ -67,7 +81,7 @@ REPLACED_OUTPUT_FILES = {
     "dataset": ("meta.json", "*.bin", "*.document_ends.npy", "tokenizer.json", "tokenizer_config.json"),
     # A training run as compare lays it out (compare replaces an earlier run of the same model, lr and seed).
     "train-run": ("config.yaml", "metrics.jsonl", "summary.json", "tensorboard", "checkpoint", ".lock",
-                  ".checkpoint.tmp-*"),
+                  ".checkpoint.tmp-*", ".checkpoint.lock"),
 }
 
 
@@ -92,25 +106,44 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
 def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Create or replace ``path`` with what ``write(tmp)`` writes to the temporary path ``tmp``
     (which keeps ``path``'s suffix, so writers that infer a format from it still can)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_files_together([(Path(path), write)])[0]
+
+
+def write_files_together(files: Sequence[tuple[Path, Callable[[Path], None]]], *,
+                         remove: Iterable[Path] = ()) -> list[Path]:
+    """Create or replace several files as one result (:func:`write_atomically` for each): every
+    ``write(tmp)`` writes its temporary beside its target first, so a failure (a full disk) leaves
+    every target as it was and no temporary; then the files in ``remove`` (a stale part of an
+    earlier result) are deleted and the temporaries renamed over their targets, in order. Give
+    last the file readers take as the sign that the result exists (an evaluation's JSON)."""
+    written: list[tuple[Path, Path]] = []  # (target, its temporary)
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-    except OSError as exc:  # names the temporary file, which the user never asked for
-        raise os_error_naming(path, exc) from exc
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        with naming_os_errors(path, tmp):
-            write(tmp)
-            with open(tmp, "rb+") as fh:  # durable before it becomes visible
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private
-            os.replace(tmp, path)
+        for path, write in files:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+            except OSError as exc:  # names the temporary file, which the user never asked for
+                raise os_error_naming(path, exc) from exc
+            os.close(fd)
+            tmp = Path(name)
+            written.append((path, tmp))
+            with naming_os_errors(path, tmp):
+                write(tmp)
+                with open(tmp, "rb+") as fh:  # durable before it becomes visible
+                    os.fsync(fh.fileno())
+                os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private
+        for path in remove:
+            with naming_os_errors(path):
+                Path(path).unlink(missing_ok=True)
+        for path, tmp in written:
+            with naming_os_errors(path, tmp):
+                os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for _, tmp in written:
+            tmp.unlink(missing_ok=True)
         raise
-    return path
+    return [path for path, _ in written]
 
 
 def write_text_atomically(path: str | Path, text: str) -> Path:
@@ -194,17 +227,24 @@ def project_output_kind(directory: str | Path) -> str | None:
 
 
 def check_output_dir(directory: str | Path, kind: str, *, overwrite: bool = False, reuse: bool = False,
-                     reading: Iterable[str | Path] = (), hint: str = "pass --overwrite to replace it") -> Path:
+                     reading: Iterable[str | Path] = (), hint: str = "pass --overwrite to replace it",
+                     own_training_state: bool = False) -> Path:
     """Refuse ``directory`` as the place to write an output of ``kind`` if that could destroy
     something the project did not write; returns it as a Path.
 
     Refused: an existing file; the current directory or one of its ancestors; a path among
-    ``reading`` (the sources of this command) or one containing them; a non-empty directory that
-    holds no project output, or one of another kind. A directory holding an output of this kind
-    is refused too unless ``overwrite`` (it will be replaced; ``hint`` says how to ask for that)
-    or ``reuse`` (the writer adds to it and replaces only its own files: logs, results); and,
-    overwrite or not, one that is replaced as a whole (REPLACED_OUTPUT_FILES) while it also holds
-    files the project did not write there (the user's notes, an export made inside a checkpoint).
+    ``reading`` (the sources of this command) or one containing them; a path inside an output that
+    is written as a whole (WRITTEN_WHOLE: a checkpoint, an export, a dataset), or inside (or at) a
+    directory another process is writing (:func:`writing_process`); a directory holding a training
+    state (or whose ``.NAME.old``, left by an interrupted save, holds one) unless
+    ``own_training_state``, which only the training run that owns it passes (its saves replace its
+    previous checkpoint); a non-empty directory that holds no project output, or one of another
+    kind. A directory holding an output of this kind is refused too unless ``overwrite`` (it will
+    be replaced; ``hint`` says how to ask for that) or ``reuse`` (the writer adds to it and replaces
+    only its own files: logs, results); and, overwrite or not, one that is replaced as a whole
+    (REPLACED_OUTPUT_FILES) while it also holds files the project did not write there (the user's
+    notes, an export made inside a checkpoint). A missing ``directory`` whose ``.NAME.old`` holds an
+    output (the only complete version after an interrupted swap) is checked as that output.
     """
     path = Path(directory)
     resolved = path.resolve()
@@ -220,26 +260,58 @@ def check_output_dir(directory: str | Path, kind: str, *, overwrite: bool = Fals
         if resolved == source or resolved in source.parents:
             what = "is" if resolved == source else "contains"
             raise OutputPathError(f"{path}: {what} {source}, which this command reads; choose another output directory")
-    if path.is_dir() and any(path.iterdir()):
-        found = project_output_kind(path)
+    check_output_place(path, name)
+    old = resolved.with_name(f".{resolved.name}.old")  # (resolved: the root, which has no name, is refused above)
+    if not own_training_state:
+        for place in (path, old):
+            if (place / TRAINING_STATE_FILE).is_file():
+                where = "holds" if place is path else (f"has its previous version in {old} (left by an interrupted "
+                                                       "save), which holds")
+                raise OutputPathError(f"{path}: {where} the training state of a run ({TRAINING_STATE_FILE}), which "
+                                      f"only that run replaces (train --resume continues it), --overwrite or not; "
+                                      f"write the {name} to another directory")
+    current = old if not path.exists() and old.is_dir() and project_output_kind(old) is not None else path
+    note = "" if current == path else f" (as {old}, left by an interrupted write)"
+    if current.is_dir() and any(current.iterdir()):
+        found = project_output_kind(current)
         if found is None:
-            names = sorted(p.name for p in path.iterdir())
+            names = sorted(p.name for p in current.iterdir())
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             raise OutputPathError(f"{path}: a non-empty directory that diff-transformer did not write (it holds "
                                   f"{shown}); choose a new or empty directory")
         if found != kind:
             other = _output_name(found)
-            raise OutputPathError(f"{path}: holds a diff-transformer {other}, not {_article(name)} {name}; choose another "
-                                  "directory")
-        foreign = [] if reuse else foreign_entries(path, kind)
+            raise OutputPathError(f"{path}: holds a diff-transformer {other}{note}, not {_article(name)} {name}; "
+                                  "choose another directory")
+        foreign = [] if reuse else foreign_entries(current, kind)
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise OutputPathError(f"{path}: holds a diff-transformer {name} and also {shown}, which are not part of "
-                                  f"it and would be deleted with it when it is replaced; move them out, or choose "
+            raise OutputPathError(f"{path}: holds a diff-transformer {name}{note} and also {shown}, which are not part "
+                                  f"of it and would be deleted with it when it is replaced; move them out, or choose "
                                   "another directory")
         if not (overwrite or reuse):
-            raise OutputPathError(f"{path}: already holds a diff-transformer {name}; {hint}")
+            raise OutputPathError(f"{path}: already holds a diff-transformer {name}{note}; {hint}")
     return path
+
+
+def check_output_place(path: str | Path, what: str) -> None:
+    """Refuse ``path`` (a directory or a file to write, ``what`` names it) if it lies inside an output
+    written as a whole (WRITTEN_WHOLE: the next write of that output would delete it, and the output
+    would no longer be the project's alone), or inside, or at, a directory another process is
+    writing (:func:`writing_process`)."""
+    path = Path(path)
+    resolved = path.resolve()
+    for parent in resolved.parents:
+        found = project_output_kind(parent)
+        if found in WRITTEN_WHOLE:
+            raise OutputPathError(f"{path}: inside {parent}, a diff-transformer {_output_name(found)}, which is "
+                                  f"written as a whole (each write replaces the directory); write the {what} "
+                                  "outside it")
+    for place in reversed((resolved, *resolved.parents)):  # the outermost first: a run, not its checkpoint
+        holder = writing_process(place)
+        if holder is not None:
+            raise OutputPathError(f"{place}: in use by another diff-transformer process ({_describe_holder(holder)}); "
+                                  "wait for it to end, or choose another directory")
 
 
 def _output_name(kind: str) -> str:
@@ -276,16 +348,41 @@ def claim_output_dir(directory: str | Path, kind: str, **checks) -> Path:
     return path
 
 
+def unclaim_output_dir(directory: str | Path) -> None:
+    """Remove ``directory``, which :func:`claim_output_dir` created for a writer that then failed,
+    if it holds nothing but its marker: a failed command leaves the file system as it was."""
+    directory = Path(directory)
+    try:
+        if [p.name for p in directory.iterdir()] == [OUTPUT_MARKER]:
+            (directory / OUTPUT_MARKER).unlink()
+            directory.rmdir()
+    except OSError:  # gone, or not ours to remove: left as it is
+        pass
+
+
 # --- one writer per directory -------------------------------------------------------------------
+
+
+_HELD_LOCKS: set[str] = set()  # the lock files this process holds (absolute paths)
+_BUSY_TRIES = 5  # attempts at a lock another process holds before it is refused (about 0.1 s in all)
+
+
+def _lock_key(path: Path) -> str:
+    return os.path.abspath(path)
 
 
 class OutputLock:
     """An exclusive lock held on ``path`` by this process (see :func:`lock_output_dir`);
-    :meth:`release` (or leaving the ``with`` block) removes the lock file and lets the lock go."""
+    :meth:`release` (or leaving the ``with`` block) removes the lock file and lets the lock go, then
+    removes the folders made to hold the file (``created``, deepest first) if they are empty. One
+    with no descriptor stands for a lock this process already held: releasing it does nothing."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int | None, created: Sequence[Path] = ()) -> None:
         self.path = path
-        self._fd: int | None = fd
+        self._fd = fd
+        self.created = list(created)
+        if fd is not None:
+            _HELD_LOCKS.add(_lock_key(path))
 
     def release(self) -> None:
         if self._fd is None:
@@ -294,8 +391,10 @@ class OutputLock:
             self.path.unlink(missing_ok=True)  # while still locked: the next holder creates a fresh file
         except OSError:
             pass
+        _HELD_LOCKS.discard(_lock_key(self.path))
         os.close(self._fd)
         self._fd = None
+        _remove_empty(self.created)
 
     def __enter__(self) -> "OutputLock":
         return self
@@ -312,16 +411,99 @@ def lock_output_dir(directory: str | Path) -> OutputLock:
     return lock_file(directory / LOCK_FILE, f"{directory}: in use by another diff-transformer process")
 
 
+def output_lock_file(path: str | Path) -> Path:
+    """The lock file of the output ``path`` (see :func:`lock_output`): ``.NAME.lock`` beside it."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.lock")
+
+
+def lock_output(path: str | Path) -> OutputLock:
+    """Take the lock of the output ``path`` (a directory written as a whole, or the results one
+    command writes) for this process, or raise :class:`OutputLockedError` naming the process that
+    holds it. The lock file lies beside the output (:func:`output_lock_file`), so it exists before
+    the output and outlives its replacement; folders made to hold it are removed again on release
+    if they stay empty. A lock this process already holds (a writer called by the command that took
+    it) is returned as one that releases nothing."""
+    path = Path(path)
+    lock_path = output_lock_file(path)
+    if _lock_key(lock_path) in _HELD_LOCKS:
+        return OutputLock(lock_path, None)
+    parent = Path(os.path.abspath(path.parent))
+    created = [folder for folder in (parent, *parent.parents) if not folder.exists()]  # deepest first
+    try:
+        with naming_os_errors(path, lock_path):  # a read-only or full file system: named by the output asked for
+            parent.mkdir(parents=True, exist_ok=True)
+            lock = lock_file(lock_path, f"{path}: in use by another diff-transformer process")
+    except BaseException:
+        _remove_empty(created)
+        raise
+    lock.created = created
+    return lock
+
+
+def _remove_empty(folders: Sequence[Path]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty: one that is not (an output went
+    there) stops it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def writing_process(directory: str | Path) -> dict | None:
+    """The process (its lock record: pid, host, since) that is writing into ``directory`` now, or
+    None: another process holding the lock beside it (:func:`lock_output`), or, for a training run,
+    its ``DIR/.lock``. A lock this process holds, one that another rank of this torchrun job holds,
+    or one left by a killed process, is None. (The lock is probed by taking it shared for an instant.)"""
+    directory = Path(directory)
+    if not directory.name:  # the root
+        return None
+    candidates = [output_lock_file(directory)]
+    if project_output_kind(directory) == "train-run":  # a comparison's .lock does not cover its runs
+        candidates.append(directory / LOCK_FILE)
+    for lock_path in candidates:
+        if _lock_key(lock_path) in _HELD_LOCKS:
+            continue
+        try:
+            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(lock_path)
+            if _job() is None or holder.get("job") != _job():  # (rank 0 of this torchrun job writes for every rank)
+                return holder
+        finally:
+            os.close(fd)  # releases the shared lock, if taken
+    return None
+
+
+def _job() -> str | None:
+    """The torchrun job this process is a rank of (its rendezvous: run id, master address and port,
+    which every rank of one job shares and no two running jobs do), or None outside one."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or not os.environ.get("MASTER_PORT"):
+        return None
+    return (f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}@{os.environ.get('MASTER_ADDR', '')}:"
+            f"{os.environ['MASTER_PORT']}")
+
+
 def lock_file(path: str | Path, busy: str) -> OutputLock:
     """:func:`lock_output_dir` for the lock file ``path`` itself; ``busy`` opens the refusal."""
     path = Path(path)
     with naming_os_errors(path):
+        busy_tries = 0
         for _ in range(100):
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
+                busy_tries += 1
+                if busy_tries < _BUSY_TRIES:  # perhaps only writing_process's probe, which lets go at once
+                    time.sleep(0.01 * busy_tries)
+                    continue
                 raise OutputLockedError(f"{busy} ({_describe_holder(_read_holder(path))}); wait for it to end, "
                                         "or choose another directory") from None
             except BaseException:
@@ -342,6 +524,8 @@ def lock_file(path: str | Path, busy: str) -> OutputLock:
                       "releasing it", file=sys.stderr)
             record = {"pid": os.getpid(), "host": socket.gethostname(),
                       "since": datetime.datetime.now().isoformat(timespec="seconds")}
+            if _job() is not None:
+                record["job"] = _job()
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         except BaseException:
@@ -349,6 +533,24 @@ def lock_file(path: str | Path, busy: str) -> OutputLock:
             os.close(fd)
             raise
     return OutputLock(path, fd)
+
+
+def check_unlocked(path: str | Path, busy: str) -> None:
+    """The refusal :func:`lock_file` would give if another process holds the lock file ``path``
+    (``busy`` opens it), without creating the file or keeping a lock: a look before anything is
+    written."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file: nobody holds it (any other trouble is lock_file's to report)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go of at once, when fd closes
+    except BlockingIOError:
+        raise OutputLockedError(f"{busy} ({_describe_holder(_read_holder(path))}); wait for it to end, "
+                                "or choose another directory") from None
+    finally:
+        os.close(fd)
 
 
 def _read_holder(path: Path) -> dict:

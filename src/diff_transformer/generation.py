@@ -98,6 +98,11 @@ def check_generation_arguments(model, prompts, max_new_tokens, temperature, top_
                 raise ValueError(f"prompts[{i}][{j}] = {token!r} is not a token id in [0, vocab_size={vocab})")
     if not _is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    context, longest = model.config.max_seq_len, max(len(p) for p in prompts)  # rows are left-padded to it
+    if longest + max_new_tokens > context:
+        raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len="
+                         f"{context}, the model's context: at most {max(context - longest, 0)} new tokens fit after "
+                         f"this prompt")
     _check_sampling(temperature, top_k, top_p)
     if isinstance(stop_tokens, (str, bytes, Tensor)) or not isinstance(stop_tokens, Iterable):
         raise TypeError(f"stop_tokens must be a list of token ids, e.g. [eos_id], got {stop_tokens!r}")
@@ -119,7 +124,6 @@ def _left_pad(prompts: Sequence[Sequence[int]], device: torch.device) -> tuple[T
     return tokens, real
 
 
-@torch.no_grad()
 def stream(
     model,
     prompts: Sequence[Sequence[int]],
@@ -135,18 +139,23 @@ def stream(
     """Yield the next token of every row, (B,), until all rows stopped or max_new_tokens.
 
     A row that produced a stop token keeps being padded with that token in later steps. Every
-    argument is checked first (:func:`check_generation_arguments`).
+    argument is checked first (:func:`check_generation_arguments`), when ``stream`` is called:
+    the prompt and the new tokens must fit in the model's context (``max_seq_len``).
     """
     stop_tokens = check_generation_arguments(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens)
+    return _stream(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator, compile)
+
+
+@torch.no_grad()
+def _stream(
+    model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator, compile
+) -> Iterator[Tensor]:
+    """:func:`stream` on checked arguments."""
     if max_new_tokens == 0:
         return
     device = model.embed.weight.device
     tokens, real = _left_pad(prompts, device)
     total = tokens.shape[1] + max_new_tokens
-    if total > model.config.max_seq_len:
-        raise ValueError(
-            f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len={model.config.max_seq_len}"
-        )
     cache = model.new_cache(len(prompts), total, static=compile)
     stops = torch.tensor(stop_tokens, dtype=torch.long, device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)

@@ -2,7 +2,7 @@
 
     x = embed(tokens)                                   (B, T, E)
     for each layer:
-        x = x + Attention(RMSNorm(x))                    standard | diff | diff_v2 | diff_symmetric
+        x = x + Attention(RMSNorm(x))                    standard | diff | diff_v2 | diff_symmetric | gated(_headwise)
         x = x + SwiGLU(RMSNorm(x))                       (silu(x W_gate) * x W_up) W_down
     logits = lm_head(RMSNorm(x))                        (B, T, V)
 
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from . import checkpoint
 from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencies
 from .cache import KVCache, StaticKVCache
-from .config import ModelConfig
+from .config import PRESETS, ModelConfig
 from .loss import IGNORE_INDEX, linear_cross_entropy
 from .ops import BACKEND_NAMES, key_padding_to_attn_mask
 
@@ -108,6 +108,13 @@ class LanguageModel(nn.Module):
         self, config: ModelConfig, *, device: torch.device | str | None = None, attn_backend: str = "auto"
     ) -> None:
         super().__init__()
+        if not isinstance(config, ModelConfig):
+            hint = "ModelConfig(...) or ModelConfig.from_preset(...)"
+            if isinstance(config, str) and config in PRESETS:
+                hint = f"ModelConfig.from_preset({config!r})"
+            elif isinstance(config, dict):
+                hint = "ModelConfig.from_dict(...)"
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__} {config!r}; pass {hint}")
         self.config = config
         device = torch.device(device) if device is not None else torch.get_default_device()
         with torch.device("meta"):  # built unallocated, then allocated once on the target device
@@ -127,8 +134,8 @@ class LanguageModel(nn.Module):
         module initialises its own tensors, in this order: embed, then per layer the attention
         and the FFN, then lm_head.
 
-        - embed.weight, lm_head.weight, every q/k/v/qk/gate/up projection, DIFF V2's lambda_proj:
-          N(0, init_std)
+        - embed.weight, lm_head.weight, every q/k/v/qk/gate/up projection (the gated kinds' attention
+          gate_proj too), DIFF V2's lambda_proj: N(0, init_std)
         - o_proj and down_proj (they write into the residual stream): N(0, init_std / sqrt(2 L)), or
           N(0, init_std) with ``scale_residual_init=False``
         - DIFF lambda_q1, lambda_k1, lambda_q2, lambda_k2: N(0, lambda_std) in fp32
@@ -157,7 +164,8 @@ class LanguageModel(nn.Module):
     ) -> tuple[Tensor | None, Tensor | None]:
         """tokens (B, T) int -> logits (B, T, V) and the cross-entropy against targets (B, T).
 
-        Targets equal to -100 are ignored; ``reduction`` "mean" (over counted targets) or "sum".
+        Targets equal to -100 are ignored; ``reduction`` "mean" (over counted targets: at least one
+        must count), "sum", or "none" (a loss per target, 0 where ignored; with the logits only).
         ``return_logits=False`` (with targets) returns (None, loss) and computes the loss without
         ever holding the (B, T, V) logits (:func:`~diff_transformer.loss.linear_cross_entropy`;
         its gradients are taken in the forward): what training wants.
@@ -176,9 +184,16 @@ class LanguageModel(nn.Module):
         feed back ids the model sampled itself) or the call is being compiled (torch.compile),
         where the check would break the graph; the shapes and dtypes are always checked.
         """
-        self._check_inputs(tokens, targets, check_ids and not torch.compiler.is_compiling())
-        if logits_to_keep < 0 or (logits_to_keep and targets is not None):
-            raise ValueError(f"logits_to_keep must be >= 0, and 0 with targets; got {logits_to_keep}")
+        per_target_without_logits = reduction == "none" and targets is not None and not return_logits
+        if reduction not in ("mean", "sum", "none") or per_target_without_logits:
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none' (the last with return_logits=True), got "
+                             f"{reduction!r}" + (" with return_logits=False" if per_target_without_logits else ""))
+        self._check_inputs(tokens, targets, check_ids and not torch.compiler.is_compiling(), reduction)
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0 or (logits_to_keep and targets is not None):
+            raise ValueError(f"logits_to_keep must be an integer >= 0, and 0 with targets; got {logits_to_keep!r}")
+        if cache is not None and cache.keys[0].dtype != self.embed.weight.dtype:
+            raise TypeError(f"cache holds {cache.keys[0].dtype} keys and values, the model computes in "
+                            f"{self.embed.weight.dtype}: make the cache after converting the model (model.new_cache)")
         b, t = tokens.shape
         table = self._rope_table(tokens.device)
         if cache is not None and cache.static:  # positions stay on the device: one graph for every step
@@ -215,10 +230,11 @@ class LanguageModel(nn.Module):
             loss = F.cross_entropy(flat, targets.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction)
         return (logits if return_logits else None), loss
 
-    def _check_inputs(self, tokens: Tensor, targets: Tensor | None, check_ids: bool) -> None:
+    def _check_inputs(self, tokens: Tensor, targets: Tensor | None, check_ids: bool, reduction: str = "mean") -> None:
         """A TypeError / ValueError naming the argument and the value if ``tokens`` is not a
         non-empty (B, T) integer tensor of ids in [0, vocab_size), or ``targets`` not one of the
-        same shape holding such ids or -100 (the ids only with ``check_ids``)."""
+        same shape holding such ids or -100, with at least one counted for a mean (the ids and the
+        count only with ``check_ids``)."""
         for name, ids in (("tokens", tokens), ("targets", targets)):
             if ids is None:
                 continue
@@ -235,10 +251,14 @@ class LanguageModel(nn.Module):
         vocab = self.config.vocab_size
         bounds = [*torch.aminmax(tokens)]
         if targets is not None:  # ignored targets (-100) count as 0
-            bounds += [*torch.aminmax(targets.masked_fill(targets == IGNORE_INDEX, 0))]
+            ignored = targets == IGNORE_INDEX
+            bounds += [*torch.aminmax(targets.masked_fill(ignored, 0)), ignored.all()]
         low, high, *target_bounds = torch.stack([b.long() for b in bounds]).tolist()  # one read back
         if low < 0 or high >= vocab:
             raise ValueError(f"tokens: id {low if low < 0 else high} is out of range [0, vocab_size={vocab})")
+        if target_bounds and target_bounds[2] and reduction == "mean":
+            raise ValueError(f"targets: every target is {IGNORE_INDEX} (ignored), so the mean loss over them is 0/0 "
+                             f"(NaN); give at least one target to count, or reduction='sum' (0)")
         if target_bounds and (target_bounds[0] < 0 or target_bounds[1] >= vocab):
             bad = target_bounds[0] if target_bounds[0] < 0 else target_bounds[1]
             raise ValueError(f"targets: id {bad} is out of range [0, vocab_size={vocab}) and is not {IGNORE_INDEX} (ignored)")
@@ -305,9 +325,10 @@ class LanguageModel(nn.Module):
 
         return generate(self, prompts, max_new_tokens, **sampling)
 
-    def save_pretrained(self, directory: str | Path, tokenizer: "Tokenizer | None" = None, *, overwrite: bool = False,
-                        reading: "Iterable[str | Path]" = ()) -> Path:
-        """Write DIR/config.json, DIR/model.safetensors and the tokenizer, atomically. DIR must be
+    def save_pretrained(self, directory: str | Path, tokenizer: "Tokenizer | str | Path | None" = None, *,
+                        overwrite: bool = False, reading: "Iterable[str | Path]" = ()) -> Path:
+        """Write DIR/config.json, DIR/model.safetensors and the tokenizer (a tokenizer, or its name or
+        path: "bytes", "default", a tokenizers JSON file), atomically. DIR must be
         new or empty; an earlier checkpoint of this project is replaced only with ``overwrite``;
         anything else (a file, a directory of other files, the current directory, a path among
         ``reading``) is an :class:`~diff_transformer.files.OutputPathError`."""

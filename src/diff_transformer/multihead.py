@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from .attention import RMSNorm, apply_rope, rms_norm, rope_frequencies
 from .config import lambda_init_schedule
-from .ops import BACKEND_NAMES, diff_attention_packed
+from .ops import BACKEND_NAMES, check_every_query_sees_a_key, diff_attention_packed
 
 HEAD_NORM_EPS = 1e-5  # subln's eps in the authors' module
 LAMBDA_STD = 0.1  # the λ vectors' init, N(0, 0.1), as the authors'
@@ -65,7 +65,7 @@ class MultiheadDiffAttention(nn.Module):
     ``forward(x, attn_mask=None)``: ``attn_mask`` is a bool tensor broadcastable to
     (B, H, T, T), True where query i may attend to key j (the ops' convention), combined with the
     causal mask when ``causal``. A key-padding mask ``keep`` (B, T) is ``keep[:, None, None, :]``.
-    Every query must keep at least one visible key.
+    Every query must keep at least one visible key (a ValueError names the first that does not).
 
     Parameters are initialised as the authors': projections as ``nn.Linear`` (uniform, Kaiming),
     λ vectors N(0, 0.1) in fp32, subln weight 1 (:meth:`reset_parameters`).
@@ -144,12 +144,21 @@ class MultiheadDiffAttention(nn.Module):
         return torch.exp(dot1) - torch.exp(dot2) + self.lambda_init
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
-        """x (B, T, E) -> (B, T, E); ``attn_mask`` bool, broadcastable to (B, H, T, T), True = may attend."""
-        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"x must be (batch, length, embed_dim={self.embed_dim}), got {tuple(x.shape)}")
+        """x (B, T, E) -> (B, T, E); ``attn_mask`` bool, broadcastable to (B, H, T, T), True = may attend.
+        x has the dtype of the module's weights (any under torch.autocast, which casts it)."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a (batch, length, embed_dim) tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim or 0 in x.shape:
+            raise ValueError(f"x must be (batch, length, embed_dim={self.embed_dim}) with at least one position, got "
+                             f"{tuple(x.shape)}")
+        weight = self.q_proj.weight
+        if x.dtype != weight.dtype and not (x.is_floating_point() and torch.is_autocast_enabled(x.device.type)):
+            hint = f"x.to({weight.dtype}) or module.to({x.dtype})" if x.is_floating_point() else f"x.to({weight.dtype})"
+            raise TypeError(f"x is {x.dtype} but the module's weights are {weight.dtype}: convert one of them, {hint}")
         b, t, _ = x.shape
         if attn_mask is not None:
             self._check_mask(attn_mask, b, t)
+            check_every_query_sees_a_key(attn_mask, t, t, causal=self.causal)
             attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # 4-D for every backend
         d = self.head_dim
         q = self.q_proj(x).view(b, t, 2 * self.num_heads, d)  # sub-heads 2h (Q1), 2h + 1 (Q2) of head h

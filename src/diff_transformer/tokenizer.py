@@ -73,9 +73,14 @@ class BPETokenizer:
 
 
 def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
-    """A tokenizer from "bytes", a tokenizers JSON file, or a directory holding either file."""
+    """A tokenizer from "bytes", "default" (the shipped BPE), a tokenizers JSON file, or a directory
+    holding either file."""
     if str(path) == "bytes":
         return ByteTokenizer()
+    if str(path) == "default":
+        from .data.bpe import default_tokenizer
+
+        return default_tokenizer()
     path = Path(path)
     if path.is_dir():
         if (path / BPE_FILE).exists():
@@ -89,3 +94,24 @@ def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
     if path.is_file():
         return BPETokenizer(path)
     raise FileNotFoundError(f"tokenizer {path} does not exist (give 'bytes', a JSON file or a directory)")
+
+
+def as_tokenizer(spec, what: str = "tokenizer") -> ByteTokenizer | BPETokenizer | Tokenizer:
+    """A tokenizer object as it is, or one loaded from a name or path (:func:`load_tokenizer`);
+    anything else is a TypeError naming ``what`` and saying what to pass."""
+    if isinstance(spec, (str, Path)):
+        return load_tokenizer(spec)
+    if all(hasattr(spec, name) for name in ("vocab_size", "eos_id", "encode", "decode", "save")):
+        return spec
+    raise TypeError(f"{what} must be a tokenizer (ByteTokenizer, BPETokenizer, load_tokenizer(...)) or its name or "
+                    f"path ('bytes', 'default', a tokenizers JSON file), got {type(spec).__name__} {spec!r}")
+
+
+_PROBE_TEXT = "The quick brown fox, 1234 — naïve café; ROMEO. O, she doth teach the torches to burn bright!\n"
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether two tokenizers agree: the same kind, vocabulary size, end-of-text id and encoding of
+    a probe text (BPE tokenizers trained on other text split it differently)."""
+    return (type(a) is type(b) and a.vocab_size == b.vocab_size and a.eos_id == b.eos_id
+            and a.encode(_PROBE_TEXT) == b.encode(_PROBE_TEXT))

@@ -126,12 +126,16 @@ def quadratic_bytes(kind: str, backend: str, mode: str, device: torch.device, *,
     """Approximate memory of the T×S maps a backend materialises (0 for the flash-style ones).
 
     "reference" keeps about six fp32 maps per DIFF head in the forward (two logits, two
-    softmaxes, the combined map, a temporary) and twice that with the backward. "sdpa" on CPU
-    falls back to PyTorch's math kernel (v wider than q), about three maps per call.
+    softmaxes, the combined map, a temporary) and twice that with the backward. "math" keeps its
+    two softmax maps for the backward (the visible part: about half of them when causal; counted
+    whole), and none without one. "sdpa" on CPU falls back to PyTorch's math kernel (v wider than
+    q), about three maps per call.
     """
     maps = 0
     if kind == "diff" and backend == "reference":
         maps = 12 if mode == "fwd+bwd" else 6
+    elif kind == "diff" and backend == "math" and mode == "fwd+bwd":
+        maps = 2
     elif kind == "diff" and backend == "sdpa" and device.type == "cpu":
         maps = 8 if mode == "fwd+bwd" else 3
     return maps * batch * (heads // 2) * t * s * 4

@@ -41,7 +41,8 @@ from torch import Tensor
 from ..config import PRESETS, ModelConfig
 from ..model import LanguageModel
 from .attention import DTYPES
-from .measure import describe_machine, synchronize
+from ..ops import MATH_MAX_KEYS
+from .measure import describe_machine, memory_budget, synchronize
 
 
 @dataclass
@@ -75,6 +76,17 @@ class ModelBenchSettings:
             raise ValueError("compile needs warmup >= 1, so that compiling is not timed")
         if self.decode_tokens < 2:
             raise ValueError(f"decode_tokens must be >= 2 (the rate is measured over N − 1 steps), got {self.decode_tokens}")
+        context = PRESETS[self.preset]["max_seq_len"]
+        for name in ("length", "decode_tokens"):  # the decoded tokens may run past the context: its table grows
+            if getattr(self, name) > context:
+                raise ValueError(f"{name} {getattr(self, name):,} is beyond the context of preset {self.preset!r} "
+                                 f"({context:,} tokens, its max_seq_len): choose at most {context:,}, or a preset "
+                                 f"with a longer context")
+        if self.backend == "decode":
+            raise ValueError("backend 'decode' takes one query per sequence, and training and prefill take "
+                             "length tokens: use 'auto', which decodes with it")
+        if self.backend == "triton" and not self.device.startswith("cuda"):
+            raise ValueError(f"backend 'triton' (the fused kernel) needs a CUDA device, not {self.device!r}")
 
 
 @dataclass
@@ -101,6 +113,37 @@ class Contender:
     @property
     def key(self) -> str:
         return f"{self.name} (compiled)" if self.compiled else self.name
+
+
+def planned_bytes(settings: ModelBenchSettings) -> int:
+    """About the most memory the benchmark holds at once (an upper estimate, before anything is
+    allocated): every model's weights, gradients and two AdamW states (4 copies of its parameters in
+    the measured dtype; DiffLlama counted as DIFF), a training step's activations (per layer and
+    token about 12·E + 3·F values, and on CPU the two fp32 maps the "math" backend keeps, T per
+    head), and three (B, L, V) fp32 logits (a prefill's, DiffLlama's and its loss's)."""
+    configs = [model_config(settings, "diff"), model_config(settings, "standard")]
+    models = len(configs) + (1 if settings.compare_hf and hf_available() else 0)
+    itemsize = DTYPES[settings.dtype].itemsize
+    parameters = max(LanguageModel(config, device="meta").num_parameters() for config in configs)
+    config, tokens = configs[0], settings.batch * settings.length
+    per_token = (12 * config.d_model + 3 * config.ffn_hidden) * itemsize
+    if not settings.device.startswith("cuda") and settings.length <= MATH_MAX_KEYS:
+        per_token += 2 * config.n_heads * settings.length * 4  # P1 and P2 of each DIFF head over the keys, fp32
+    return (4 * parameters * itemsize * models + tokens * per_token * config.n_layers
+            + 3 * tokens * config.vocab_size * 4)
+
+
+def check_fits(settings: ModelBenchSettings) -> None:
+    """A ValueError, before any model is built, if :func:`planned_bytes` exceeds the memory budget
+    (60% of the RAM, or of the free GPU memory: measure.memory_budget)."""
+    need, budget = planned_bytes(settings), memory_budget(torch.device(settings.device))
+    if need > budget:
+        raise ValueError(
+            f"bench model --preset {settings.preset} --length {settings.length} --batch {settings.batch} needs about "
+            f"{need / 2**30:,.1f} GiB on {settings.device} (weights, gradients and AdamW states of its models, "
+            f"activations, logits), more than its budget of {budget / 2**30:,.1f} GiB: choose a smaller preset, "
+            f"length or batch"
+        )
 
 
 def model_config(settings: ModelBenchSettings, attention: str) -> ModelConfig:
@@ -220,6 +263,7 @@ def hf_available() -> bool:
 def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> list[ModelBenchResult]:
     from ..progress import progress as tqdm
 
+    check_fits(settings)
     device, dtype = torch.device(settings.device), DTYPES[settings.dtype]
     threads = torch.get_num_threads()
     if settings.threads:

@@ -18,7 +18,7 @@ import sys
 
 from .args import Parser, UsageError
 
-COMMANDS = ["generate", "info", "hf", "data", "evaluate", "train", "bench"]
+COMMANDS = ["generate", "info", "hf", "convert", "data", "evaluate", "train", "bench"]
 DEBUG_ENV = "DIFF_TRANSFORMER_DEBUG"
 
 

@@ -132,10 +132,10 @@ def unit_interval(value: str) -> float:
 
 
 def fraction(value: str) -> float:
-    """A share in [0, 1) (a validation split)."""
+    """A share in (0, 1): a validation split, which training needs non-empty."""
     number = _float(value)
-    if not 0.0 <= number < 1.0:
-        raise _fail(value, "must be in [0, 1)")
+    if not 0.0 < number < 1.0:
+        raise _fail(value, "must be more than 0 and less than 1: train needs a validation split")
     return number
 
 

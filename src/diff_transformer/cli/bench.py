@@ -12,7 +12,7 @@ import torch
 from ..bench.attention import DTYPES, MODES
 from ..config import PRESETS
 from ..ops import BACKEND_NAMES, DIFF_BACKENDS
-from .args import device as device_type, output_dir
+from .args import device as device_type, output_dir, positive_float
 
 
 def _default_device() -> str:
@@ -73,7 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "shape when transformers is installed. Figures are the best of --repeats runs.",
     )
     m.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size (default tiny)")
-    m.add_argument("--length", type=int, default=256, help="training / prefill length and decode prompt length (default 256)")
+    m.add_argument("--length", type=int, default=None,
+                   help="training / prefill length and decode prompt length, at most the preset's context "
+                   "(default 256, or the preset's context if shorter)")
     m.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     m.add_argument("--decode-tokens", type=int, default=32, help="new tokens per generation run (default 32)")
     m.add_argument("--device", default=_default_device(), type=device_type, help="cpu or cuda (default: cuda if available)")
@@ -104,6 +106,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--out", required=True, metavar="DIR", type=output_dir,
                    help="directory for gpu_bench.json and gpu_bench.md")
+    g.add_argument("--time-budget", type=positive_float, default=480.0, metavar="SECONDS",
+                   help="seconds after which the phases not yet started are skipped, with a note (the phase "
+                   "running finishes; default 480)")
     g.set_defaults(run=run_gpu)
 
 
@@ -145,8 +150,9 @@ def run_attention(args: argparse.Namespace) -> int:
 def run_model(args: argparse.Namespace) -> int:
     from ..bench.model import ModelBenchSettings, format_table, report, run_model_bench
 
+    length = min(256, PRESETS[args.preset]["max_seq_len"]) if args.length is None else args.length
     settings = ModelBenchSettings(
-        preset=args.preset, length=args.length, batch=args.batch, decode_tokens=args.decode_tokens,
+        preset=args.preset, length=length, batch=args.batch, decode_tokens=args.decode_tokens,
         device=args.device, dtype=_dtype(args), backend=args.backend, warmup=args.warmup, repeats=args.repeats,
         compare_hf=args.hf, threads=args.threads, compile=args.compile,
     )
@@ -170,7 +176,7 @@ def run_gpu(args: argparse.Namespace) -> int:
         print(f"error: bench gpu needs a CUDA device ({problem})", file=sys.stderr)
         return 2
     check_output_dir(args.out, "bench", reuse=True)  # refused before the 8 minutes of work, not after
-    report = run_gpu_bench(GpuBenchSettings())
+    report = run_gpu_bench(GpuBenchSettings(time_budget_s=args.time_budget))
     json_path, md_path = write_report(args.out, report)
     print(f"wrote {json_path} and {md_path}; correctness {'passed' if report['correctness_passed'] else 'FAILED'}")
     print(report["triton"]["turn_on"])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from . import args as types
 
-INPUT_HELP = "a text file, a folder of text files (.txt .text .md .rst .jsonl), or a JSONL file"
+INPUT_HELP = ("a text file, a folder of text files (.txt .text .md .rst .jsonl .json), or a file of records "
+              "(.jsonl: JSON Lines; .json: an object or a list of objects, else JSON Lines)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,10 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare = subparsers.add_parser(
         "prepare",
         help="tokenize text into train/validation token shards",
-        description="Tokenize text files, folders of text files or JSONL into DIR/train.bin and DIR/val.bin "
+        description="Tokenize text files, folders of text files or JSON records into DIR/train.bin and DIR/val.bin "
         "(uint16 or uint32 token ids, each document followed by <|endoftext|>) plus DIR/meta.json and the "
-        "tokenizer. The split is by document, deterministic given --seed. DIR is written atomically and "
-        "never replaced without --overwrite.",
+        "tokenizer. The split is by document, deterministic given --seed. DIR is written atomically, by one "
+        "process at a time, and never replaced without --overwrite.",
     )
     prepare.add_argument("inputs", nargs="+", type=types.existing_path, metavar="INPUT", help=INPUT_HELP)
     prepare.add_argument("--out", required=True, type=types.output_dir, metavar="DIR", help="dataset directory to create")
@@ -46,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "or a tokenizers JSON file (default 'default')")
     prepare.add_argument("--text-field", default="text", help="field holding the text in JSONL records (default 'text')")
     prepare.add_argument("--val-fraction", type=types.fraction, default=0.05,
-                         help="share of the bytes held out for validation: whole documents in a seeded order, "
-                         "or the tail of one document if none fits (default 0.05)")
+                         help="share of the bytes held out for validation, more than 0 and less than 1: whole "
+                         "documents in a seeded order, or the tail of one document if none fits (default 0.05)")
     prepare.add_argument("--seed", type=types.seed, default=0, help="seed of the document split (default 0)")
     prepare.add_argument("--overwrite", action="store_true", help="replace DIR if it holds a dataset prepared by this project")
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -59,12 +61,16 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
 
     from ..data.bpe import check_tokenizer_out, save_tokenizer_file, train_bpe
     from ..data.inputs import iter_texts, scan_documents
+    from ..files import lock_output
 
     out = check_tokenizer_out(Path(args.out), overwrite=args.overwrite)  # before the work
-    documents = scan_documents(args.input, args.text_field)
-    start = time.perf_counter()
-    tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size, min_frequency=args.min_frequency)
-    save_tokenizer_file(tokenizer, out, overwrite=args.overwrite)
+    with lock_output(out):  # one writer: a second `tokenizer train --out` the same file is refused before its work
+        documents = scan_documents(args.input, args.text_field)
+        start = time.perf_counter()
+        # tokenizers draws its bar on a terminal; into a pipe or a file it writes only blank lines
+        tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size,
+                              min_frequency=args.min_frequency, show_progress=sys.stdout.isatty())
+        save_tokenizer_file(tokenizer, out, overwrite=args.overwrite)
     size = sum(d.size for d in documents)
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens on {len(documents)} documents "
           f"({size:,} bytes) in {time.perf_counter() - start:.1f} s -> {out}")

@@ -6,7 +6,9 @@
     diff-transformer eval scaling --results runs.json
     diff-transformer eval position-nll --checkpoint SHORT --checkpoint EXTENDED --max-seq-len 1024
 
-Each writes OUT/NAME.json and OUT/NAME.png and prints the Markdown report. An evaluation that
+Each writes OUT/NAME.json and OUT/NAME.png (both or neither) and prints the Markdown report; an
+earlier result of the same evaluation in OUT is replaced only with --overwrite, and a second
+command writing into OUT at the same time is refused with the first one's pid. An evaluation that
 cannot run on one of the models (a context too short for its settings, an empty text) is one
 ``error:`` line naming the model and why, exit status 2, and nothing is written.
 """
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 
 from ..evaluation.output import DEFAULT_OUT
-from ..files import check_output_dir, claim_output_dir
+from ..files import lock_output
 from . import args as types
 from .args import bounded
 
@@ -69,7 +71,11 @@ def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> N
                    help="checkpoint directory; repeat to evaluate several models together")
     p.add_argument("--label", action="append", default=[], help="a name per --checkpoint, in order (default: KIND:DIRNAME, the run folder for RUN/checkpoint)")
     p.add_argument("--out", default=str(DEFAULT_OUT), type=types.output_dir, help=f"output folder (default: {DEFAULT_OUT})")
-    p.add_argument("--tokenizer", default=None, type=types.tokenizer_spec, help="tokenizer for checkpoints without one ('bytes', a JSON file)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier result of this evaluation in --out (refused without it)")
+    p.add_argument("--tokenizer", default=None, type=types.tokenizer_spec,
+                   help="tokenizer for checkpoints without one ('bytes', 'default', a JSON file): the one the model "
+                   "was trained with (its vocabulary the model's)")
     p.add_argument("--text", default=None, metavar="FILE", type=types.existing_file,
                    help="held-out text file to evaluate on (default: the embedded corpus' validation documents)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", type=types.device,
@@ -112,13 +118,16 @@ def run_model_evaluation(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..evaluation import run_evaluation
+    from ..evaluation.suite import check_results_out
 
     spec = args.spec
     options = options_from_flags(spec.options_type, args, spec.options_type.quick() if args.quick else None)
-    check_output_dir(args.out, "eval", reuse=True, reading=args.checkpoint or ())  # refused before any model loads
-    models, text = _load(args)
-    _, section, files = run_evaluation(spec, models, Path(args.out), options=options, text=text,
-                                       progress=not args.no_progress, strict=True)
+    out = Path(args.out)
+    check_results_out(out, [spec.name], overwrite=args.overwrite, reading=args.checkpoint)  # before any model loads
+    with lock_output(out):  # one writer per output, from before the models load to the last file
+        models, text = _load(args)
+        _, section, files = run_evaluation(spec, models, out, options=options, text=text,
+                                           progress=not args.no_progress, strict=True, overwrite=args.overwrite)
     print(f"## {spec.title}\n\n{section}\n")
     for path in files:
         print(f"wrote {path}")
@@ -129,22 +138,23 @@ def run_scaling(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..evaluation import scaling
-    from ..evaluation.output import write_json
+    from ..evaluation.suite import check_results_out, write_evaluation_result
 
     reading = [*(args.checkpoint or ()), *(args.results or ())]
-    check_output_dir(args.out, "eval", reuse=True, reading=reading)  # refused before any work
-    runs = scaling.load_runs(args.results)
-    if args.checkpoint:
-        models, text = _load(args)
-        runs += [scaling.run_from_checkpoint(m, text, windows=args.windows) for m in models]
-    if not runs:
-        raise ValueError("nothing to fit (give --results FILE and/or --checkpoint DIR)")
-    result = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(runs, args.x)}
-    out = claim_output_dir(args.out, "eval", reading=reading)
-    json_path = write_json(out / f"{scaling.NAME}.json", result)
-    scaling.plot(result, out / f"{scaling.NAME}.png")
+    check_results_out(Path(args.out), [scaling.NAME], overwrite=args.overwrite, reading=reading)  # before any work
+    with lock_output(args.out):  # one writer per output
+        check_results_out(Path(args.out), [scaling.NAME], overwrite=args.overwrite, reading=reading)
+        runs = scaling.load_runs(args.results)
+        if args.checkpoint:
+            models, text = _load(args)
+            runs += [scaling.run_from_checkpoint(m, text, windows=args.windows) for m in models]
+        if not runs:
+            raise ValueError("nothing to fit (give --results FILE and/or --checkpoint DIR)")
+        result = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(runs, args.x)}
+        files = write_evaluation_result(Path(args.out), scaling.NAME, result, lambda path: scaling.plot(result, path),
+                                        reading)
     print(f"## {scaling.TITLE}\n\n{scaling.report(result)}\n")
-    print(f"wrote {json_path}\nwrote {out / f'{scaling.NAME}.png'}")
+    print("\n".join(f"wrote {path}" for path in files))
     return 0
 
 

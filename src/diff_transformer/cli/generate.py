@@ -9,6 +9,8 @@ import torch
 
 from . import args as types
 
+DEFAULT_NEW_TOKENS = 200
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -18,12 +20,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("checkpoint", type=types.checkpoint_dir, help="checkpoint directory (config.json, model.safetensors, tokenizer)")
     p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
-    p.add_argument("--max-new-tokens", type=types.positive_int, default=200, help="tokens to generate (default 200)")
+    p.add_argument("--max-new-tokens", type=types.positive_int, default=None,
+                   help=f"tokens to generate; the prompt and these must fit in the model's context (max_seq_len) "
+                   f"(default {DEFAULT_NEW_TOKENS}, or as many as fit after the prompt)")
     p.add_argument("--temperature", type=types.nonnegative_float, default=0.8, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=types.positive_int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=types.probability, default=None, help="nucleus sampling: smallest set with this mass")
     p.add_argument("--seed", type=types.seed, default=0, help="sampling seed (default 0)")
-    p.add_argument("--tokenizer", type=types.tokenizer_spec, default=None, help="tokenizer if the checkpoint has none ('bytes', a JSON file)")
+    p.add_argument("--tokenizer", type=types.tokenizer_spec, default=None,
+                   help="tokenizer if the checkpoint has none ('bytes', 'default', a JSON file): the one the model was "
+                   "trained with (its vocabulary the model's)")
     p.add_argument("--device", type=types.device, default="cuda" if torch.cuda.is_available() else "cpu",
                    help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--compile", action="store_true", help="decode through torch.compile (compiling takes seconds first)")
@@ -33,34 +39,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from ..checkpoint import load_checkpoint_tokenizer
+    from ..checkpoint import tokenizer_for_model
     from ..generation import stream
     from ..model import LanguageModel
-    from ..tokenizer import load_tokenizer
 
     try:  # the shell hands over bytes; those that are not UTF-8 arrive as lone surrogates
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(f"--prompt: {os.fsencode(args.prompt)!r} is not UTF-8 text") from None
     model = LanguageModel.from_pretrained(args.checkpoint, device=args.device).eval()
-    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else load_checkpoint_tokenizer(
-        args.checkpoint, model.config.vocab_size
-    )
+    tokenizer = tokenizer_for_model(args.checkpoint, model.config.vocab_size, args.tokenizer, what="--tokenizer")
     if tokenizer is None:
         raise ValueError(f"{args.checkpoint} holds no tokenizer; pass --tokenizer")
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"--tokenizer {args.tokenizer}: {tokenizer.vocab_size} tokens, more than the model's "
-                         f"vocab_size {model.config.vocab_size} (not the tokenizer of this model)")
     prompt = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
-    room = model.config.max_seq_len - len(prompt)
+    context = model.config.max_seq_len
+    room = context - len(prompt)
     if room <= 0:
-        raise ValueError(f"--prompt: {len(prompt)} tokens (the model's context is {model.config.max_seq_len})")
+        raise ValueError(f"--prompt: {len(prompt)} tokens (the model's context is {context})")
+    if args.max_new_tokens is not None and args.max_new_tokens > room:
+        tokens = f"{len(prompt)} token{'s' if len(prompt) > 1 else ''}"
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt ({tokens}) and "
+                         f"{args.max_new_tokens} new tokens exceed the model's context of {context} tokens; "
+                         f"at most {room} fit after this prompt")
+    new_tokens = min(DEFAULT_NEW_TOKENS, room) if args.max_new_tokens is None else args.max_new_tokens
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     generated: list[int] = []
     shown = ""
     sys.stdout.write(args.prompt)
     for step in stream(
-        model, [prompt], min(args.max_new_tokens, room), temperature=args.temperature, top_k=args.top_k,
+        model, [prompt], new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, stop_tokens=[tokenizer.eos_id], generator=generator, compile=args.compile,
     ):
         token = int(step[0])

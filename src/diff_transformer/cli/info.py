@@ -12,8 +12,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "info",
         help="list model presets, or describe a checkpoint",
-        description="Without an argument: the named presets with their DIFF, matched-Transformer and "
-        "symmetric-DIFF parameter counts. With a checkpoint directory: its config, parameters and λ per layer.",
+        description="Without an argument: the named presets with their DIFF, matched-Transformer, symmetric-DIFF, "
+        "gated-attention (a gate per channel) and head-wise gated parameter counts (the wide-head Transformer, "
+        "n_heads halved, has the matched Transformer's). With a checkpoint directory: its config, parameters and "
+        "λ per layer.",
     )
     p.add_argument("checkpoint", nargs="?", type=checkpoint_dir, help="checkpoint directory")
     p.set_defaults(run=run)
@@ -24,14 +26,14 @@ def run(args: argparse.Namespace) -> int:
     from ..model import LanguageModel
 
     if args.checkpoint is None:
-        print(f"{'preset':<8} {'d_model':>7} {'layers':>6} {'heads':>9} {'d':>4} {'DIFF params':>13} {'Transformer':>13} "
-              f"{'Symmetric':>13}")
+        kinds = ("diff", "standard", "diff_symmetric", "gated", "gated_headwise")
+        print(f"{'preset':<8} {'d_model':>7} {'layers':>6} {'heads':>9} {'d':>4} {'DIFF params':>14} "
+              f"{'Transformer':>14} {'Symmetric':>14} {'Gated':>14} {'Gated/head':>14}")
         for name in PRESETS:
-            diff, std, sym = (ModelConfig.from_preset(name, attention=kind) for kind in ("diff", "standard", "diff_symmetric"))
-            n_diff, n_std, n_sym = (LanguageModel(c, device="meta").num_parameters() for c in (diff, std, sym))
+            diff, std, *others = (ModelConfig.from_preset(name, attention=kind) for kind in kinds)
+            counts = "".join(f" {LanguageModel(c, device='meta').num_parameters():>14,}" for c in (diff, std, *others))
             heads = f"{diff.n_heads}/{std.n_heads}"
-            print(f"{name:<8} {diff.d_model:>7} {diff.n_layers:>6} {heads:>9} {diff.head_dim:>4} {n_diff:>13,} {n_std:>13,} "
-                  f"{n_sym:>13,}")
+            print(f"{name:<8} {diff.d_model:>7} {diff.n_layers:>6} {heads:>9} {diff.head_dim:>4}{counts}")
         return 0
     model = LanguageModel.from_pretrained(args.checkpoint)
     print(json.dumps(model.config.to_dict(), indent=2))

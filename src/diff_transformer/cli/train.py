@@ -23,7 +23,8 @@ SET_HELP = (
 # Exit statuses of train and compare, as shells and schedulers read them.
 INTERRUPTED = ("130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint: rerun the same command with "
                "--resume to continue exactly where it stopped.")
-TRAIN_EXIT_STATUSES = ("Exit status: 0 done (or paused at run.stop_at_step); 1 the loss diverged; 2 an error "
+TRAIN_EXIT_STATUSES = ("Exit status: 0 done (or paused at run.stop_at_step, or --resume found the run finished); "
+                       "1 the loss diverged; 2 an error "
                        f"(one 'error:' line); {INTERRUPTED}")
 COMPARE_EXIT_STATUSES = f"Exit status: 0 done; 2 an error (one 'error:' line); {INTERRUPTED}"
 
@@ -38,13 +39,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run.out_dir/.lock names its pid, and a second run on the same directory is refused. "
         "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly. "
         "--init-from starts a new run from another checkpoint's weights, e.g. to extend its context: "
-        "--init-from RUN/checkpoint --set model.max_seq_len=1024 --set model.rope_theta=80000 --set data.seq_len=1024.",
+        "--init-from RUN/checkpoint --set model.max_seq_len=1024 --set model.rope_theta=226000 "
+        "--set data.seq_len=1024.",
         epilog=TRAIN_EXIT_STATUSES,
     )
     p.add_argument("--config", default="tiny", help=CONFIG_HELP)
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in run.checkpoint_dir")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run from the checkpoint in run.checkpoint_dir, with the settings it was started "
+                   "with: one that changes the numbers (the model, data, optim values, seeds, precision) and "
+                   "differs is refused by name; logging, evaluation, paths, device and backend may change. An explicit --set "
+                   "run.steps=N larger than the run's lengthens it: the learning-rate schedule is recomputed for N "
+                   "steps (a note gives the rate before and after). A finished run's --resume says so, exits 0 and "
+                   "writes nothing (docs/training.md, Resume)")
     p.add_argument("--init-from", metavar="CHECKPOINT", type=types.checkpoint_dir,
                    help="start a new run from this checkpoint's weights (a fresh optimizer, schedule and step count; "
                    "sets run.init_from). The model must be the checkpoint's but for model.max_seq_len and "
@@ -61,8 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "experiment (small models trained on generated multi-needle and MQAR tasks: accuracy by difficulty, "
         "attention to the answer); then the evaluations of compare.evaluations on every seed's model (JSON and "
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
-        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds, standard vs diff). "
-        "One comparison at a time writes into DIR (DIR/.lock names its pid). "
+        "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds; the Transformer, DIFF and "
+        "DIFF V2). One comparison at a time writes into DIR (DIR/.lock names its pid). "
         "A config with a long_context section (--config long-context) runs the long-context experiment instead: "
         "the models trained short, each seed extended (run.init_from) to a longer context and a larger RoPE θ, "
         "cumulative NLL by position and retrieval by length before and after (docs/training.md, "
@@ -72,8 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
     c.add_argument(
         "--attention",
-        help="comma-separated attention kinds to train (standard,diff,diff_v2,diff_symmetric): the config's models of these "
-        "kinds (for a kind that compare.models names, only its models there); default: the config's compare.models",
+        help="comma-separated attention kinds (standard,diff,diff_v2,diff_symmetric,gated,gated_headwise) or model "
+        "names (standard-wide) to train: the config's models of these kinds (for a kind that compare.models names, "
+        "only its models there) and the models named; default: the config's compare.models",
     )
     c.add_argument("--steps", type=types.positive_int, help="optimizer steps per model (overrides run.steps)")
     c.add_argument("--seeds", type=types.positive_int, help="seeds per model (overrides compare.seeds)")
@@ -114,13 +123,16 @@ def run_train(args: argparse.Namespace) -> int:
     if args.init_from:  # YAML-quoted: a path is a string whatever it looks like
         overrides.append(f"run.init_from={json.dumps(args.init_from)}")
     config = load_experiment(args.config, overrides).train  # the whole file checked, its trainer's part trained
-    result = train(config, args.model, resume=args.resume)
-    code = {"completed": 0, "paused": 0, "diverged": 1}.get(result.status)
+    # An explicit --set run.steps=N may lengthen a resumed run; a run.steps that only the config file
+    # changed is a difference like any other.
+    lengthen = any(item.partition("=")[0].strip() == "run.steps" for item in args.overrides)
+    result = train(config, args.model, resume=args.resume, lengthen=lengthen)
+    code = {"completed": 0, "paused": 0, "finished": 0, "diverged": 1}.get(result.status)
     if result.status == "interrupted":  # 128 + the signal, as a shell reports a process it stopped
         code = 128 + signal.Signals[result.stopped_by or "SIGTERM"].value
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for all
         return code
-    if result.status == "diverged":
+    if result.status in ("diverged", "finished"):  # the trainer said why
         return code
     if result.status in ("interrupted", "paused"):  # a checkpoint was saved: --resume continues
         print(result.message, file=sys.stderr)
@@ -143,13 +155,16 @@ def run_compare(args: argparse.Namespace) -> int:
         overrides.append(f"run.steps={args.steps}")
     if args.retrieval_steps is not None:
         overrides.append(f"retrieval.steps={args.retrieval_steps}")
+    if _changes_the_budget(args) and not any(item.startswith("compare.budget_note=") for item in overrides):
+        overrides.append("compare.budget_note=''")  # the config's note describes its own budget, not this run's
     config = load_experiment(args.config, overrides)
     kinds = [k.strip() for k in args.attention.split(",") if k.strip()] if args.attention else None
     models = select_models(config, kinds)
     evaluation = None
     if not args.no_eval and config.compare.evaluations:
         evaluation = partial(run_suite, quick=args.quick_eval, evaluations=config.compare.evaluations,
-                             options=None if args.quick_eval else config.compare.evaluation_options)
+                             options=None if args.quick_eval else config.compare.evaluation_options,
+                             overwrite=True)  # OUT/eval is the comparison's own: a rerun replaces its results
     try:
         metrics = compare(
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
@@ -161,3 +176,13 @@ def run_compare(args: argparse.Namespace) -> int:
         return exc.exit_status
     print(f"report: {args.out}/report.md ({metrics.wall_seconds / 60:.1f} min)", file=sys.stderr)
     return 0
+
+
+def _changes_the_budget(args: argparse.Namespace) -> bool:
+    """Whether compare's command line changes what the config's budget note describes (steps, seeds,
+    models, recipes, learning rates, evaluations, any --set), which --out, --resume, --jobs and
+    --nproc do not."""
+    flags = (args.steps, args.seeds, args.retrieval_steps, args.recipes, args.lr_grid, args.retrieval_lr_grid,
+             args.attention)
+    return any(flag is not None for flag in flags) or args.no_retrieval or args.no_eval or args.quick_eval or bool(
+        args.overrides)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from ..files import OutputPathError, write_atomically
+from ..files import OutputPathError, check_output_place, lock_output, write_atomically
 from ..tokenizer import EOS_TOKEN, BPETokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -56,8 +56,10 @@ def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, min
 
 def check_tokenizer_out(path: str | Path, *, overwrite: bool = False) -> Path:
     """Refuse ``path`` as the file to write a tokenizer to if it exists, unless ``overwrite`` and it
-    is a tokenizers JSON file: any other file (the user's) is never replaced."""
+    is a tokenizers JSON file: any other file (the user's) is never replaced; nor is a file inside
+    a checkpoint, an export or a dataset (:func:`~diff_transformer.files.check_output_place`)."""
     path = Path(path)
+    check_output_place(path, "tokenizer")
     if not path.exists():
         return path
     if not overwrite:
@@ -78,6 +80,9 @@ def _is_tokenizer_file(path: Path) -> bool:
 
 def save_tokenizer_file(tokenizer, path: str | Path, *, overwrite: bool = False) -> Path:
     """Write a ``tokenizers.Tokenizer`` to ``path`` atomically (temporary file, then rename); an
-    existing file is replaced only with ``overwrite`` and only if it is a tokenizer."""
+    existing file is replaced only with ``overwrite`` and only if it is a tokenizer. One writer at
+    a time (:func:`~diff_transformer.files.lock_output`): the check and the write hold its lock."""
     path = check_tokenizer_out(path, overwrite=overwrite)
-    return write_atomically(path, lambda tmp: tokenizer.save(str(tmp)))
+    with lock_output(path):
+        check_tokenizer_out(path, overwrite=overwrite)  # as it is now: another writer may have just finished
+        return write_atomically(path, lambda tmp: tokenizer.save(str(tmp)))

@@ -1,15 +1,21 @@
-"""Reading a user's text: text files, folders of text files, and JSON Lines.
+"""Reading a user's text: text files, folders of text files, JSON Lines and JSON.
 
-Every input becomes a list of :class:`Document` (one per text file, one per JSONL record), found
-and checked by :func:`scan_documents` before any tokenizing starts, so that a binary or empty
-file is reported at once, by name. :func:`iter_texts` then yields their texts in the same order.
+Every input becomes a list of :class:`Document` (one per text file, one per record), found and
+checked by :func:`scan_documents` before any tokenizing starts, so that a binary or empty file is
+reported at once, by name. :func:`iter_texts` then yields their texts in the same order.
 
-- A text file (any name not ending in .jsonl/.json) is one document; it must be UTF-8 without
-  NUL bytes, and not empty.
-- A JSONL file holds one JSON object per line; each record's ``text_field`` (a string) is one
-  document. Records whose text is empty are skipped; blank lines are allowed.
-- A folder contributes its .txt, .text, .md, .rst and .jsonl files (recursively, sorted by
+- A text file (any name without a suffix of RECORD_READERS) is one document; it must be UTF-8
+  without NUL bytes, and not empty.
+- A file of records is read by the reader of its suffix (RECORD_READERS); each record's
+  ``text_field`` (a string) is one document, and records whose text is empty are skipped.
+  ``.jsonl``: one JSON object per line (blank lines allowed). ``.json``: one JSON document, an
+  object (one record) or a list of objects (one record each); a ``.json`` file that is not one
+  JSON document is read as JSON Lines.
+- A folder contributes its .txt, .text, .md, .rst, .jsonl and .json files (recursively, sorted by
   path, hidden files and folders left out).
+- What the project wrote (a prepared dataset, a checkpoint, an export, a run's or an evaluation's
+  outputs: :func:`~diff_transformer.files.project_output_kind`) is not text to prepare: given as
+  an input, inside an input folder, or holding an input file, it is refused by name.
 """
 
 from __future__ import annotations
@@ -17,10 +23,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
+
+from ..files import OUTPUT_NAMES, project_output_kind
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
-JSONL_SUFFIXES = (".jsonl", ".json")
 
 
 class InputError(ValueError):
@@ -31,10 +38,10 @@ class InputError(ValueError):
 class Document:
     """One document: an in-memory text, a whole text file, or one record of a JSONL file."""
 
-    name: str  # "path/to/file.txt", "data.jsonl:17" (line number), or a given name
+    name: str  # "path/to/file.txt", "data.jsonl:17" (record number, as in ``line``), or a given name
     size: int  # UTF-8 bytes of its text (what the split and the progress bar count)
     path: Path | None = None  # the file it comes from (None for an in-memory text)
-    line: int | None = None  # 1-based line number within a JSONL file
+    line: int | None = None  # 1-based number of its record: the line of a .jsonl file, the index in a .json list
     text: str | None = None  # the text itself, only for in-memory documents
 
 
@@ -48,21 +55,29 @@ def is_jsonl(path: Path) -> bool:
 
 
 def find_input_files(inputs: Sequence[str | Path]) -> list[Path]:
-    """The files the inputs name: files as given, folders expanded to their text and JSONL files."""
+    """The files the inputs name: files as given, folders expanded to their text and JSONL files.
+    An output of the project (see the module docstring) among them is an InputError naming it."""
     if not inputs:
         raise InputError("no input given")
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
         if path.is_file():
+            if (what := _project_output(path.parent)) is not None:
+                raise InputError(f"{path}: part of {what} ({path.parent}), not text to prepare")
             files.append(path)
         elif path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*")
-                if p.is_file()
-                and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
-                and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
+            if (what := _project_output(path)) is not None:
+                raise InputError(f"{path}: {what}, not text to prepare; give the text it was made from")
+            found = []
+            for p in sorted(path.rglob("*")):
+                if any(part.startswith(".") for part in p.relative_to(path).parts):
+                    continue
+                if p.is_dir() and (what := _project_output(p)) is not None:
+                    raise InputError(f"{p}: {what} inside the input folder {path}, not text to prepare; move it "
+                                     "out, or give the text files or folders alone")
+                if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES:
+                    found.append(p)
             if not found:
                 suffixes = ", ".join(TEXT_SUFFIXES + JSONL_SUFFIXES)
                 raise InputError(f"{path}: folder holds no text files ({suffixes})")
@@ -70,6 +85,12 @@ def find_input_files(inputs: Sequence[str | Path]) -> list[Path]:
         else:
             raise InputError(f"{path}: no such file or folder")
     return files
+
+
+def _project_output(directory: Path) -> str | None:
+    """"a diff-transformer dataset" (its kind) if ``directory`` is an output of the project, else None."""
+    kind = project_output_kind(directory)
+    return None if kind is None else f"a diff-transformer {OUTPUT_NAMES[kind]}"
 
 
 def decode_text_file(path: Path) -> str:
@@ -84,24 +105,64 @@ def decode_text_file(path: Path) -> str:
         raise InputError(f"{path}: not UTF-8 text (invalid byte at offset {exc.start}); give UTF-8 text") from None
 
 
-def _jsonl_records(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every record of a JSONL file, checking each one."""
-    for number, line in enumerate(decode_text_file(path).splitlines(), start=1):
+def _record_text(record, where: str, text_field: str) -> str:
+    """The ``text_field`` string of one record; ``where`` ("file:line", "file: record N") opens the error."""
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if text_field not in record:
+        keys = ", ".join(sorted(record)) or "none"
+        raise InputError(f"{where}: no field {text_field!r} (fields: {keys}); choose one with --text-field")
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise InputError(f"{where}: field {text_field!r} is {type(text).__name__}, not a string")
+    return text
+
+
+def _jsonl_records(path: Path, text_field: str, text: str | None = None) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every record of a JSON Lines file (its ``text`` if already read)."""
+    for number, line in enumerate((decode_text_file(path) if text is None else text).splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise InputError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-        if text_field not in record:
-            keys = ", ".join(sorted(record)) or "none"
-            raise InputError(f"{path}:{number}: no field {text_field!r} (fields: {keys}); choose one with --text-field")
-        text = record[text_field]
-        if not isinstance(text, str):
-            raise InputError(f"{path}:{number}: field {text_field!r} is {type(text).__name__}, not a string")
-        yield number, text
+        yield number, _record_text(record, f"{path}:{number}", text_field)
+
+
+def _json_records(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
+    """(record number, text) of a .json file: one JSON document, an object (record 1) or a list of
+    objects; a file that is not one JSON document is read as JSON Lines (JSONL saved as .json)."""
+    text = decode_text_file(path)
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as whole:
+        try:
+            yield from list(_jsonl_records(path, text_field, text))
+        except InputError as lines:
+            rest = str(lines)[len(f"{path}:"):]  # "N: what" of the line that failed
+            raise InputError(f"{path}: neither one JSON document (line {whole.lineno}: {whole.msg}) nor JSON Lines "
+                             f"(line {rest})") from None
+        return
+    if isinstance(document, dict):
+        yield 1, _record_text(document, str(path), text_field)
+    elif isinstance(document, list):
+        for number, record in enumerate(document, start=1):
+            yield number, _record_text(record, f"{path}: record {number}", text_field)
+    else:
+        raise InputError(f"{path}: a JSON {type(document).__name__}; expected an object with a {text_field!r} field, "
+                         "or a list of them")
+
+
+# The reader of each file of records, by suffix: (path, text field) -> (record number, text) of each record.
+RECORD_READERS: dict[str, Callable[[Path, str], Iterator[tuple[int, str]]]] = {
+    ".jsonl": _jsonl_records, ".json": _json_records,
+}
+JSONL_SUFFIXES = tuple(RECORD_READERS)  # files of records
+
+
+def _records(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
+    return RECORD_READERS[path.suffix.lower()](path, text_field)
 
 
 def scan_documents(inputs: Sequence[str | Path], text_field: str = "text") -> list[Document]:
@@ -111,7 +172,7 @@ def scan_documents(inputs: Sequence[str | Path], text_field: str = "text") -> li
         if is_jsonl(path):
             found = [
                 Document(name=f"{path}:{number}", size=len(text.encode("utf-8")), path=path, line=number)
-                for number, text in _jsonl_records(path, text_field)
+                for number, text in _records(path, text_field)
                 if text.strip()
             ]
             if not found:
@@ -142,6 +203,6 @@ def iter_texts(documents: Sequence[Document], text_field: str = "text") -> Itera
             while index < len(documents) and documents[index].path == doc.path and documents[index].line is not None:
                 wanted.add(documents[index].line)
                 index += 1
-            for number, text in _jsonl_records(doc.path, text_field):
+            for number, text in _records(doc.path, text_field):
                 if number in wanted:
                     yield text

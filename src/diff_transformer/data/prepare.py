@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from ..checkpoint import write_directory_atomically
-from ..files import check_output_dir
+from ..files import check_output_dir, lock_output
 from ..tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 from .bpe import default_tokenizer
 from .inputs import Document, is_jsonl, iter_texts, scan_documents
@@ -241,16 +241,17 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default
     out = check_output_dir(out, "dataset", overwrite=overwrite, reading=inputs)  # before the work
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    tok, source = resolve_tokenizer(tokenizer)
-    documents = scan_documents(inputs, text_field)
     meta: dict = {}
+    with lock_output(out):  # one writer per dataset: a second prepare to ``out`` is refused with this one's pid
+        tok, source = resolve_tokenizer(tokenizer)
+        documents = scan_documents(inputs, text_field)
 
-    def write(tmp: Path) -> None:
-        os.chmod(tmp, 0o755)  # a temporary directory is private; the result need not be
-        meta.update(write_shards(documents, tmp, tok, tokenizer_source=source, sources=describe_sources(documents),
-                                 text_field=text_field, val_fraction=val_fraction, seed=seed, progress=progress))
+        def write(tmp: Path) -> None:
+            os.chmod(tmp, 0o755)  # a temporary directory is private; the result need not be
+            meta.update(write_shards(documents, tmp, tok, tokenizer_source=source, sources=describe_sources(documents),
+                                     text_field=text_field, val_fraction=val_fraction, seed=seed, progress=progress))
 
-    write_directory_atomically(out, write, kind="dataset", overwrite=overwrite, reading=inputs)
+        write_directory_atomically(out, write, kind="dataset", overwrite=overwrite, reading=inputs)
     return meta
 
 

@@ -1,4 +1,4 @@
-"""The paper's evaluations, each runnable on any checkpoint (standard, DIFF or DIFF V2).
+"""The paper's evaluations, each runnable on any checkpoint (any attention kind).
 
     diff-transformer eval NAME --checkpoint DIR [--checkpoint DIR ...] [--out DIR] [options]
 
@@ -7,12 +7,13 @@ several models (``compare`` does, after training) and returns Markdown sections 
 
     needle           multi-needle retrieval accuracy by depth and length   Table 2, Fig. 5
     attention-noise  attention on the answer vs on the rest of the context  Table 3, Fig. 1
-    outliers         largest attention logits and hidden states             Table 5
+    outliers         largest attention logits and hidden states (per layer)  Table 5
     quantization     accuracy and loss with 16/8/6/4-bit attention logits   Fig. 8
     ar-hit           validation loss on AR-Hit and other tokens             Table 6
     position-nll     cumulative average NLL by position                     Fig. 4
     icl              many-shot classification and order robustness          Fig. 6, 7, 9
     mqar             multi-query associative recall (Zoology)               –
+    attention-sink   attention on the first token per layer                 – (Xiao et al.; Qiu et al.)
     scaling          fitted scaling laws from several runs                  Fig. 3
 """
 

@@ -201,6 +201,10 @@ def run(mut: ModelUnderTest, options: ICLOptions, text: EvalText, *, progress: b
             accuracy, tokens = _accuracy(mut, task, demos, tests, options.batch_size)
             curve.append({"demos": n, "accuracy": accuracy, "prompt_tokens": tokens})
         fitted = [c["demos"] for c in curve if c["accuracy"] is not None]
+        if not fitted:
+            raise ValueError(f"{task.name}: no number of demonstrations of {tuple(options.demos)} fits the model's "
+                             f"context of {mut.max_seq_len} tokens with a test item (prompts of "
+                             f"{min(c['prompt_tokens'] or 0 for c in curve):,} tokens and more)")
         count = options.robustness_demos or max(fitted, default=0)
         count -= count % len(task.labels)
         robustness: dict[str, Any] = {"demos": count}
@@ -212,6 +216,9 @@ def run(mut: ModelUnderTest, options: ICLOptions, text: EvalText, *, progress: b
                     ordered = arrange(demos, layout, seeded_rng("icl-order", options.seed, task.name, layout, k))
                     accuracies.append(_accuracy(mut, task, ordered, tests, options.batch_size)[0])
                 valid = [a for a in accuracies if a is not None]
+                if not valid:
+                    raise ValueError(f"{task.name}: robustness_demos={options.robustness_demos} does not fit the "
+                                     f"model's context of {mut.max_seq_len} tokens with a test item")
                 robustness[layout] = {
                     "accuracies": accuracies,
                     "mean": mean(valid),

@@ -90,18 +90,15 @@ def load_model(
 ) -> ModelUnderTest:
     """A checkpoint directory (``save_pretrained``) in eval mode with its tokenizer.
 
-    ``tokenizer`` (a tokenizer or a path / "bytes") is needed only if the checkpoint holds none.
+    ``tokenizer`` (a tokenizer, or its name or path: "bytes", "default", a JSON file) is needed only
+    if the checkpoint holds none, and must be the model's (:func:`~diff_transformer.checkpoint.tokenizer_for_model`).
     ``max_seq_len`` and ``rope_theta``, where given, replace the saved context and RoPE base
     (:func:`load_with_context`).
     """
-    from ..checkpoint import load_checkpoint_tokenizer
-    from ..tokenizer import load_tokenizer
+    from ..checkpoint import tokenizer_for_model
 
     model = load_with_context(checkpoint, max_seq_len, rope_theta, device=device)
-    if isinstance(tokenizer, (str, Path)):
-        tokenizer = load_tokenizer(tokenizer)
-    if tokenizer is None:
-        tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
+    tokenizer = tokenizer_for_model(checkpoint, model.config.vocab_size, tokenizer)
     if tokenizer is None:
         raise ValueError(f"{checkpoint} holds no tokenizer; pass one (--tokenizer)")
     directory = Path(checkpoint).resolve()

@@ -8,6 +8,9 @@ Over a budget of held-out tokens (windows of the model's context length):
 For each: the 1st, 2nd, 3rd, 10th and 100th largest absolute value, and the median absolute
 value. Top values are exact; the median is exact while the values fit in ``median_sample``,
 otherwise it is the median of a uniform random subsample (with replacement) of about that many.
+Per layer, as Sun et al. 2024 ("Massive activations in large language models") read the residual
+stream: the largest absolute value, the median absolute value (of that layer's share of the
+subsample) and their ratio, top-1 / median.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import Tensor
 from ..progress import progress as progress_bar
 
 from ..attention import AttentionTap
+from ..config import GATED_KINDS
 from ..ops import AttentionMaps
 from .. import paper
 from .models import ModelUnderTest
@@ -61,7 +65,8 @@ class MagnitudeStats:
 
     Works where the values are (CPU or GPU); only the top values and the subsample are kept.
     The subsample draws ``keep_probability`` of each update's values at random (with
-    replacement), or keeps them all when the probability is 1.
+    replacement), or keeps them all when the probability is 1; it is kept per layer, so that each
+    layer has its own median.
     """
 
     def __init__(self, keep_probability: float, seed: int) -> None:
@@ -69,7 +74,7 @@ class MagnitudeStats:
         self.seed = seed
         self.generators: dict[torch.device, torch.Generator] = {}
         self.top = torch.empty(0)
-        self.samples: list[Tensor] = []
+        self.samples: dict[int, list[Tensor]] = {}  # per layer
         self.count = 0
         self.layer_top1: dict[int, float] = {}
 
@@ -82,24 +87,33 @@ class MagnitudeStats:
         top = values.topk(min(max(RANKS), n)).values.cpu()
         self.top = torch.cat([self.top, top]).topk(min(max(RANKS), self.top.numel() + top.numel())).values
         self.layer_top1[layer_index] = max(self.layer_top1.get(layer_index, 0.0), float(top[0]))
+        samples = self.samples.setdefault(layer_index, [])
         if self.keep_probability >= 1.0:
-            self.samples.append(values.cpu())
+            samples.append(values.cpu())
             return
         generator = self.generators.get(values.device)
         if generator is None:
             generator = self.generators[values.device] = torch.Generator(values.device).manual_seed(self.seed)
         picks = torch.randint(n, (max(1, round(n * self.keep_probability)),), generator=generator, device=values.device)
-        self.samples.append(values[picks].cpu())
+        samples.append(values[picks].cpu())
 
     def summary(self) -> dict[str, Any]:
+        """Top values and median over every layer; per layer (in layer order) the top-1, the median
+        and top-1 / median (None where the median is 0)."""
         out: dict[str, Any] = {}
         for rank in RANKS:
             out[f"top{rank}"] = float(self.top[rank - 1]) if self.top.numel() >= rank else None
-        sample = torch.cat(self.samples) if self.samples else torch.empty(0)
+        layers = sorted(self.layer_top1)
+        by_layer = [torch.cat(self.samples[i]) for i in layers]
+        sample = torch.cat(by_layer) if by_layer else torch.empty(0)
         out["median"] = float(sample.median()) if sample.numel() else None
         out["count"] = self.count
         out["median_exact"] = self.keep_probability >= 1.0
-        out["per_layer_top1"] = [self.layer_top1[i] for i in sorted(self.layer_top1)]
+        out["per_layer_top1"] = [self.layer_top1[i] for i in layers]
+        medians = [float(values.median()) for values in by_layer]
+        out["per_layer_median"] = medians
+        out["per_layer_ratio"] = [top / median if median > 0 else None
+                                  for top, median in zip(out["per_layer_top1"], medians)]
         return out
 
 class LogitTap(AttentionTap):
@@ -120,7 +134,7 @@ def run(mut: ModelUnderTest, options: OutlierOptions, text: EvalText, *, progres
     n_windows = max(1, math.ceil(options.tokens / seq_len))
     windows = text.windows(mut.tokenizer, seq_len, n_windows)
     # Expected counts, to keep each value with the probability that leaves ~median_sample of them.
-    maps_per_layer = config.n_heads if config.attention == "standard" else 2 * config.n_heads
+    maps_per_layer = config.n_heads if config.attention in ("standard", *GATED_KINDS) else 2 * config.n_heads
     n_logits = n_windows * config.n_layers * maps_per_layer * seq_len * (seq_len + 1) // 2
     n_hidden = n_windows * config.n_layers * seq_len * config.d_model
     logit_stats = MagnitudeStats(min(1.0, options.median_sample / n_logits), options.seed)
@@ -170,13 +184,27 @@ def report(results: dict[str, dict], options: OutlierOptions) -> str:
             rows.append([name, f"{label} (ours, {r['tokens']:,} tokens)", *[fmt(r[kind][c], 2) for c in COLUMNS]])
         for model_kind, model_name in (("standard", "Transformer"), ("diff", "DIFF")):
             rows.append([name, f"{model_name} (paper, 0.4M tokens)", *[fmt(v, 1) for v in paper.OUTLIERS_TABLE5[kind][model_kind]]])
-    lines = [markdown_table(headers, rows)]
+    lines = [markdown_table(headers, rows), "", _massive_activations_table(results)]
     for base, cand in pairs_to_compare(results):
         for kind, what in (("attention_logits", "Top-1 attention logit"), ("hidden_states", "Top-1 hidden state")):
             b, c = results[base][kind]["top1"], results[cand][kind]["top1"]
             lines += ["", comparison_sentence(what, (base, b), (cand, c), higher_is_better=False, digits=2,
                                               noise=RELATIVE_TIE * max(abs(b or 0.0), abs(c or 0.0)))]
     return "\n".join(lines)
+
+
+def _massive_activations_table(results: dict[str, dict]) -> str:
+    """Per layer, the largest hidden-state magnitude and its ratio to the layer's median (Sun et al. 2024)."""
+    layers = max(len(r["hidden_states"]["per_layer_top1"]) for r in results.values())
+    headers = ["Model", *(f"layer {i}" for i in range(layers))]
+    rows = []
+    for label, r in results.items():
+        hidden = r["hidden_states"]
+        cells = [f"{fmt(top, 2)} (×{fmt(ratio, 0)})"
+                 for top, ratio in zip(hidden["per_layer_top1"], hidden["per_layer_ratio"])]
+        rows.append([label, *cells, *[""] * (layers - len(cells))])
+    return ("Massive activations (Sun et al. 2024): each layer's largest hidden-state magnitude (× its ratio to the "
+            "layer's median magnitude).\n\n" + markdown_table(headers, rows))
 
 
 SPEC = Evaluation(

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..files import write_atomically, write_text_atomically
+from ..files import write_atomically, write_files_together, write_text_atomically
 from .models import BASELINE, DIFF_KINDS
 
 DEFAULT_OUT = Path("out/eval")
@@ -20,8 +20,28 @@ DEFAULT_OUT = Path("out/eval")
 
 def write_json(path: Path, data: Any) -> Path:
     """Write ``data`` as indented JSON, atomically (NaN/inf become null)."""
-    text = json.dumps(_finite(data), indent=2) + "\n"
-    return write_text_atomically(path, text)
+    return write_text_atomically(path, _json_text(data))
+
+
+def _json_text(data: Any) -> str:
+    return json.dumps(_finite(data), indent=2) + "\n"
+
+
+def result_files(out_dir: Path, name: str) -> tuple[Path, Path]:
+    """(OUT/NAME.json, OUT/NAME.png): the files of one evaluation's result."""
+    return out_dir / f"{name}.json", out_dir / f"{name}.png"
+
+
+def write_result(out_dir: Path, name: str, data: Any, plot: Callable[[Path], None] | None) -> list[Path]:
+    """Write one evaluation's result: OUT/NAME.png drawn by ``plot(path)`` (None: no plot, and an
+    earlier result's plot is removed) and OUT/NAME.json (``data``), together: both or, on a failure
+    (a full disk), neither, an earlier result left as it was. The JSON, which readers take as the
+    sign that the result exists, takes its name last. Returns the files written, the JSON first."""
+    json_path, png_path = result_files(out_dir, name)
+    files: list[tuple[Path, Callable[[Path], None]]] = [] if plot is None else [(png_path, plot)]
+    files.append((json_path, lambda tmp: tmp.write_text(_json_text(data), encoding="utf-8")))
+    write_files_together(files, remove=[png_path] if plot is None else [])
+    return [json_path] + ([png_path] if plot is not None else [])
 
 
 def _finite(x: Any) -> Any:
@@ -51,14 +71,15 @@ def save_figure(fig, path: Path) -> Path:
     return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
-KIND_COLORS = {"standard": "#4c72b0", "diff": "#dd8452", "diff_v2": "#55a868", "diff_symmetric": "#8172b3"}
-EXTRA_COLORS = ("#c44e52", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+KIND_COLORS = {"standard": "#4c72b0", "diff": "#dd8452", "diff_v2": "#55a868", "diff_symmetric": "#8172b3",
+               "gated": "#c44e52", "gated_headwise": "#937860"}
+EXTRA_COLORS = ("#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd", "#1b9e77", "#7570b3")
 
 
 def model_colors(results: dict[str, dict]) -> dict[str, str]:
     """A colour per model label: blue for the first Transformer, orange for the first DIFF, green for
-    the first DIFF V2, purple for the first symmetric DIFF (as in every plot of the suite), other
-    colours for further models."""
+    the first DIFF V2, purple for the first symmetric DIFF, red and brown for the first gated and
+    head-wise gated models (as in every plot of the suite), other colours for further models."""
     colors, used, extra = {}, set(), 0
     for label, result in results.items():
         kind = result["model"]["attention"]
@@ -88,11 +109,12 @@ def fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
-def pairs_to_compare(results: dict[str, dict]) -> list[tuple[str, str]]:
-    """(baseline label, DIFF-kind label) pairs among the results, in order. Labels of one seed
-    of a comparison ("DIFF s1", as ``compare`` names them) are paired with the same seed only."""
+def pairs_to_compare(results: dict[str, dict], candidates: Sequence[str] = DIFF_KINDS) -> list[tuple[str, str]]:
+    """(baseline label, candidate label) pairs among the results, in order, a candidate being a model
+    of a kind in ``candidates`` (the DIFF kinds by default). Labels of one seed of a comparison
+    ("DIFF s1", as ``compare`` names them) are paired with the same seed only."""
     baselines = [k for k, r in results.items() if r["model"]["attention"] == BASELINE]
-    diffs = [k for k, r in results.items() if r["model"]["attention"] in DIFF_KINDS]
+    diffs = [k for k, r in results.items() if r["model"]["attention"] in candidates]
     return [(b, d) for b in baselines for d in diffs if _seed_of(b) == _seed_of(d)]
 
 

@@ -6,7 +6,9 @@
     print(result.markdown())
     sections = report_sections(checkpoints, Path("out/compare"))  # what `compare` appends to report.md
 
-Every evaluation runs on every model and writes OUT/NAME.json and OUT/NAME.png. The default
+Every evaluation runs on every model and writes OUT/NAME.json and OUT/NAME.png, together (both
+or neither, the JSON last). An earlier result in OUT is replaced only with ``overwrite``, and one
+process at a time writes into OUT (its lock, ``.OUT.lock`` beside it, names the pid). The default
 budget is sized for a CPU (the whole suite on two "tiny" models in a few minutes); ``quick``
 shrinks it to a smoke test. An evaluation that cannot run on a model (a context too short for
 its documents, say) is reported as such and the suite goes on.
@@ -18,23 +20,23 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
-from ..files import check_output_dir, claim_output_dir
+from ..files import OutputPathError, check_output_dir, claim_output_dir, lock_output, unclaim_output_dir
 from ..progress import progress as progress_bar
 
-from . import ar_hit, attention_noise, icl, mqar, needle, outliers, position_nll, quantization, scaling
+from . import ar_hit, attention_noise, attention_sink, icl, mqar, needle, outliers, position_nll, quantization, scaling
 from .models import ModelUnderTest, load_model
 from .options import Evaluation, options_dict
-from .output import write_json
+from .output import result_files, write_result
 from .texts import EvalText
 
 EVALUATIONS: dict[str, Evaluation] = {
     module.SPEC.name: module.SPEC
-    for module in (needle, attention_noise, outliers, quantization, ar_hit, position_nll, icl, mqar)
+    for module in (needle, attention_noise, outliers, quantization, ar_hit, position_nll, icl, mqar, attention_sink)
 }
-"""Evaluations run on each model, by name, in the order of the paper's sections."""
+"""Evaluations run on each model, by name, in the order of the paper's sections (then the others)."""
 
 NAMES = (*EVALUATIONS, scaling.NAME)
 
@@ -66,6 +68,19 @@ class SuiteResult:
         return "\n\n".join(parts) + "\n"
 
 
+def check_results_out(out_dir: Path, names: Sequence[str], *, overwrite: bool = False,
+                      reading: Sequence[str | Path] = ()) -> None:
+    """Refuse ``out_dir`` for the results of the evaluations ``names`` before any work: a directory
+    the project did not write, a source being read (:func:`~diff_transformer.files.check_output_dir`),
+    and, unless ``overwrite``, one that already holds a result of one of them (NAME.json or NAME.png)."""
+    check_output_dir(out_dir, "eval", reuse=True, reading=reading)
+    earlier = [] if overwrite else [path.name for name in names for path in result_files(Path(out_dir), name)
+                                    if path.exists()]
+    if earlier:
+        raise OutputPathError(f"{out_dir}: already holds an earlier result ({', '.join(earlier)}); pass --overwrite "
+                              "(overwrite=True) to replace it, or choose another --out")
+
+
 def run_evaluation(
     spec: Evaluation,
     models: Sequence[ModelUnderTest],
@@ -75,39 +90,54 @@ def run_evaluation(
     text: EvalText | None = None,
     progress: bool = True,
     strict: bool = False,
+    overwrite: bool = False,
 ) -> tuple[dict[str, Any], str, list[Path]]:
-    """Run one evaluation on every model; write OUT/NAME.json and OUT/NAME.png.
+    """Run one evaluation on every model; write OUT/NAME.json and OUT/NAME.png (together, replacing
+    an earlier result only with ``overwrite``; see :func:`check_results_out`).
 
     Returns the JSON data, the Markdown section and the files written. A model the evaluation
     cannot run on (ValueError) is listed under "errors" and left out of the plot and report; with
     ``strict`` it is an :class:`EvaluationError` instead, and nothing is written.
     """
     reading = [m.checkpoint for m in models if m.checkpoint]
-    check_output_dir(out_dir, "eval", reuse=True, reading=reading)
-    options = options if options is not None else spec.options_type()
-    text = text or EvalText()
-    results, errors, seconds = {}, {}, {}
-    for mut in models:
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():
-                results[mut.label] = spec.run(mut, options, text, progress=progress)
-        except ValueError as exc:
-            if strict:
-                raise EvaluationError(f"{spec.name} cannot run on {mut.label}: {exc}; nothing written") from None
-            errors[mut.label] = str(exc)
-        seconds[mut.label] = round(time.perf_counter() - start, 2)
-    data = {"evaluation": spec.name, "title": spec.title, "options": options_dict(options), "models": results,
-            "errors": errors, "seconds": seconds}
-    out_dir = claim_output_dir(out_dir, "eval", reading=reading)
-    files = [write_json(out_dir / f"{spec.name}.json", data)]
-    lines = []
-    if results:
-        spec.plot(results, options, out_dir / f"{spec.name}.png")
-        files.append(out_dir / f"{spec.name}.png")
-        lines.append(spec.report(results, options))
+    check_results_out(out_dir, [spec.name], overwrite=overwrite, reading=reading)
+    with lock_output(out_dir):  # one writer per output (a no-op under run_suite's or the command's lock)
+        check_results_out(out_dir, [spec.name], overwrite=overwrite, reading=reading)  # as it is now, locked
+        options = options if options is not None else spec.options_type()
+        text = text or EvalText()
+        results, errors, seconds = {}, {}, {}
+        for mut in models:
+            start = time.perf_counter()
+            try:
+                with torch.no_grad():
+                    results[mut.label] = spec.run(mut, options, text, progress=progress)
+            except ValueError as exc:
+                if strict:
+                    raise EvaluationError(f"{spec.name} cannot run on {mut.label}: {exc}; nothing written") from None
+                errors[mut.label] = str(exc)
+            seconds[mut.label] = round(time.perf_counter() - start, 2)
+        data = {"evaluation": spec.name, "title": spec.title, "options": options_dict(options), "models": results,
+                "errors": errors, "seconds": seconds}
+        plot = (lambda path: spec.plot(results, options, path)) if results else None
+        files = write_evaluation_result(out_dir, spec.name, data, plot, reading)
+    lines = [spec.report(results, options)] if results else []
     lines += [f"Not run on {label}: {message}" for label, message in errors.items()]
     return data, "\n\n".join(lines), files
+
+
+def write_evaluation_result(out_dir: Path, name: str, data: dict[str, Any], plot: Callable[[Path], None] | None,
+                            reading: Sequence[str | Path]) -> list[Path]:
+    """:func:`~.output.write_result` (OUT/NAME.png and OUT/NAME.json, together) into ``out_dir``,
+    created and marked first if new, and removed again if the write fails there: a full disk
+    leaves no empty output behind. ``reading``: the sources, which ``out_dir`` must not be."""
+    new = not Path(out_dir).exists()
+    out_dir = claim_output_dir(out_dir, "eval", reading=reading)
+    try:
+        return write_result(out_dir, name, data, plot)
+    except BaseException:
+        if new:
+            unclaim_output_dir(out_dir)
+        raise
 
 
 def evaluation_options(name: str, overrides: dict[str, Any] | None = None, *, quick: bool = False) -> Any:
@@ -134,10 +164,12 @@ def run_suite(
     text: EvalText | None = None,
     scaling_runs: list[dict[str, Any]] | None = None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> SuiteResult:
     """Run every evaluation (or those named) on each checkpoint (label -> directory); ``options``
     overrides options per evaluation (``{"outliers": {"tokens": 4096}}``) over the default or
-    ``quick`` budget.
+    ``quick`` budget. An earlier result of one of them in ``out_dir`` is refused before any work,
+    or with ``overwrite`` replaced.
 
     ``scaling_runs`` ({attention, params, tokens, loss} dicts) adds the scaling fit; it is
     skipped otherwise, since one size per architecture cannot give a scaling law.
@@ -146,33 +178,37 @@ def run_suite(
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         raise ValueError(f"unknown evaluation(s) {', '.join(unknown)}; choose from {', '.join(NAMES)}")
-    out_dir = claim_output_dir(out_dir, "eval", reading=checkpoints.values())  # refused before any work
-    text = text or EvalText()
-    models = [load_model(path, device=device, label=label) for label, path in checkpoints.items()]
-    result = SuiteResult()
-    model_names = [n for n in names if n in EVALUATIONS]
-    for name in progress_bar(model_names, desc="evaluation suite", disable=not progress):
-        spec = EVALUATIONS[name]
-        chosen = evaluation_options(name, (options or {}).get(name), quick=quick)
-        data, section, files = run_evaluation(spec, models, out_dir, options=chosen, text=text, progress=progress)
-        result.data[name], result.sections[name] = data, section
-        result.files += files
-        if data["models"]:
-            result.images[name] = out_dir / f"{name}.png"
-    if scaling.NAME in names and scaling_runs:
-        data = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(scaling_runs)}
-        result.files.append(write_json(out_dir / f"{scaling.NAME}.json", data))
-        scaling.plot(data, out_dir / f"{scaling.NAME}.png")
-        result.files.append(out_dir / f"{scaling.NAME}.png")
-        result.data[scaling.NAME], result.sections[scaling.NAME] = data, scaling.report(data)
-        result.images[scaling.NAME] = out_dir / f"{scaling.NAME}.png"
+    written = [n for n in names if n in EVALUATIONS or (n == scaling.NAME and scaling_runs)]  # their results
+    check_results_out(out_dir, written, overwrite=overwrite, reading=list(checkpoints.values()))  # before any work
+    with lock_output(out_dir):  # one writer per output: a second suite or eval into out_dir is refused by pid
+        check_results_out(out_dir, written, overwrite=overwrite, reading=list(checkpoints.values()))
+        text = text or EvalText()
+        models = [load_model(path, device=device, label=label) for label, path in checkpoints.items()]
+        result = SuiteResult()
+        model_names = [n for n in names if n in EVALUATIONS]
+        for name in progress_bar(model_names, desc="evaluation suite", disable=not progress):
+            spec = EVALUATIONS[name]
+            chosen = evaluation_options(name, (options or {}).get(name), quick=quick)
+            data, section, files = run_evaluation(spec, models, out_dir, options=chosen, text=text, progress=progress,
+                                                  overwrite=overwrite)
+            result.data[name], result.sections[name] = data, section
+            result.files += files
+            if data["models"]:
+                result.images[name] = result_files(out_dir, name)[1]
+        if scaling.NAME in names and scaling_runs:
+            data = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(scaling_runs)}
+            result.files += write_evaluation_result(out_dir, scaling.NAME, data, lambda path: scaling.plot(data, path),
+                                           list(checkpoints.values()))
+            result.data[scaling.NAME], result.sections[scaling.NAME] = data, scaling.report(data)
+            result.images[scaling.NAME] = result_files(out_dir, scaling.NAME)[1]
     return result
 
 
 def report_sections(checkpoints: dict[str, Path], out_dir: Path, *, quick: bool = False, **suite_options: Any) -> list[str]:
     """The evaluation step ``compare`` runs after training: the suite into OUT/eval, returned as
     Markdown sections for OUT/report.md (plot links relative to OUT)."""
-    result = run_suite(checkpoints, Path(out_dir) / "eval", quick=quick, **suite_options)
+    result = run_suite(checkpoints, Path(out_dir) / "eval", quick=quick, overwrite=True,  # its own earlier results
+                       **suite_options)
     intro = ("## Evaluations of the paper\n\nEach section: our models (small, CPU-trained) beside the paper's figures "
              "(3B / 1.4B models). Only the direction of a difference can be compared; a sentence under each table "
              "says whether ours agrees with the paper. JSON and plots: eval/.")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..config import ConfigError
+from ..config import ATTENTION_KINDS, ConfigError
 from .comparison import CompareMetrics, Evaluation, run_comparison
 from .config import ExperimentConfig
 from .long_context import LongContextMetrics, run_long_context
@@ -25,16 +25,22 @@ __all__ = ["CompareMetrics", "Evaluation", "LongContextMetrics", "ScalingMetrics
 
 
 def select_models(config: ExperimentConfig, attention: list[str] | None) -> list[str]:
-    """Model names to train: those whose attention kind is listed (in config order), else the
-    config's compare.models, else all of its models. For a listed kind that compare.models
-    names, only its models there (a config's ablation variants stay out); for any other kind,
-    every model of that kind."""
+    """Model names to train: those of the attention kinds listed and the models named (a name that is not
+    a kind), in config order; else the config's compare.models, else all of its models. For a listed
+    kind that compare.models names, only its models there (a config's ablation variants stay out, unless
+    named); for any other kind, every model of that kind."""
     models = config.train.models
     if attention:
+        kinds = [item for item in attention if item in ATTENTION_KINDS]
+        named = [item for item in attention if item not in ATTENTION_KINDS]
+        unknown = [item for item in named if item not in models]
+        if unknown:
+            raise ConfigError(f"--attention {','.join(unknown)}: neither an attention kind ({', '.join(ATTENTION_KINDS)}) "
+                              f"nor a model of config {config.name!r} ({', '.join(models)})")
         preferred = {n: models[n].attention for n in config.compare.models}
-        names = [name for name, entry in models.items() if entry.attention in attention
-                 and (name in preferred or entry.attention not in preferred.values())]
-        missing = [kind for kind in attention if not any(models[n].attention == kind for n in names)]
+        names = [name for name, entry in models.items() if name in named or (
+            entry.attention in kinds and (name in preferred or entry.attention not in preferred.values()))]
+        missing = [kind for kind in kinds if not any(models[n].attention == kind for n in names)]
         if missing:
             raise ConfigError(
                 f"--attention {','.join(missing)}: config {config.name!r} has no model of that kind "

@@ -41,7 +41,9 @@ from ..evaluation.suite import SuiteResult
 from ..files import claim_output_dir, lock_output_dir, write_text_atomically
 from .claims import paper_claims, seed_label, variant_comparisons
 from .config import ExperimentConfig
-from .language_models import LanguageModelling, Machine, axes_for, busy_load_average, run_config, train_language_models
+from .language_models import (
+    LanguageModelling, Machine, axes_for, busy_load_average, check_runs, run_config, train_language_models,
+)
 from .report import CompareMetrics, comparisons, render_report, write_plots, write_study
 from .retrieval import run_experiment
 
@@ -63,8 +65,7 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
     lm_recipes = list(config.compare.language_model_recipes) or [None]
     axes = axes_for(config, names, seeds, grid, lm_recipes)
     configure = partial(run_config, config.train, progress=progress and jobs == 1)
-    for key in axes.keys():  # every run's config is checked before anything is created
-        configure(key, out_dir / "runs" / key.path)
+    check_runs(axes.keys(), out_dir / "runs", configure, nproc=nproc)  # before anything is created
     data_dir = [] if config.train.data.dataset in EMBEDDED_DATASETS else [config.train.data.dataset]
     claim_output_dir(out_dir, "compare", reading=data_dir)  # a new directory, or an earlier comparison's
     with lock_output_dir(out_dir):  # one comparison at a time in out_dir (each run locks its own directory)
@@ -118,4 +119,4 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
 def copy_checkpoint(source: Path, target: Path) -> None:
     """Make ``target`` (new, or a checkpoint this comparison wrote) a copy of checkpoint ``source``."""
     write_directory_atomically(target, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True), kind="checkpoint",
-                               overwrite=True)
+                               overwrite=True, own_training_state=True)  # the copy of this comparison's own run

@@ -126,9 +126,10 @@ class RetrievalConfig:
         return SymbolicTask(length=self.length, keys=self.keys, values=self.values, noise_tokens=self.noise_tokens,
                             queries=self.queries)
 
-    def model_config(self, attention: str, **fields: Any) -> ModelConfig:
-        """The retrieval model of one attention kind (DIFF head counts, doubled for the others)."""
-        heads = self.n_heads if attention in DIFF_HEAD_KINDS else 2 * self.n_heads
+    def model_config(self, attention: str, *, diff_heads: bool = False, **fields: Any) -> ModelConfig:
+        """The retrieval model of one attention kind (DIFF head counts, doubled for the others unless
+        ``diff_heads``, as a model entry's: the wide-head Transformer)."""
+        heads = self.n_heads if attention in DIFF_HEAD_KINDS or diff_heads else 2 * self.n_heads
         return ModelConfig(vocab_size=self.task.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
                            n_heads=heads, max_seq_len=self.length, attention=attention, **fields)
 

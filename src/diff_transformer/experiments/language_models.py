@@ -19,6 +19,7 @@ import torch
 from ..evaluation.stats import MeanStd
 from ..paper import PAPER_TABLE6
 from ..train.config import TrainConfig
+from ..train.trainer import check_inputs
 from .config import ExperimentConfig, recipe_fields
 from .results import Diagnostics, SeedCurves, TrainingRun, diagnostics_of, seed_curves
 from .runner import TrainingJob, run_jobs
@@ -39,6 +40,20 @@ def run_config(train: TrainConfig, key: RunKey, log_dir: Path, *, progress: bool
     run = dataclasses.replace(train.run, seed=key.seed, out_dir=str(log_dir), checkpoint_dir=str(log_dir / "checkpoint"),
                               progress=progress, init_from=None if init_from is None else str(init_from))
     return dataclasses.replace(train, models={**train.models, key.model: entry}, run=run)
+
+
+def check_runs(keys: Sequence[RunKey], out_dir: Path, configure: RunConfig, *, nproc: int) -> None:
+    """Every run's exact config built, and what it reads checked as the trainer checks it (the model, the
+    backend on this device, the dataset: :func:`~diff_transformer.train.trainer.check_inputs`), before
+    the study creates anything. Runs that differ only in seed and learning rate read the same inputs:
+    checked once. The weights a run starts from (run.init_from) may not exist yet: not read here."""
+    checked = set()
+    for key in keys:
+        config = configure(key, out_dir / key.path)
+        if (key.model, key.recipe, key.size, key.steps) not in checked:
+            checked.add((key.model, key.recipe, key.size, key.steps))
+            check_inputs(dataclasses.replace(config, run=dataclasses.replace(config.run, init_from=None)), key.model,
+                         processes=nproc)
 
 
 def train_language_models(keys: Sequence[RunKey], out_dir: Path, configure: RunConfig, *, resume: bool, nproc: int,

@@ -53,7 +53,7 @@ from ..train.config import TrainConfig, config_from_dict
 from .claims import Claim, Figures, deepest_measured_layer, make_claim, seed_label
 from .comparison import CompareMetrics, Evaluation, run_comparison
 from .config import ExperimentConfig, LongContextConfig, RetrievalConfig
-from .language_models import LanguageModelling, run_config, train_language_models
+from .language_models import LanguageModelling, axes_for, check_runs, run_config, train_language_models
 from .report import label_axes, pyplot, render_claims, save_plot, stats_cell, write_study
 from .results import AnswerShares
 from .retrieval import TASKS, accuracy, attention_allocation, evaluation_sets, retrieval_fields, train_model, with_length
@@ -186,7 +186,8 @@ def retrieval_run(config: ExperimentConfig, name: str, seed: int, extension_lrs:
     settings, lc = config.retrieval, config.long_context
     longest = max([*lc.retrieval_lengths, lc.retrieval_seq_len, settings.length])
     torch.manual_seed(seed)
-    model_config = settings.model_config(config.attention(name), **retrieval_fields(config, name, None))
+    model_config = settings.model_config(config.attention(name), diff_heads=config.train.model(name).diff_heads,
+                                         **retrieval_fields(config, name, None))
     model = LanguageModel(dataclasses.replace(model_config, max_seq_len=longest))
     short_lr = config.lr_for(name, None, "retrieval")
     start = time.perf_counter()
@@ -310,8 +311,10 @@ def run_long_context(config: ExperimentConfig, out_dir: Path, names: Sequence[st
     settings = config.long_context
     extended = extension_config(config)
     ext_axes = extension_axes(config, names, seeds)
-    for key in ext_axes.keys():  # every extension run's config is checked before anything is created
-        run_config(extended, key, out_dir / "extend" / "runs" / key.path, progress=False)
+    # every run of both phases is checked before anything is created
+    check_runs(axes_for(config, names, seeds, grid, list(config.compare.language_model_recipes) or [None]).keys(),
+               out_dir / "short" / "runs", partial(run_config, config.train, progress=False), nproc=nproc)
+    check_runs(ext_axes.keys(), out_dir / "extend" / "runs", partial(run_config, extended, progress=False), nproc=nproc)
     data_dir = [] if config.train.data.dataset in EMBEDDED_DATASETS else [config.train.data.dataset]
     claim_output_dir(out_dir, "compare", reading=data_dir)
     with lock_output_dir(out_dir):

@@ -209,11 +209,12 @@ def learning_curve(model: torch.nn.Module, config: RetrievalConfig, optim: Optim
 
 
 def run_one(config: RetrievalConfig, optim: OptimConfig, attention: str, seed: int,
-            model_fields: dict | None = None) -> RetrievalRun:
-    """Train one model (``seed`` sets its initialisation) and measure it on every cell, along
-    training (``config.curve_steps``) and at the end."""
+            model_fields: dict | None = None, diff_heads: bool = False) -> RetrievalRun:
+    """Train one model (``seed`` sets its initialisation; ``diff_heads``: DIFF's head count for a kind of
+    ordinary heads, the wide-head Transformer) and measure it on every cell, along training
+    (``config.curve_steps``) and at the end."""
     torch.manual_seed(seed)
-    model = LanguageModel(config.model_config(attention, **(model_fields or {})))
+    model = LanguageModel(config.model_config(attention, diff_heads=diff_heads, **(model_fields or {})))
     sets = evaluation_sets(config)
     trained = learning_curve(model, config, optim, sets)
     hardest = max(config.needles)
@@ -304,7 +305,8 @@ def run_experiment(config: ExperimentConfig, names: Sequence[str], seeds: Sequen
                 lrs=learning_rates(names, recipe_list, grid, lambda m, r: config.lr_for(m, r, "retrieval")))
     jobs_list = [PoolJob(key, key.describe(), out_dir / f"{key.path}.json", run_one,
                          (settings, config.retrieval_optim(key.lr), config.attention(key.model), key.seed,
-                          retrieval_fields(config, key.model, key.recipe)), RetrievalRun.from_dict)
+                          retrieval_fields(config, key.model, key.recipe), config.train.model(key.model).diff_heads),
+                         RetrievalRun.from_dict)
                  for key in axes.keys()]
 
     def describe(job: PoolJob, run: RetrievalRun) -> str:

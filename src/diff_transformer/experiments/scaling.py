@@ -45,7 +45,7 @@ from ..paper import SCALING_FIG3
 from ..train.config import TrainConfig
 from .comparison import Evaluation
 from .config import ExperimentConfig
-from .language_models import Machine, run_config, train_language_models
+from .language_models import Machine, check_runs, run_config, train_language_models
 from .report import label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study
 from .results import TrainingRun
 from .study import Axes, RunKey, Sweep
@@ -380,8 +380,7 @@ def run_scaling(config: ExperimentConfig, out_dir: Path, names: Sequence[str], s
     def configure(key: RunKey, log_dir: Path) -> TrainConfig:
         return run_config(sized_train(config, key), key, log_dir, progress=progress and jobs == 1)
 
-    for key in keys:  # every run's config is checked before anything is created
-        configure(key, out_dir / "runs" / key.path)
+    check_runs(keys, out_dir / "runs", configure, nproc=nproc)  # before anything is created
     data_dir = [] if config.train.data.dataset in EMBEDDED_DATASETS else [config.train.data.dataset]
     claim_output_dir(out_dir, "compare", reading=data_dir)
     with lock_output_dir(out_dir):

@@ -30,10 +30,11 @@ Weight mapping, per layer (H DIFF heads, Hkv KV groups, head dim d; HF's DiffLla
    our head-norm weight to ones and keeps the folded W_o, which computes the same function.
 5. λ vectors, MLP, block norms, embeddings and the LM head copy over unchanged.
 
-What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2 and symmetric DIFF
-(no HF class), a constant λ_init (HF hard-codes the depth schedule), DIFF without its head norm,
-a block ``norm_eps`` other than the head norm's 1e-5 (HF shares one eps between them), and a
-standard model with the head-norm ablation (no Llama equivalent).
+What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2, symmetric DIFF and
+gated attention (no HF class computes them), a constant λ_init (HF hard-codes the depth
+schedule), DIFF without its head norm, a block ``norm_eps`` other than the head norm's 1e-5 (HF
+shares one eps between them), DIFF heads with d-wide values (``value_factor=1``: a converted
+Transformer), and a standard model with the head-norm ablation (no Llama equivalent).
 """
 
 from __future__ import annotations
@@ -47,14 +48,15 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from ..checkpoint import (
+    FORMAT,
     CheckpointError,
     load_checkpoint_tokenizer,
     load_state_dict_checked,
     read_weights,
     write_directory_atomically,
 )
-from ..config import ModelConfig
-from ..files import check_output_dir
+from ..config import GATED_KINDS, ModelConfig
+from ..files import check_output_dir, lock_output
 from ..model import LanguageModel
 from ..tokenizer import BPE_FILE, EOS_TOKEN, BPETokenizer, ByteTokenizer
 
@@ -213,12 +215,25 @@ def check_exportable(config: ModelConfig) -> None:
             "symmetric DIFF (attention='diff_symmetric', keys = queries) has no transformers equivalent (DiffLlama "
             "has separate query and key projections); it cannot be exported"
         )
+    if config.attention in GATED_KINDS:
+        # transformers' gated attentions (Qwen3-Next, Qwen3.5, Beam, AFMoE, LFM3, ...) all normalise q and k
+        # per head (or differ further: partial RoPE, sliding windows, MoE, recurrent stacks): none is this
+        raise HFConversionError(
+            f"gated attention (attention={config.attention!r}) has no transformers equivalent: its classes with an "
+            "output gate (Qwen3-Next and others) also normalise queries and keys; it cannot be exported"
+        )
     if config.attention == "standard":
         if config.head_norm:
             raise HFConversionError(
                 "a standard-attention model with the head-norm ablation (head_norm=True) has no Llama equivalent"
             )
         return
+    if config.value_factor != 2:
+        raise HFConversionError(
+            f"DiffLlama's DIFF heads have values of width 2·head_dim; this model's are {config.value_factor}·head_dim "
+            f"(value_factor={config.value_factor}, a Transformer converted by diff-transformer convert) and cannot "
+            "be exported"
+        )
     if not config.head_norm:
         raise HFConversionError("DiffLlama always applies the per-head norm; a DIFF model with head_norm=False cannot be exported")
     if config.lambda_init is not None:
@@ -414,9 +429,10 @@ def export_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = Fals
     """A checkpoint directory of this project -> a transformers directory at ``out`` (new, empty,
     or with ``overwrite`` an earlier export; never the checkpoint itself)."""
     check_output_dir(out, "hf-export", overwrite=overwrite, reading=[checkpoint])  # before the work
-    model = LanguageModel.from_pretrained(checkpoint)
-    tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
-    return save_hf(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
+    with lock_output(out):  # one writer: a second export to ``out`` is refused before its work
+        model = LanguageModel.from_pretrained(checkpoint)
+        tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
+        return save_hf(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
 
 
 def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
@@ -467,6 +483,10 @@ def load_hf(directory: str | Path, *, with_tokenizer: bool = True) -> tuple[Lang
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(hf, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    if hf.get("format") == FORMAT:
+        raise CheckpointError(f"{directory} is already a diff-transformer checkpoint, not a transformers directory: "
+                              f"nothing to import; use it as it is (LanguageModel.from_pretrained, generate, eval, "
+                              f"train --init-from)")
     config = model_config_from_hf(hf, path)
     state = from_hf_state_dict(_read_hf_weights(directory), config, source=f"{directory} weights")
     model = LanguageModel(config, device="meta")
@@ -484,5 +504,6 @@ def import_hf(directory: str | Path, out: str | Path, *, with_tokenizer: bool = 
     """A DiffLlama or Llama directory -> a checkpoint of this project at ``out`` (new, empty, or
     with ``overwrite`` a checkpoint of this project; never the directory read)."""
     check_output_dir(out, "checkpoint", overwrite=overwrite, reading=[directory])  # before the work
-    model, tokenizer = load_hf(directory, with_tokenizer=with_tokenizer)
-    return model.save_pretrained(out, tokenizer, overwrite=overwrite, reading=[directory])
+    with lock_output(out):  # one writer: a second import to ``out`` is refused before its work
+        model, tokenizer = load_hf(directory, with_tokenizer=with_tokenizer)
+        return model.save_pretrained(out, tokenizer, overwrite=overwrite, reading=[directory])

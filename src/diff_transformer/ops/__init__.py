@@ -46,6 +46,7 @@ from .decode import decode_diff_attention, decode_diff_attention_packed
 from .materialized import materialized_diff_attention, materialized_diff_attention_grouped
 from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
 from .reference import check_diff_inputs as _check_diff_inputs
+from .reference import visible_mask
 from .sdpa import sdpa, sdpa_diff_attention, sdpa_split_diff_attention, split_diff_attention_stacked
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "LogitsTransform",
     "MATH_MAX_KEYS",
     "attention",
+    "check_every_query_sees_a_key",
     "choose_backend",
     "diff_attention",
     "diff_attention_packed",
@@ -176,6 +178,28 @@ def _check_mask(attn_mask: Tensor | None, b: int, h: int, t: int, s: int) -> Non
         ) from None
 
 
+def check_every_query_sees_a_key(attn_mask: Tensor, t: int, s: int, *, causal: bool) -> None:
+    """A ValueError naming the first query that ``attn_mask`` (bool, broadcastable to (B, H, T, S),
+    True = may attend), with the causal mask when ``causal``, leaves without a visible key: its
+    softmax would be 0 / 0, NaN in the output and every gradient. One pass over the mask (at
+    most B·H·T·S bools, the size of one attention map; B·H·S for a key-padding mask) and one read
+    back."""
+    if attn_mask.shape[-2] == 1:  # the same keys for every query: the first sees the fewest under the causal mask
+        blind = ~attn_mask[..., : s - t + 1 if causal else s].any(dim=-1)  # (.., 1): query 0 blind in these rows
+    else:
+        visible = visible_mask(t, s, causal=causal, attn_mask=attn_mask, device=attn_mask.device)
+        blind = ~visible.any(dim=-1)  # (.., T): True where a query sees no key
+    if not bool(blind.any()):
+        return
+    where = blind.nonzero()[0].tolist()  # the first blind query: its index along each of blind's dims
+    names = ["batch", "head", "query"][-len(where):]  # blind's dims, aligned to the right as broadcasting aligns
+    place = ", ".join(f"{name} {i}" for dim, (name, i) in enumerate(zip(names, where))
+                      if name == "query" or blind.shape[dim] > 1)  # a dim the mask broadcasts over says nothing
+    causal_note = " (with the causal mask)" if causal else ""
+    raise ValueError(f"attn_mask hides every key from {place}{causal_note}: every query must keep at least one "
+                     f"visible key (its softmax would be 0/0, NaN)")
+
+
 def key_padding_to_attn_mask(key_padding_mask: Tensor, t: int, s: int) -> Tensor:
     """(B, S) bool, True = a real key -> (B, 1, T, S) attn_mask: real keys, plus each query's own
     position S − T + i, so that a padded query (left padding) still has one key and stays finite.
@@ -215,7 +239,8 @@ def diff_attention(
     Args:
         q1, q2: (B, H, T, d) the two query groups.
         k1, k2: (B, Hkv, S, d) the two key groups; query head h reads KV head h // (H / Hkv).
-        v: (B, Hkv, S, 2d).
+        v: (B, Hkv, S, 2d), or (B, Hkv, S, d) (a converted Transformer's heads, ``value_factor=1``;
+            not the "triton" backend).
         lam: λ, a 0-d tensor or one value per head (H,); gradients flow into it.
         causal: mask future keys. With S > T the mask is aligned to the end (KV cache):
             query i sits at position S − T + i.
@@ -232,12 +257,14 @@ def diff_attention(
             attn_mask (combined with ``attn_mask`` if both are given).
 
     Returns:
-        (B, H, T, 2d) in q1's dtype. For the maps, call :func:`reference_diff_attention`.
+        (B, H, T, 2d) (v's width) in q1's dtype. For the maps, call :func:`reference_diff_attention`.
     """
     if check:
         _check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
         _check_mask(attn_mask, q1.shape[0], q1.shape[1], q1.shape[2], k1.shape[2])
         _check_key_padding(key_padding_mask, q1.shape[0], k1.shape[2])
+        if attn_mask is not None:
+            check_every_query_sees_a_key(attn_mask, q1.shape[2], k1.shape[2], causal=causal)
     t = q1.shape[2]
     name = resolve_backend(
         backend, q1.device, queries=t, keys=k1.shape[2], masked=attn_mask is not None,
@@ -312,6 +339,8 @@ def attention(
         if causal and q.shape[2] > k.shape[2]:
             raise ValueError(f"causal attention needs T <= S, got T={q.shape[2]} and S={k.shape[2]}")
         _check_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        if attn_mask is not None:
+            check_every_query_sees_a_key(attn_mask, q.shape[2], k.shape[2], causal=causal)
     if backend == "reference":
         return reference_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)[0]
     if check:

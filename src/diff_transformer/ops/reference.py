@@ -85,7 +85,8 @@ def reference_attention(
 
 def check_diff_inputs(q1, q2, k1, k2, v, lam, causal: bool) -> None:
     """A TypeError / ValueError naming the argument and its shape unless q1, q2 (B, H, T, d),
-    k1, k2 (B, Hkv, S, d), v (B, Hkv, S, 2d) and lam (0-d or (H,)) fit together, with T, S >= 1."""
+    k1, k2 (B, Hkv, S, d), v (B, Hkv, S, 2d) and lam (0-d or (H,)) fit together, with T, S >= 1.
+    v may also be (B, Hkv, S, d): a Transformer's heads converted to DIFF (``value_factor=1``)."""
     named = {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "v": v}
     for name, x in named.items():
         if not isinstance(x, Tensor) or x.dim() != 4:
@@ -105,8 +106,9 @@ def check_diff_inputs(q1, q2, k1, k2, v, lam, causal: bool) -> None:
         raise ValueError(f"k1 {tuple(k1.shape)} must be (B={b}, Hkv, S, d={d}) to match q1 {tuple(q1.shape)}")
     if h % hkv:
         raise ValueError(f"query heads H={h} must be a multiple of key/value heads Hkv={hkv}")
-    if v.shape != (b, hkv, s, 2 * d):
-        raise ValueError(f"v must be (B, Hkv, S, 2d) = {(b, hkv, s, 2 * d)}, got {tuple(v.shape)}")
+    if v.shape not in ((b, hkv, s, 2 * d), (b, hkv, s, d)):
+        raise ValueError(f"v must be (B, Hkv, S, 2d) = {(b, hkv, s, 2 * d)} (or (B, Hkv, S, d) = {(b, hkv, s, d)}), "
+                         f"got {tuple(v.shape)}")
     if t == 0 or s == 0:
         raise ValueError(f"q1 has {t} queries and k1 {s} keys: both need at least one")
     if causal and t > s:
@@ -133,8 +135,8 @@ def reference_diff_attention(
 ) -> tuple[Tensor, AttentionMaps]:
     """(softmax(q1 k1ᵀ s) - lam * softmax(q2 k2ᵀ s)) v, with s = 1/sqrt(d) by default.
 
-    q1, q2 (B, H, T, d); k1, k2 (B, Hkv, S, d); v (B, Hkv, S, 2d); lam 0-d or (H,).
-    Returns the (B, H, T, 2d) output in q's dtype, before the per-head norm, and the maps.
+    q1, q2 (B, H, T, d); k1, k2 (B, Hkv, S, d); v (B, Hkv, S, 2d) (or d wide); lam 0-d or (H,).
+    Returns the (B, H, T, 2d) output (v's width) in q's dtype, before the per-head norm, and the maps.
     The inputs are checked as :func:`~diff_transformer.ops.diff_attention` checks them.
     """
     check_diff_inputs(q1, q2, k1, k2, v, lam, causal)

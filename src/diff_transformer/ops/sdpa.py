@@ -91,12 +91,14 @@ def split_diff_attention_stacked(
 
     Two SDPA calls over all 2H heads (one per half of v) instead of four over H: fewer calls and
     no strided per-group slices. In this order SDPA's GQA rule (query head j reads KV head
-    j // n_rep) sends Q1 of head h to K1 of group h // n_rep and Q2 to K2, as it must.
+    j // n_rep) sends Q1 of head h to K1 of group h // n_rep and Q2 to K2, as it must. A v of
+    width d (``value_factor=1``) already has q's width: one call.
     """
     h = q.shape[1] // 2
     if attn_mask is not None and attn_mask.dim() == 4 and attn_mask.shape[1] == h > 1:
         attn_mask = attn_mask.repeat(1, 2, 1, 1)  # a per-head mask covers both groups of the head
     kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
-    halves = [sdpa(q, k, half.repeat(1, 2, 1, 1), **kw) for half in v.chunk(2, dim=-1)]  # (B, 2H, T, d) each
+    parts = v.chunk(2, dim=-1) if v.shape[-1] == 2 * q.shape[-1] else (v,)
+    halves = [sdpa(q, k, part.repeat(1, 2, 1, 1), **kw) for part in parts]  # (B, 2H, T, d) each
     out = torch.cat(halves, dim=-1).unflatten(1, (2, h))  # (B, 2, H, T, 2d): map 1, map 2
     return out[:, 0] - _lam_view(lam, out) * out[:, 1]

@@ -765,6 +765,9 @@ def triton_diff_attention(
         )
     check_supported(q1)
     b, h, d, s = q1.shape[0], q1.shape[1], q1.shape[-1], k1.shape[2]
+    if v.shape[-1] != 2 * d:
+        raise ValueError(f"backend 'triton' takes v of width 2d = {2 * d} (the paper's DIFF heads), got {v.shape[-1]} "
+                         "(a converted Transformer's heads, value_factor=1): use another backend")
     if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (b, s)):
         raise ValueError(f"key_padding_mask must be bool (B, S) = {(b, s)}, got "
                          f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")

@@ -94,13 +94,20 @@ class ModelEntry:
     paper_row: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
     optim: dict[str, Any] = field(default_factory=dict)  # this model's OptimConfig fields over the config's (its lr)
+    # The preset's DIFF head count (not doubled) for a kind of ordinary heads, at whatever size the
+    # preset is: with attention "standard", the wide-head Transformer (head dim 2d, the same parameters).
+    diff_heads: bool = False
 
     def model_config(self) -> ModelConfig:
         """The ModelConfig this entry describes (validated by ModelConfig itself)."""
+        if self.diff_heads and (self.preset is None or "n_heads" in self.fields):
+            raise ConfigError(f"models.{self.name}.diff_heads keeps a preset's DIFF head count: it needs a preset "
+                              "(model.preset or models.NAME.preset) and no n_heads of its own")
         try:
             if self.preset is None:
                 return ModelConfig.from_dict({**self.fields, "attention": self.attention})
-            return ModelConfig.from_preset(self.preset, attention=self.attention, **self.fields)
+            return ModelConfig.from_preset(self.preset, attention=self.attention, diff_heads=self.diff_heads,
+                                           **self.fields)
         except (ConfigError, TypeError) as exc:
             raise ConfigError(f"models.{self.name}: {exc}") from None
 
@@ -115,6 +122,8 @@ class ModelEntry:
                 out[key] = getattr(self, key)
         if self.optim:
             out["optim"] = dict(self.optim)
+        if self.diff_heads:
+            out["diff_heads"] = True
         return {**out, **self.fields}
 
 
@@ -259,6 +268,12 @@ class RunConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"run.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
+    def resolved_precision(self, device_type: str) -> str:
+        """What ``precision`` means on a device of ``device_type``: "fp32" or "bf16" (autocast)."""
+        if self.precision == "auto":
+            return "bf16" if device_type == "cuda" else "fp32"
+        return self.precision
 
 
 @dataclass
@@ -411,6 +426,7 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
         for key, new in MOVED_MODEL_KEYS.items():
             if key in merged:
                 raise ConfigError(f"models.{name}.{key} has moved: set {new.format(name=name)} instead")
+        diff_heads = _check_type(merged.pop("diff_heads", False), bool, f"models.{name}.diff_heads")
         entry = ModelEntry(
             name=str(name),
             attention=attention,
@@ -419,6 +435,7 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             paper_row=merged.pop("paper_row", None),
             fields=merged,
             optim=optim,
+            diff_heads=diff_heads,
         )
         entry.model_config()  # validate now: unknown ModelConfig fields are named here
         entries[str(name)] = entry
@@ -520,13 +537,29 @@ def read_config_data(name_or_path: str | Path, overrides: list[str] | None, pars
                           f"{', '.join(shipped_configs())})")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    data = apply_overrides(data, overrides or [])
-    if "model" not in data and "models" not in data:
+    overrides = list(overrides or [])
+    merged = apply_overrides(data, overrides)
+    if "model" not in merged and "models" not in merged:
         raise ConfigError(f"{path}: no model; set model (e.g. model: {{preset: tiny}}) or models")
     try:
-        return parse(data, str(path))
+        return parse(merged, str(path))
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{_error_source(path, data, overrides, str(exc), parse)}: {exc}") from None
+
+
+def _error_source(path: Path, data: dict[str, Any], overrides: list[str], message: str,
+                  parse: Callable[[dict, str], Any]) -> str:
+    """Where a config error came from: the file, when it has the error without the overrides, else
+    the first override (``--set KEY=VALUE``) with which the error appears."""
+    for applied in range(len(overrides) + 1):
+        try:
+            parse(apply_overrides(data, overrides[:applied]), str(path))
+        except ConfigError as exc:
+            if str(exc) == message:
+                return str(path) if applied == 0 else f"--set {overrides[applied - 1]}"
+        except (TypeError, ValueError, KeyError):  # a part-way config may fail otherwise: the error is further on
+            pass
+    return f"{path} with {' '.join(f'--set {item}' for item in overrides)}"
 
 
 def load_config(name_or_path: str | Path = "tiny", overrides: list[str] | None = None) -> TrainConfig:

@@ -5,15 +5,19 @@
   residual stream), for every kind: a branch that grows is where instability starts.
 - The share of negative entries in each layer's differential map p1 − λ·p2 (kinds with a
   differential map), among the entries a query may see (the causal lower triangle).
+- The first-token share of each layer's attention (the attention sink), every kind, as the
+  ``attention-sink`` evaluation measures it (evaluation/attention_sink.py).
 - Spikes of the global gradient norm (before clipping): a step whose norm exceeds
   ``SPIKE_FACTOR`` × the median of the previous ``SPIKE_WINDOW`` norms.
 
-λ and the RMS come from one no-grad forward of fixed validation windows (the probe, the same
-every time, at every log and evaluation step), through forward hooks on the attention modules;
-the negative share at evaluation steps, through the reference backend with an
+λ, the RMS and the first-token share come from one no-grad forward of fixed validation windows
+(the probe, the same every time, at every log and evaluation step): λ and the RMS through forward
+hooks on the attention modules; the first-token share at every probe and the negative share at
+evaluation steps through the reference backend with an
 :class:`~diff_transformer.attention.AttentionTap`, which materialises every map (B, H, T, T) in
-fp32. So the maps are taken on the probe's first ``MAP_PROBE_TOKENS`` tokens only (the same
-forward when the probe is no longer, else a second one on that prefix): the model is causal, so
+fp32 (docs/training.md gives the probe's cost). So the maps are taken on the probe's first
+``MAP_PROBE_TOKENS`` tokens only (the same forward when the probe is no longer, else a second one
+on that prefix): the model is causal, so
 they are exactly the top-left block of the full window's maps, and their memory stays bounded at
 any context (at 64K tokens and 12 heads one full map would be ~206 GB). Nothing is computed inside
 ``forward``, and the training step is left as it is (no hooks on it, so ``run.compile`` is
@@ -32,6 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionTap
+from ..config import GATED_KINDS
+from ..evaluation.attention_sink import first_token_share
 from ..model import LanguageModel
 from ..ops import AttentionMaps
 
@@ -39,7 +45,7 @@ SPIKE_FACTOR = 5.0  # a gradient norm above this many times the running median i
 SPIKE_WINDOW = 50  # previous steps whose median is the reference
 SPIKE_MIN_HISTORY = 10  # no verdict before this many previous norms (the first steps move a lot)
 PROBE_SEQUENCES = 1  # validation sequences of the diagnostics' forward: ~4% of a step at tiny (docs/training.md)
-MAP_PROBE_TOKENS = 2048  # the negative share is of the maps of the probe's first this-many tokens (bounded memory)
+MAP_PROBE_TOKENS = 2048  # the map shares are of the maps of the probe's first this-many tokens (bounded memory)
 
 
 class GradientSpikes:
@@ -85,28 +91,35 @@ def negative_share(combined: Tensor) -> float:
     return negative / (visible.sum().item() * combined[..., 0, 0].numel())
 
 
-class _NegativeShareTap(AttentionTap):
-    """Counts the negative visible entries of every layer's combined map (the maps are not kept)."""
+class _MapSharesTap(AttentionTap):
+    """Per layer: the first-token share (mean over the probe's sequences) and, with ``negative``, the
+    share of negative visible entries of the combined map (the maps are not kept)."""
 
-    def __init__(self) -> None:
-        self.shares: dict[int, float] = {}
+    def __init__(self, *, negative: bool) -> None:
+        self.negative = negative
+        self.first_token: dict[int, float] = {}
+        self.negative_shares: dict[int, float] = {}
 
     def record(self, layer_index: int, maps: AttentionMaps) -> None:
-        self.shares[layer_index] = negative_share(maps.combined)
+        # the mean over the probe's sequences; NaN where every row is left out (a DIFF row sum < 0.05)
+        self.first_token[layer_index] = first_token_share(maps.combined)[0].nanmean().item()
+        if self.negative:
+            self.negative_shares[layer_index] = negative_share(maps.combined)
 
 
 def has_differential_map(attention: str) -> bool:
-    """Whether the kind's effective map can go negative (every kind but softmax attention)."""
-    return attention != "standard"
+    """Whether the kind's effective map can go negative (every kind but softmax attention, gated or not)."""
+    return attention not in ("standard", *GATED_KINDS)
 
 
 @torch.no_grad()
 def probe(model: LanguageModel, tokens: Tensor, *, maps: bool, autocast: Any = None) -> dict[str, list[float]]:
     """One no-grad forward of ``tokens`` (B, T) through ``model`` (unwrapped from DDP; under FSDP
-    on every process): "lambda" per layer (kinds with λ), "attn_rms" per layer, and with ``maps``
-    "negative_share" per layer (kinds with a differential map) over the maps of the first
-    ``MAP_PROBE_TOKENS`` tokens, through the reference backend (the same forward when T is no
-    longer, else a second forward of that prefix). ``autocast``: the training's autocast context, if any."""
+    on every process): "lambda" per layer (kinds with λ), "attn_rms" per layer, "first_token_share"
+    per layer, and with ``maps`` "negative_share" per layer (kinds with a differential map); the
+    two shares over the maps of the first ``MAP_PROBE_TOKENS`` tokens, through the reference backend
+    (the same forward when T is no longer, else a second forward of that prefix). ``autocast``: the
+    training's autocast context, if any."""
     lambdas: dict[int, float] = {}
     rms: dict[int, float] = {}
 
@@ -118,14 +131,14 @@ def probe(model: LanguageModel, tokens: Tensor, *, maps: bool, autocast: Any = N
                 lambdas[index] = lam.item()
         return hook
 
-    tap = _NegativeShareTap() if maps and has_differential_map(model.config.attention) else None
-    prefix = tap is not None and tokens.shape[1] > MAP_PROBE_TOKENS  # the maps need a forward of their own
+    tap = _MapSharesTap(negative=maps and has_differential_map(model.config.attention))
+    prefix = tokens.shape[1] > MAP_PROBE_TOKENS  # the maps need a forward of their own
     was_training = model.training
     model.eval()
     hooks = [layer.attn.register_forward_hook(watch(i)) for i, layer in enumerate(model.layers)]
     try:
         with autocast or contextlib.nullcontext():
-            with model.tap_attention(tap) if tap is not None and not prefix else contextlib.nullcontext():
+            with model.tap_attention(tap) if not prefix else contextlib.nullcontext():
                 model(tokens, logits_to_keep=1)  # the LM head on one position: its logits are not wanted
             for hook in hooks:
                 hook.remove()
@@ -139,6 +152,7 @@ def probe(model: LanguageModel, tokens: Tensor, *, maps: bool, autocast: Any = N
     found = {"attn_rms": [rms[i] for i in sorted(rms)]}
     if lambdas:
         found["lambda"] = [lambdas[i] for i in sorted(lambdas)]
-    if tap is not None:
-        found["negative_share"] = [tap.shares[i] for i in sorted(tap.shares)]
+    found["first_token_share"] = [tap.first_token[i] for i in sorted(tap.first_token)]
+    if tap.negative:
+        found["negative_share"] = [tap.negative_shares[i] for i in sorted(tap.negative_shares)]
     return found

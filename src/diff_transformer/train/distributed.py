@@ -42,20 +42,25 @@ class Environment:
         return self.world_size > 1
 
 
-def setup(device: str = "auto") -> Environment:
-    """Pick the device and, under torchrun, join the process group."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+def resolve_device(device: str = "auto", local_rank: int = 0) -> torch.device:
+    """run.device as a torch device: "auto" is CUDA when there is a GPU, else the CPU."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("run.device is 'cuda' but no CUDA device is available")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(device: str = "auto") -> Environment:
+    """Pick the device and, under torchrun, join the process group."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch_device = resolve_device(device, local_rank)
+    if torch_device.type == "cuda":
         torch.cuda.set_device(local_rank)
-        torch_device = torch.device("cuda", local_rank)
-    else:
-        torch_device = torch.device("cpu")
     owns = False
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch_device.type == "cuda" else "gloo"
@@ -86,6 +91,15 @@ def broadcast_from_main(value, env: Environment):
     holder = [value]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
+
+
+def all_gather(value, env: Environment) -> list:
+    """Every process's ``value`` (any picklable object), in rank order (``[value]`` when alone)."""
+    if not env.distributed:
+        return [value]
+    values = [None] * env.world_size
+    dist.all_gather_object(values, value)
+    return values
 
 
 def parallelize(model_factory, env: Environment, parallel: str, seed: int) -> nn.Module:

@@ -34,6 +34,15 @@ def build_optimizer(model: nn.Module, config: OptimConfig, device: torch.device)
     )
 
 
+def warmup_linear_lr(step: int, lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of :class:`WarmupLinearSchedule`."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return lr + (min_lr - lr) * progress
+
+
 class WarmupLinearSchedule:
     """lr(step): linear warmup from lr/warmup to lr over ``warmup_steps``, then linear decay to
     ``min_lr`` at ``total_steps`` (held there after). ``step`` counts optimizer steps from 0."""
@@ -47,11 +56,7 @@ class WarmupLinearSchedule:
         self._apply()
 
     def lr_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        decay_steps = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
-        return self.lr + (self.min_lr - self.lr) * progress
+        return warmup_linear_lr(step, self.lr, self.min_lr, self.warmup_steps, self.total_steps)
 
     def _apply(self) -> None:
         for group in self.optimizer.param_groups:

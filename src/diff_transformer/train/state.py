@@ -28,20 +28,25 @@ import yaml
 from torch import nn
 
 from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, save_pretrained
+from ..files import TRAINING_STATE_FILE
+from ..tokenizer import same_tokenizer
 from .distributed import Environment
 
-TRAINING_STATE_FILE = "training_state.pt"
 TRAIN_CONFIG_FILE = "train_config.yaml"
 STATE_VERSION = 1
 
 
 @dataclass
 class Progress:
-    """Where a run is: optimizer steps done, and samples and tokens consumed."""
+    """Where a run is: optimizer steps done, samples and tokens consumed, and the time its
+    invocations took to get there (so that a resumed run reports the run's throughput)."""
 
     step: int = 0
     samples: int = 0
     tokens: int = 0
+    train_seconds: float = 0.0  # timed training steps (each invocation's first step warms up, untimed)
+    timed_tokens: int = 0  # the tokens of those timed steps
+    wall_seconds: float = 0.0  # the invocations' wall time, up to the save
 
 
 def _full_options(env: Environment, *, loading: bool):
@@ -119,7 +124,7 @@ def save_training_checkpoint(
 
         written = save_pretrained(  # replaces this run's previous checkpoint (checked when the run started)
             model, directory, tokenizer=tokenizer, state=weights, extra_files=write_training_files,
-            extra=extra, overwrite=True,
+            extra=extra, overwrite=True, own_training_state=True,
         )
     if env.distributed:
         torch.distributed.barrier()
@@ -136,10 +141,12 @@ def find_checkpoint(directory: str | Path) -> Path | None:
     return None
 
 
-def read_training_state(directory: str | Path) -> dict[str, Any]:
+def read_training_state(directory: str | Path, *, mmap: bool = False) -> dict[str, Any]:
+    """The training state of checkpoint ``directory``, checked for its parts; ``mmap`` maps the
+    file instead of reading it (a check that looks at the step and id only)."""
     path = Path(directory) / TRAINING_STATE_FILE
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing; {directory} is not a training checkpoint") from None
     except Exception as exc:  # torch.load raises a variety of errors on a truncated or foreign file
@@ -186,31 +193,160 @@ def read_train_config(directory: str | Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
-# What must not change between a run and its resumption: the model, and what decides the data.
-RESUME_INVARIANTS = {
-    "data": ("dataset", "seq_len", "batch_size", "mix", "within_documents", "long_document_tokens", "long_document_weight"),
-    "run": ("data_seed",),
+# --- what a resumed run may change ---------------------------------------------------------------
+#
+# How --resume treats each field of a config: every field of every config dataclass is classified
+# here once (tests/test_train.py checks that none is missing, so a field added later is too).
+SAME = "same"  # decides the numbers the run computes: a resumed run must have the checkpoint's value
+FREE = "free"  # observes, or says where, how fast or how often: may differ; the new value is used
+LENGTHEN = "lengthen"  # run.steps: the checkpoint's, or more on purpose (``lengthen``, see check_resumable)
+KEPT = "kept"  # decided the first weights only (run.init_from): unset, or the checkpoint's value, which is kept
+
+RESUME_RULES: dict[str, str | dict[str, str]] = {
+    "name": FREE, "description": FREE, "source": FREE,  # the config's names and file
+    # The trained model's entry: attention, preset and fields are compared as the ModelConfig they
+    # make (every field, "model.NAME") with the checkpoint's config.json; its own optim fields as the
+    # optimizer settings the model trains with ("optim.NAME").
+    "models": {
+        "name": FREE, "label": FREE, "paper_row": FREE,  # names in reports
+        "attention": SAME, "preset": SAME, "fields": SAME, "optim": SAME,
+        "diff_heads": SAME,  # a preset's head count kept (the wide-head Transformer): compared as the ModelConfig
+    },
+    "data": {
+        "dataset": SAME,
+        "cache_dir": FREE,  # where "default" is prepared: the same corpus wherever it lies
+        "seq_len": SAME,  # compared resolved (unset = the model's max_seq_len)
+        "batch_size": SAME,
+        "micro_batch_size": FREE,  # how the global batch is cut: the same mean loss, to rounding (tested)
+        "mix": SAME,
+        "eval_sequences": SAME,  # the validation windows every "val" record measures: the run keeps one curve
+        "within_documents": SAME, "long_document_tokens": SAME, "long_document_weight": SAME,
+    },
+    "optim": {
+        "recipe": FREE,  # a name for the values below, which are compared
+        "lr": SAME, "min_lr": SAME, "warmup_steps": SAME, "betas": SAME, "weight_decay": SAME, "eps": SAME,
+        "grad_clip": SAME,
+    },
+    "run": {
+        "steps": LENGTHEN,
+        "seed": SAME,  # the initial weights: the run's, whatever a resumed invocation says
+        "data_seed": SAME,
+        "eval_every": FREE, "log_every": FREE, "diagnostics": FREE,  # evaluation, logging and the probe only observe
+        "checkpoint_every": FREE,
+        "stop_at_step": FREE,  # ends one invocation (it must lie after the checkpoint's step)
+        "out_dir": FREE, "checkpoint_dir": FREE, "tensorboard": FREE, "progress": FREE,
+        "init_from": KEPT,
+        "device": FREE,
+        "precision": SAME,  # compared as what autocast ran: "auto" is bf16 on CUDA and fp32 on CPU
+        "compile": FREE, "attn_backend": FREE, "parallel": FREE,  # the same sums, to rounding (tested)
+    },
 }
 
 
-def check_resumable(directory: str | Path, config, model_config) -> None:
-    """A CheckpointError naming what differs if ``config`` cannot continue the run saved in ``directory``
-    (another model, or another dataset, sequence length, global batch, mixture or data seed)."""
-    from ..checkpoint import read_config
+@dataclass
+class ResumePoint:
+    """Where a resumed run continues (see :func:`check_resumable`)."""
 
+    checkpoint: Path
+    progress: Progress  # the checkpoint's
+    steps: int  # the run's length: the checkpoint's run.steps, or the longer one of a lengthened run
+    init_from: str | None  # the run's run.init_from (kept: it decided the first weights)
+    note: str | None = None  # said on stderr when the run goes on (a lengthened run: what its schedule does)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps the checkpoint holds."""
+        return self.progress.step
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.steps
+
+
+def trajectory_settings(config, model_name: str, model_config, device_type: str) -> dict[str, Any]:
+    """The values of the SAME fields of ``config`` for model ``model_name`` (whose ModelConfig is
+    ``model_config``), as the run uses them: "model.NAME", "data.NAME", "optim.NAME", "run.NAME"."""
+    values = {f"model.{key}": value for key, value in model_config.to_dict().items()}
+    optim = config.optim_for(model_name)  # the optim section with the model's own fields over it
+    for section in ("data", "optim", "run"):
+        source = optim if section == "optim" else getattr(config, section)
+        values.update({f"{section}.{name}": getattr(source, name)
+                       for name, rule in RESUME_RULES[section].items() if rule == SAME})
+    values["data.seq_len"] = config.data.seq_len or model_config.max_seq_len
+    values["run.precision"] = config.run.resolved_precision(device_type)
+    return values
+
+
+def check_resumable(directory: str | Path, config, model_name: str, model_config, *, progress: Progress,
+                    device_type: str, lengthen: bool = False) -> ResumePoint:
+    """Whether ``config`` (training ``model_name``, whose ModelConfig is ``model_config``, on a
+    device of ``device_type``) continues the run whose checkpoint ``directory`` holds ``progress``:
+    a CheckpointError naming each SAME setting that differs (field, the checkpoint's value, this
+    config's), else where the run goes on.
+
+    run.steps may differ only when ``lengthen`` (``train --set run.steps=N``) makes the run longer:
+    the learning-rate schedule is then recomputed for the new length (the decay to min_lr ends at
+    the new run.steps), which the returned note spells out. A shorter run, or one that ends before
+    the checkpoint's step, is refused; so is a run.stop_at_step at or before that step.
+    """
+    from ..checkpoint import read_config
+    from .config import config_from_dict
+    from ..config import ConfigError
+
+    directory, step = Path(directory), progress.step
     saved_model, _ = read_config(directory)
-    ours, theirs = model_config.to_dict(), saved_model.to_dict()
-    differing = [f"model.{k}: {theirs[k]!r} -> {ours[k]!r}" for k in ours if ours[k] != theirs.get(k)]
-    saved = read_train_config(directory)
-    current = config.to_dict()
-    for section, keys in RESUME_INVARIANTS.items():
-        defaults = asdict(type(getattr(config, section))())  # what a config saved without the key meant
-        for key in keys:
-            before, now = saved.get(section, {}).get(key, defaults[key]), current[section][key]
-            if before != now:
-                differing.append(f"{section}.{key}: {before!r} -> {now!r}")
+    saved_data = dict(read_train_config(directory))
+    saved_name = saved_data.pop("trained_model", model_name)
+    try:
+        saved = config_from_dict(saved_data)
+        saved.model(saved_name)
+    except ConfigError as exc:
+        raise CheckpointError(f"{directory / TRAIN_CONFIG_FILE}: not a config this version reads ({exc})") from None
+    before = trajectory_settings(saved, saved_name, saved_model, device_type)
+    now = trajectory_settings(config, model_name, model_config, device_type)
+    differing = [f"{key}: {before.get(key)!r} -> {now[key]!r}" for key in now if now[key] != before.get(key)]
+    kept, given = saved.run.init_from, config.run.init_from
+    if given is not None and given != kept:
+        differing.append(f"run.init_from: {kept!r} -> {given!r}")
+    saved_steps, steps = saved.run.steps, config.run.steps
+    note = None
+    if steps < step:
+        differing.append(f"run.steps: {saved_steps} -> {steps}, before the checkpoint's step {step}")
+    elif steps < saved_steps:
+        differing.append(f"run.steps: {saved_steps} -> {steps} (a run is not shortened: its schedule decays over "
+                         f"{saved_steps} steps)")
+    elif steps > saved_steps and not lengthen:
+        differing.append(f"run.steps: {saved_steps} -> {steps} (to lengthen the run on purpose, "
+                         f"--set run.steps={steps})")
+    elif steps > saved_steps:
+        note = _lengthening_note(config.optim_for(model_name), saved_steps, steps, step)
     if differing:
-        raise CheckpointError(f"{directory}: cannot resume with a different " + "; ".join(differing))
+        raise CheckpointError(f"{directory}: cannot resume with a different " + "; ".join(differing)
+                              + "; a resumed run is the run that was started: resume with its settings, or start a "
+                              "new run in another run.out_dir")
+    stop = config.run.stop_at_step
+    if stop is not None and stop <= step < steps:
+        raise CheckpointError(f"run.stop_at_step={stop}: the checkpoint {directory} is already at step {step}; set "
+                              f"a later step, or unset it (null) to train to run.steps={steps}")
+    return ResumePoint(directory, progress, steps, kept, note)
+
+
+def _lengthening_note(optim, saved_steps: int, steps: int, step: int) -> str:
+    """What lengthening a run from ``saved_steps`` to ``steps`` at checkpoint ``step`` does to its
+    learning-rate schedule: whether the steps taken had the rates of a run started at ``steps``."""
+    from .optim import warmup_linear_lr
+
+    def rate(s: int, total: int) -> float:
+        return warmup_linear_lr(s, optim.lr, optim.min_lr, optim.warmup_steps, total)
+
+    head = (f"note: lengthening the run from run.steps={saved_steps} to {steps}: the learning-rate schedule is "
+            f"recomputed for {steps} steps (the decay to optim.min_lr now ends at step {steps})")
+    if all(rate(s, saved_steps) == rate(s, steps) for s in range(step)):
+        return (f"{head}; the {step} steps taken had the same rates under both lengths, so the run goes on as one "
+                f"started with run.steps={steps}")
+    return (f"{head}; the {step} steps taken followed the {saved_steps}-step schedule, so the run is not one "
+            f"started with run.steps={steps}: its lr goes from {rate(step, saved_steps):.4g} (the {saved_steps}-step "
+            f"schedule) to {rate(step, steps):.4g} at step {step + 1}")
 
 
 # What a run started from another checkpoint's weights (run.init_from) may change in the model: the
@@ -241,32 +377,47 @@ def check_initializable(directory: str | Path, model_config) -> None:
     if differing:
         raise ConfigError(f"run.init_from: {directory} holds another model (" + "; ".join(differing) + "); "
                           f"a run started from a checkpoint may change only {' and '.join(INIT_CHANGEABLE)}")
+    problem = weights_problem(path / WEIGHTS_FILE, model_config)
+    if problem is not None:
+        raise ConfigError(f"run.init_from: {problem}")
 
 
-def check_initial_tokenizer(directory: str | Path, tokenizer) -> None:
+def weights_problem(path: Path, model_config) -> str | None:
+    """What keeps the safetensors file ``path`` from loading into a model of ``model_config``, from
+    its header alone (unreadable or truncated, a tensor missing, foreign or of another shape), or
+    None. Their values (NaN...) are checked when they are read."""
+    from safetensors import SafetensorError, safe_open
+
+    from ..model import LanguageModel
+
+    try:
+        with safe_open(str(path), "pt") as weights:
+            shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    except (SafetensorError, OSError) as exc:
+        return f"{path}: truncated or corrupted safetensors file ({exc})"
+    expected = {name: tuple(t.shape) for name, t in LanguageModel(model_config, device="meta").state_dict().items()}
+    wrong = sorted(set(shapes) ^ set(expected)) + sorted(n for n in set(shapes) & set(expected) if shapes[n] != expected[n])
+    if wrong:
+        return f"{path}: its tensors do not fit the model ({', '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''})"
+    return None
+
+
+def check_initial_tokenizer(directory: str | Path, tokenizer, where: str = "run.init_from") -> None:
     """A ConfigError if checkpoint ``directory`` holds a tokenizer other than ``tokenizer`` (the
-    dataset's): its weights would read other tokens."""
+    dataset's): its weights would read other tokens. ``where`` opens the message (what names the
+    checkpoint: run.init_from, or --resume)."""
     from ..checkpoint import load_checkpoint_tokenizer
     from ..config import ConfigError
 
     try:
         saved = load_checkpoint_tokenizer(directory)
     except CheckpointError as exc:
-        raise ConfigError(f"run.init_from: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None
     if saved is not None and not same_tokenizer(saved, tokenizer):
-        raise ConfigError(f"run.init_from: {directory} was trained with another tokenizer than the dataset's "
+        raise ConfigError(f"{where}: {directory} was trained with another tokenizer than the dataset's "
                           f"({type(saved).__name__} of {saved.vocab_size} tokens against "
                           f"{type(tokenizer).__name__} of {tokenizer.vocab_size}, or other merges)")
 
-
-_TOKENIZER_PROBE = "The quick brown fox, 1234 — naïve café; ROMEO. O, she doth teach the torches to burn bright!\n"
-
-
-def same_tokenizer(a, b) -> bool:
-    """Whether two tokenizers agree: the same kind, vocabulary size, end-of-text id and encoding of
-    a probe text (BPE tokenizers trained on other text split it differently)."""
-    return (type(a) is type(b) and a.vocab_size == b.vocab_size and a.eos_id == b.eos_id
-            and a.encode(_TOKENIZER_PROBE) == b.encode(_TOKENIZER_PROBE))
 
 
 def load_weights(directory: str | Path, model: nn.Module, env: Environment) -> None:

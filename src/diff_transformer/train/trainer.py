@@ -45,23 +45,25 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..config import ConfigError
+from ..config import DIFF_HEAD_KINDS, ConfigError, ModelConfig
 from ..loss import IGNORE_INDEX
 from ..checkpoint import remove_abandoned_temporaries
 from ..files import (
-    OutputLock, OutputPathError, check_output_dir, claim_output_dir, lock_file, lock_output_dir, naming_os_errors,
-    write_text_atomically,
+    LOCK_FILE, OutputLock, OutputPathError, check_output_dir, check_unlocked, claim_output_dir, lock_file,
+    lock_output_dir, naming_os_errors, write_text_atomically,
 )
 from ..model import LanguageModel
 from .config import ModelEntry, OptimConfig, TrainConfig
 from .diagnostics import PROBE_SEQUENCES, GradientSpikes, probe
-from .distributed import Environment, all_reduce_sum, broadcast_from_main, parallelize, setup, teardown, unwrap
+from .distributed import (
+    Environment, all_gather, all_reduce_sum, broadcast_from_main, parallelize, resolve_device, setup, teardown, unwrap,
+)
 from .events import EventFile
 from .optim import WarmupLinearSchedule, build_optimizer
 from .step import advance, clip_gradients, forward_backward, token_loss_sum
 from .state import (
-    Progress, check_initial_tokenizer, check_initializable, check_resumable, find_checkpoint, load_training_checkpoint,
-    load_weights, save_training_checkpoint, saved_step,
+    Progress, ResumePoint, check_initial_tokenizer, check_initializable, check_resumable, check_same_save,
+    find_checkpoint, load_training_checkpoint, load_weights, read_training_state, save_training_checkpoint, saved_step,
 )
 
 METRICS_FILE = "metrics.jsonl"
@@ -84,12 +86,16 @@ class TrainResult:
     attention: str
     parameters: int
     status: str  # "completed"; "interrupted" (by a signal) or "paused" (run.stop_at_step), both with a
-    #              checkpoint saved; "diverged" (NaN/inf loss: stopped, the last good checkpoint kept)
+    #              checkpoint saved; "diverged" (NaN/inf loss: stopped, the last good checkpoint kept);
+    #              "finished" (returned, never written: --resume of a run that had finished did nothing)
     steps: int  # optimizer steps done
     tokens: int  # training tokens consumed, over all processes
     final_val_loss: float | None
-    tokens_per_s: float  # training throughput over all processes, evaluation and saving excluded
-    peak_memory_bytes: int
+    # Throughput and time over every invocation of the run (a resumed run's include the earlier ones',
+    # up to the checkpoint it resumed from): tokens/s over all processes, evaluation and saving excluded
+    # (each invocation's first step warms up and is not timed); train_seconds, the timed steps' time.
+    tokens_per_s: float
+    peak_memory_bytes: int  # this invocation's
     peak_memory_kind: str  # "peak RSS" (CPU; the process's, including Python and torch) or "max allocated" (CUDA)
     train_seconds: float
     wall_seconds: float
@@ -101,6 +107,7 @@ class TrainResult:
     stopped_by: str | None = None  # "SIGINT" or "SIGTERM" when a signal interrupted the run
     grad_norm_spikes: int = 0  # steps whose gradient norm exceeded 5x the median of the previous 50 (metrics.jsonl names them)
     init_from: str | None = None  # the checkpoint whose weights started the run (run.init_from), if any
+    resumed_from: int | None = None  # the checkpoint step this invocation went on from; None: it started the run
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -283,49 +290,298 @@ def evaluate(model: nn.Module, batches, env: Environment, autocast) -> float:
     return loss_sum / max(count, 1)
 
 
-def train(config: TrainConfig, model_name: str | None = None, *, resume: bool = False) -> TrainResult:
+def train(config: TrainConfig, model_name: str | None = None, *, resume: bool = False,
+          lengthen: bool = False) -> TrainResult:
     """Train one model of ``config`` (the only one, or the entry ``model_name``); see the module docstring.
 
-    Under torchrun every process calls this; the result is the same on all of them.
+    ``resume`` continues the run from its checkpoint: with the settings it was started with (any
+    that changes the numbers and differs is refused by name, see ``state.RESUME_RULES``), except
+    that ``lengthen`` lets a larger run.steps lengthen it (the schedule is recomputed for the new
+    length; a note says what that does). A finished run's resume returns its result (status
+    "finished") and writes nothing. Everything :func:`check_training` checks is checked before
+    any file or directory is created. Under torchrun every process calls this; the result is the
+    same on all of them.
     """
     entry = config.model(model_name)
     model_config = entry.model_config()
     run = config.run
     env = setup(run.device)
     try:
-        return _train(config, entry, model_config, env, resume)
+        return _train(config, entry, model_config, env, resume, lengthen)
     finally:
         teardown(env)
 
 
-def _train(config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool) -> TrainResult:
-    with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
-        return _train_holding(config, entry, model_config, env, resume, held)
+@dataclass
+class TrainingPlan:
+    """What :func:`check_training` found, before anything was written: a run that can start, or
+    go on from its checkpoint."""
+
+    config: TrainConfig  # as the run uses it (a resumed run keeps its run.init_from)
+    entry: ModelEntry
+    model_config: ModelConfig
+    out_dir: Path
+    checkpoint_dir: Path
+    data: DataPlan
+    validation: list  # this process's validation micro-batches (DataPlan.validation_batches)
+    init_from: Path | None  # the weights a new run starts from (run.init_from)
+    resume: ResumePoint | None  # where a resumed run goes on; None for a new run
+
+    @property
+    def reading(self) -> list[Path]:
+        """What the run reads: the dataset, and the checkpoint whose weights start it."""
+        return [self.data.directory] + ([self.init_from] if self.init_from is not None else [])
+
+    def go_on_from(self, point: ResumePoint | None) -> None:
+        """Resume at ``point`` (None: a new run); a resumed run is the run that was started, with the
+        run.init_from that started it."""
+        self.resume = point
+        if point is not None:
+            self.config = dataclasses.replace(self.config, run=dataclasses.replace(self.config.run,
+                                                                                   init_from=point.init_from))
 
 
-def _train_holding(config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool,
-                   held: contextlib.ExitStack) -> TrainResult:
+def check_training(config: TrainConfig, model_name: str | None = None, *, resume: bool = False,
+                   lengthen: bool = False, processes: int = 1) -> TrainingPlan:
+    """Every check :func:`train` makes before it creates anything, for a run of ``processes``
+    processes (torchrun's): the config against the model, the attention backend on this device,
+    the dataset (readable, its vocabulary within the model's, its validation split big enough),
+    run.init_from's checkpoint, the output paths (new or this run's, not inside what it reads),
+    and with ``resume`` the checkpoint (there, of this run, its settings those of the config).
+    Raises the error ``train`` would (ConfigError, CheckpointError, OutputPathError,
+    TrainingError); writes nothing (but for the corpus cache of ``data.dataset: default``), so
+    that ``compare`` can check every run before it starts one."""
+    entry = config.model(model_name)
+    env = Environment(rank=0, world_size=processes, local_rank=0, device=resolve_device(config.run.device))
+    return _check(config, entry, entry.model_config(), env, resume=resume, lengthen=lengthen)
+
+
+def check_inputs(config: TrainConfig, model_name: str | None = None, *, processes: int = 1) -> None:
+    """The checks of :func:`check_training` that read (the config against the model, the backend on this
+    device, run.init_from's checkpoint, the dataset), not those of the output paths: what a study checks
+    of each of its runs before it creates anything (its runner owns the runs' directories)."""
+    entry = config.model(model_name)
+    env = Environment(rank=0, world_size=processes, local_rank=0, device=resolve_device(config.run.device))
+    _check_inputs(config, entry, entry.model_config(), env, resume=False)
+
+
+def _check(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *, resume: bool,
+           lengthen: bool) -> TrainingPlan:
+    """:func:`check_training` for the process ``env`` describes: every process checks what it
+    reads, rank 0 the directories and the checkpoint too."""
+    plan = _check_inputs(config, entry, model_config, env, resume=resume)
+    if env.is_main:
+        plan.go_on_from(_check_outputs(plan, env, resume=resume, lengthen=lengthen))
+    return plan
+
+
+def _check_together(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *,
+                    resume: bool, lengthen: bool) -> TrainingPlan:
+    """:func:`_check` in every process of a run: all of them raise if one refuses (a TrainingError
+    with the first refusal where a process had none of its own), so that none waits for the others
+    in a collective; rank 0's resume point is every process's."""
+    error: Exception | None = None
+    try:
+        plan = _check(config, entry, model_config, env, resume=resume, lengthen=lengthen)
+    except (ValueError, OSError, TrainingError) as exc:  # the project's errors are ValueErrors (ConfigError...)
+        error = exc
+    refusals = all_gather(None if error is None else str(error), env)
+    if error is not None:
+        raise error
+    first = next((message for message in refusals if message is not None), None)
+    if first is not None:
+        raise TrainingError(first)
+    point = broadcast_from_main(plan.resume, env)
+    if not env.is_main:
+        plan.go_on_from(point)
+    return plan
+
+
+def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *,
+                  resume: bool) -> TrainingPlan:
+    """The config, the backend, run.init_from's checkpoint and the dataset (every process)."""
+    run, data = config.run, config.data
+    out_dir = Path(run.out_dir)
+    checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
+    target, logs = checkpoint_dir.resolve(), out_dir.resolve()
+    if target == logs or target in logs.parents:  # each save replaces the checkpoint directory as a whole
+        raise ConfigError(f"run.checkpoint_dir: {checkpoint_dir} is run.out_dir {out_dir} or contains it, and every "
+                          f"save replaces it as a whole; leave it unset (run.out_dir/checkpoint) or choose another")
+    seq_len = data.seq_len or model_config.max_seq_len
+    if seq_len > model_config.max_seq_len:
+        raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
+    problem = backend_problem(run.attn_backend, env.device, model_config, seq_len)
+    if problem is not None:
+        raise ConfigError(problem)
+    # A resumed run continues from its own checkpoint: run.init_from only starts a new one.
+    init_from = None if resume or run.init_from is None else Path(run.init_from)
+    if init_from is not None:
+        check_initializable(init_from, model_config)  # before the data: a missing checkpoint is named first
+        source = init_from.resolve()
+        if target == source or target in source.parents:
+            raise ConfigError(f"run.init_from: {init_from} is this run's checkpoint directory {checkpoint_dir} "
+                              f"or inside it, which the run would replace; choose another run.out_dir / "
+                              f"run.checkpoint_dir")
+    plan = DataPlan(config, seq_len, env)
+    if plan.vocab_size > model_config.vocab_size:
+        raise ConfigError(
+            f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
+            f"vocab_size={model_config.vocab_size}"
+        )
+    try:
+        validation = plan.validation_batches()
+    except ValueError as exc:  # a validation split too short for one window
+        raise ConfigError(f"data.dataset: {exc}") from None
+    if init_from is not None:
+        check_initial_tokenizer(init_from, plan.tokenizer)
+    return TrainingPlan(config=config, entry=entry, model_config=model_config, out_dir=out_dir,
+                        checkpoint_dir=checkpoint_dir, data=plan, validation=validation, init_from=init_from,
+                        resume=None)
+
+
+def backend_problem(backend: str, device: torch.device, model_config: ModelConfig, seq_len: int) -> str | None:
+    """Why run.attn_backend ``backend`` cannot train ``model_config`` on ``device`` at ``seq_len``
+    tokens, or None. The attention kinds without DIFF heads call SDPA (or the reference) whatever
+    the name (diff_transformer.ops.attention); the others dispatch to the backend."""
+    if model_config.attention not in DIFF_HEAD_KINDS:
+        return None
+    if backend == "decode" and seq_len > 1:
+        return ("run.attn_backend=decode takes one query per sequence (decoding with a KV cache), not training "
+                f"windows of {seq_len} tokens; choose another backend (auto)")
+    if backend != "triton":
+        return None
+    from .. import ops
+
+    missing = ops.triton_import_error()
+    if missing is not None:
+        return f"run.attn_backend=triton: {missing}; choose another backend (auto)"
+    from ..ops import triton_diff
+
+    if device.type != "cuda" and not triton_diff.INTERPRET:
+        return (f"run.attn_backend=triton needs a CUDA GPU, and this run is on the {device.type}; choose another "
+                "backend (auto), or run.device=cuda on a machine with a GPU")
+    if model_config.head_dim not in ops.TRITON_HEAD_DIMS:
+        return (f"run.attn_backend=triton takes head dims {', '.join(map(str, ops.TRITON_HEAD_DIMS))}, and the "
+                f"model's is {model_config.head_dim}; choose another backend (auto)")
+    return None
+
+
+def _check_outputs(plan: TrainingPlan, env: Environment, *, resume: bool, lengthen: bool) -> ResumePoint | None:
+    """run.out_dir and run.checkpoint_dir, and with ``resume`` the checkpoint (rank 0; reads only):
+    where a resumed run goes on."""
+    config, out_dir, checkpoint_dir = plan.config, plan.out_dir, plan.checkpoint_dir
+    elsewhere = "choose another run.out_dir / run.checkpoint_dir"
+    # A run another process is training is answered as such (its files are in flux): the locks
+    # _lock_run takes, looked at without taking them.
+    check_unlocked(out_dir / LOCK_FILE, f"{out_dir}: in use by another diff-transformer process")
+    check_unlocked(checkpoint_lock_file(checkpoint_dir),
+                   f"{checkpoint_dir}: in use by another diff-transformer process")
+    # Neither directory may hold anything the project did not write, nor be, hold or lie inside
+    # the data or the weights the run reads.
+    for directory, setting in ((out_dir, "run.out_dir"), (checkpoint_dir, "run.checkpoint_dir")):
+        for source in plan.reading:
+            if source.resolve() in directory.resolve().parents:
+                raise OutputPathError(f"{setting}: {directory} lies inside {source}, which this run reads; {elsewhere}")
+    check_output_dir(out_dir, "train-run", reuse=True, reading=plan.reading, hint=elsewhere)
+    # (own_training_state: this run replaces only its own training checkpoint, found and checked below)
+    check_output_dir(checkpoint_dir, "checkpoint", overwrite=True, reading=plan.reading, hint=elsewhere,
+                     own_training_state=True)
+    existing = find_checkpoint(checkpoint_dir)
+    if resume and existing is None:
+        raise TrainingError(f"--resume: no training checkpoint at {checkpoint_dir}")
+    if not resume and existing is not None:
+        raise TrainingError(
+            f"{existing} already holds a training checkpoint: pass --resume to continue it, "
+            f"or choose another run.out_dir / run.checkpoint_dir"
+        )
+    # A new run would replace an earlier run's logs (one whose checkpoint lies elsewhere, or one
+    # that ended before its first checkpoint): they are results too, so the run is refused.
+    earlier = [] if resume else [name for name in (METRICS_FILE, SUMMARY_FILE) if (out_dir / name).is_file()]
+    if earlier:
+        raise TrainingError(
+            f"{out_dir} holds the logs of an earlier run ({', '.join(earlier)}), and there is no checkpoint of it "
+            f"in {checkpoint_dir} to resume; choose another run.out_dir, or move them out of it to start a new "
+            "run there"
+        )
+    # Each save replaces the checkpoint directory: one that holds files the project did not write
+    # there (the user's, an export made inside it) is refused now, not deleted by the first save.
+    check_output_dir(checkpoint_dir, "checkpoint", overwrite=existing is not None, reading=plan.reading,
+                     hint=elsewhere, own_training_state=True)
+    if existing is None:
+        return None
+    state = read_training_state(existing, mmap=True)  # the step and the save's id; the rest is read to resume
+    check_same_save(existing, state)
+    progress = Progress(**state["progress"])
+    check_initial_tokenizer(existing, plan.data.tokenizer, where="--resume")
+    return check_resumable(existing, config, plan.entry.name, plan.model_config, progress=progress,
+                           device_type=env.device.type, lengthen=lengthen)
+
+
+def _train(config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool,
+           lengthen: bool) -> TrainResult:
     wall_start = time.perf_counter()
-    run = _Run.prepare(config, entry, model_config, env, resume, held)
-    status, message, final_val, meter = _loop(run)
+    plan = _check_together(config, entry, model_config, env, resume=resume, lengthen=lengthen)
+    if plan.resume is not None and plan.resume.finished:
+        return _finished(plan, env)
+    with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
+        return _train_holding(plan, env, held, wall_start)
+
+
+def _finished(plan: TrainingPlan, env: Environment) -> TrainResult:
+    """A finished run's resume: says so (rank 0) and writes nothing; its result as summary.json
+    holds it, with status "finished" (from the checkpoint where that file is missing)."""
+    point = plan.resume
+    message = (f"{point.checkpoint}: the run is finished (step {point.step} of run.steps={point.steps}); nothing "
+               f"done, nothing written. To train it longer, --set run.steps=N (N > {point.steps})")
+    summary = _read_summary(plan.out_dir / SUMMARY_FILE)
+    if summary is None or summary.status != "completed" or summary.steps != point.step:
+        message += f"; {plan.out_dir / SUMMARY_FILE} does not hold its result (the run stopped after its last save)"
+        progress = point.progress
+        summary = TrainResult(
+            model=plan.entry.name, attention=plan.model_config.attention,
+            parameters=LanguageModel(plan.model_config, device="meta").num_parameters(), status="completed",
+            steps=progress.step, tokens=progress.tokens, final_val_loss=None,
+            tokens_per_s=progress.timed_tokens / progress.train_seconds if progress.train_seconds else 0.0,
+            peak_memory_bytes=0, peak_memory_kind="not measured", train_seconds=progress.train_seconds,
+            wall_seconds=progress.wall_seconds, load_average=None, device=str(env.device.type),
+            world_size=env.world_size, checkpoint=str(point.checkpoint), init_from=point.init_from,
+        )
+    if env.is_main:
+        print(message, file=sys.stderr)
+    return dataclasses.replace(summary, status="finished", message=message)
+
+
+def _read_summary(path: Path) -> TrainResult | None:
+    """The TrainResult a summary.json holds, or None (missing, unreadable, or from another version)."""
+    try:
+        return TrainResult(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _train_holding(plan: TrainingPlan, env: Environment, held: contextlib.ExitStack, wall_start: float) -> TrainResult:
+    run = _Run.prepare(plan, env, held, wall_start)
+    status, message, final_val = _loop(run)
     run.log.close()
+    run.account()
     saved = run.last_saved or find_checkpoint(run.checkpoint_dir)  # diverged, or a rank other than 0
     if status == "diverged" and env.is_main:
         print(message, file=sys.stderr)
     memory, memory_kind = process_peak_memory(env.device)
+    progress, meter = run.progress, run.meter
     result = TrainResult(
-        model=entry.name,
-        attention=model_config.attention,
+        model=plan.entry.name,
+        attention=plan.model_config.attention,
         parameters=run.raw_model.num_parameters(),
         status=status,
-        steps=run.progress.step,
-        tokens=run.progress.tokens,
+        steps=progress.step,
+        tokens=progress.tokens,
         final_val_loss=final_val,
         tokens_per_s=meter.tokens_per_s,
         peak_memory_bytes=memory,
         peak_memory_kind=memory_kind,
-        train_seconds=meter.train_seconds,
-        wall_seconds=time.perf_counter() - wall_start,
+        train_seconds=progress.train_seconds,
+        wall_seconds=progress.wall_seconds,
         load_average=sum(meter.load_samples) / len(meter.load_samples) if meter.load_samples else None,
         device=str(env.device.type),
         world_size=env.world_size,
@@ -333,29 +589,36 @@ def _train_holding(config: TrainConfig, entry: ModelEntry, model_config, env: En
         message=message,
         stopped_by=run.stopped_by,
         grad_norm_spikes=run.spikes.count,
-        init_from=config.run.init_from,
+        init_from=run.config.run.init_from,
+        resumed_from=plan.resume.step if plan.resume is not None else None,
     )
     if env.is_main:
         write_text_atomically(run.out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
     return result
 
 
-def _lock_run(out_dir: Path, checkpoint_dir: Path, env: Environment, *, reading: list[Path], hint: str) -> list[OutputLock]:
-    """Rank 0 checks ``out_dir`` (:func:`~diff_transformer.files.check_output_dir`), creates, marks
-    and locks it, and locks ``checkpoint_dir`` through a lock file beside it when it lies elsewhere;
-    a refusal is raised on every process alike (only rank 0 looks: the others would see its
-    marker half-written)."""
+def _lock_run(plan: TrainingPlan, env: Environment) -> list[OutputLock]:
+    """Rank 0 creates, marks and locks run.out_dir, locks run.checkpoint_dir through a lock file
+    beside it when it lies elsewhere, and checks both again under the locks (another process may
+    have written there since :func:`check_training`); a refusal is raised on every process alike
+    (only rank 0 looks: the others would see its marker half-written)."""
+    out_dir, checkpoint_dir = plan.out_dir, plan.checkpoint_dir
     locks: list[OutputLock] = []
     error: Exception | None = None
     if env.is_main:
         try:
-            check_output_dir(out_dir, "train-run", reuse=True, reading=reading, hint=hint)
-            locks.append(lock_output_dir(claim_output_dir(out_dir, "train-run")))
+            locks.append(lock_output_dir(claim_output_dir(out_dir, "train-run", reading=plan.reading,
+                                                          hint="choose another run.out_dir / run.checkpoint_dir")))
             if not checkpoint_dir.resolve().is_relative_to(out_dir.resolve()):
                 checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-                locks.append(lock_file(checkpoint_dir.with_name(f".{checkpoint_dir.name}.lock"),
+                locks.append(lock_file(checkpoint_lock_file(checkpoint_dir),
                                        f"{checkpoint_dir}: in use by another diff-transformer process"))
-        except (OutputPathError, OSError) as exc:
+            found = find_checkpoint(checkpoint_dir)
+            expected = plan.resume.checkpoint if plan.resume is not None else None
+            if found != expected:
+                raise TrainingError(f"{checkpoint_dir}: its checkpoint changed while this run started (another "
+                                    f"process wrote there); run the command again")
+        except (OutputPathError, OSError, TrainingError) as exc:
             for lock in locks:
                 lock.release()
             error = exc
@@ -365,6 +628,11 @@ def _lock_run(out_dir: Path, checkpoint_dir: Path, env: Environment, *, reading:
     if message is not None:
         raise TrainingError(message)
     return locks
+
+
+def checkpoint_lock_file(checkpoint_dir: Path) -> Path:
+    """The lock file beside a run.checkpoint_dir that lies outside run.out_dir."""
+    return checkpoint_dir.with_name(f".{checkpoint_dir.name}.lock")
 
 
 @dataclass
@@ -389,72 +657,23 @@ class _Run:
     autocast: Any
     probe_tokens: torch.Tensor  # the diagnostics' forward (diagnostics.py)
     spikes: GradientSpikes
+    meter: "_Meter"  # throughput over the run's invocations, and the loss window
+    started: float  # time.perf_counter() when this invocation began
+    earlier_wall_seconds: float  # the wall time of the run's earlier invocations (up to their last save)
     last_saved: Path | None = None
     stopped_by: str | None = None  # the signal that interrupted the run
 
     @classmethod
-    def prepare(cls, config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool,
-                held: contextlib.ExitStack) -> "_Run":
-        """Check the inputs, lock the run's directories (their locks go into ``held``), build
-        everything, and load the checkpoint when resuming."""
-        run, data = config.run, config.data
-        out_dir = Path(run.out_dir)
-        checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
-        target, logs = checkpoint_dir.resolve(), out_dir.resolve()
-        if target == logs or target in logs.parents:  # each save replaces the checkpoint directory as a whole
-            raise ConfigError(f"run.checkpoint_dir: {checkpoint_dir} is run.out_dir {out_dir} or contains it, and every "
-                              f"save replaces it as a whole; leave it unset (run.out_dir/checkpoint) or choose another")
-        seq_len = data.seq_len or model_config.max_seq_len
-        if seq_len > model_config.max_seq_len:
-            raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
-        # A resumed run continues from its own checkpoint: run.init_from only starts a new one.
-        init_from = None if resume else run.init_from
-        if init_from is not None:
-            check_initializable(init_from, model_config)  # before the data: a missing checkpoint is named first
-            source, target = Path(init_from).resolve(), checkpoint_dir.resolve()
-            if target == source or target in source.parents:
-                raise ConfigError(f"run.init_from: {init_from} is this run's checkpoint directory {checkpoint_dir} "
-                                  f"or inside it, which the run would replace; choose another run.out_dir / "
-                                  f"run.checkpoint_dir")
-        plan = DataPlan(config, seq_len, env)
-        if plan.vocab_size > model_config.vocab_size:
-            raise ConfigError(
-                f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
-                f"vocab_size={model_config.vocab_size}"
-            )
-        if init_from is not None:
-            check_initial_tokenizer(init_from, plan.tokenizer)
-        # Neither directory may hold anything the project did not write (nor be the data or the
-        # weights it reads), and no other process may be writing into them.
-        elsewhere = "choose another run.out_dir / run.checkpoint_dir"
-        reading = [plan.directory] + ([init_from] if init_from is not None else [])
-        # A checkpoint directory refused whatever it holds is refused before run.out_dir is created
-        # (whether it may hold this run's checkpoint is known once the run directory is locked).
-        check_output_dir(checkpoint_dir, "checkpoint", overwrite=True, reading=reading, hint=elsewhere)
-        for lock in _lock_run(out_dir, checkpoint_dir, env, reading=reading, hint=elsewhere):
+    def prepare(cls, checked: TrainingPlan, env: Environment, held: contextlib.ExitStack,
+                started: float | None = None) -> "_Run":
+        """Lock the run's directories (their locks go into ``held``), build everything, and load
+        the checkpoint when resuming; ``checked`` is what :func:`check_training` found."""
+        config, entry, model_config = checked.config, checked.entry, checked.model_config
+        run, plan, init_from, point = config.run, checked.data, checked.init_from, checked.resume
+        for lock in _lock_run(checked, env):
             held.callback(lock.release)
-        existing = find_checkpoint(checkpoint_dir)
-        if resume and existing is None:
-            raise TrainingError(f"--resume: no training checkpoint at {checkpoint_dir}")
-        if not resume and existing is not None:
-            raise TrainingError(
-                f"{existing} already holds a training checkpoint: pass --resume to continue it, "
-                f"or choose another run.out_dir / run.checkpoint_dir"
-            )
-        # A new run would replace an earlier run's logs (one whose checkpoint lies elsewhere, or one
-        # that ended before its first checkpoint): they are results too, so the run is refused.
-        earlier = [] if resume else [name for name in (METRICS_FILE, SUMMARY_FILE) if (out_dir / name).is_file()]
-        if earlier:
-            raise TrainingError(
-                f"{out_dir} holds the logs of an earlier run ({', '.join(earlier)}), and there is no checkpoint of it "
-                f"in {checkpoint_dir} to resume; choose another run.out_dir, or move them out of it to start a new "
-                "run there"
-            )
-        # Each save replaces the checkpoint directory: one that holds files the project did not write
-        # there (the user's, an export made inside it) is refused now, not deleted by the first save.
-        check_output_dir(checkpoint_dir, "checkpoint", overwrite=existing is not None, reading=reading, hint=elsewhere)
         if env.is_main:  # a save killed mid-write left its temporary directory: nobody else will remove it
-            for leftover in remove_abandoned_temporaries(checkpoint_dir):
+            for leftover in remove_abandoned_temporaries(checked.checkpoint_dir):
                 print(f"note: removed {leftover}, left by a checkpoint write that was interrupted", file=sys.stderr)
 
         build = lambda device: LanguageModel(model_config, device=device, attn_backend=run.attn_backend)  # noqa: E731
@@ -468,29 +687,45 @@ class _Run:
         optimizer = build_optimizer(raw_model, optim, env.device)
         schedule = WarmupLinearSchedule(optimizer, optim, run.steps)
         progress = Progress()
-        if resume:
-            check_resumable(existing, config, model_config)
-            progress = load_training_checkpoint(existing, raw_model, optimizer, schedule, env)
+        if point is not None:
+            progress = load_training_checkpoint(point.checkpoint, raw_model, optimizer, schedule, env)
             if env.is_main:
-                print(f"resuming from {existing} at step {progress.step}", file=sys.stderr)
-        log = MetricsLog(out_dir, env, run.tensorboard, progress.step if resume else None)
+                print(f"resuming from {point.checkpoint} at step {progress.step}", file=sys.stderr)
+                if point.note is not None:
+                    print(point.note, file=sys.stderr)
+        log = MetricsLog(checked.out_dir, env, run.tensorboard, progress.step if point is not None else None)
         # A resumed run keeps counting the spikes its earlier invocations logged (rank 0 reports them).
-        earlier_spikes = sum(r["kind"] == "grad_spike" for r in read_metrics(log.path)) if resume and log.enabled else 0
+        resumed = point is not None and log.enabled
+        earlier_spikes = sum(r["kind"] == "grad_spike" for r in read_metrics(log.path)) if resumed else 0
+        meter = _Meter(tokens_per_step=plan.batch_size * plan.seq_len, train_seconds=progress.train_seconds,
+                       timed_tokens=progress.timed_tokens)
         return cls(
-            config=config, entry=entry, env=env, out_dir=out_dir, checkpoint_dir=checkpoint_dir, plan=plan,
-            model=model, raw_model=raw_model, forward_model=torch.compile(model) if run.compile else model,
+            config=config, entry=entry, env=env, out_dir=checked.out_dir, checkpoint_dir=checked.checkpoint_dir,
+            plan=plan, model=model, raw_model=raw_model,
+            forward_model=torch.compile(model) if run.compile else model,
             optim=optim, optimizer=optimizer, schedule=schedule, progress=progress, log=log,
-            validation=plan.validation_batches(), autocast=_autocast(env, run.precision),
-            probe_tokens=plan.probe_tokens(PROBE_SEQUENCES).to(env.device), spikes=GradientSpikes(earlier=earlier_spikes),
+            validation=checked.validation, autocast=_autocast(env, run.precision),
+            probe_tokens=plan.probe_tokens(PROBE_SEQUENCES).to(env.device),
+            spikes=GradientSpikes(earlier=earlier_spikes), meter=meter,
+            started=time.perf_counter() if started is None else started, earlier_wall_seconds=progress.wall_seconds,
         )
+
+    def account(self) -> None:
+        """Bring the time in ``progress`` up to now: the meter's timed steps, and the wall time."""
+        self.progress.train_seconds = self.meter.train_seconds
+        self.progress.timed_tokens = self.meter.timed_tokens
+        self.progress.wall_seconds = self.earlier_wall_seconds + time.perf_counter() - self.started
 
     def save(self) -> Path | None:
         """Write the training checkpoint (rank 0 writes; every rank takes part under FSDP)."""
+        self.account()
+        train_config = {**self.config.to_dict(), "trained_model": self.entry.name}
+        # The precision autocast ran in ("auto" resolved on this device), which a resumed run must keep.
+        train_config["run"]["precision"] = self.config.run.resolved_precision(self.env.device.type)
         try:
             self.last_saved = save_training_checkpoint(
                 self.checkpoint_dir, self.raw_model, self.optimizer, self.schedule, self.progress,
-                tokenizer=self.plan.tokenizer, train_config={**self.config.to_dict(), "trained_model": self.entry.name},
-                env=self.env,
+                tokenizer=self.plan.tokenizer, train_config=train_config, env=self.env,
             )
             return self.last_saved
         except (OSError, OutputPathError) as exc:  # a full disk, a lost mount, files of the user's put into
@@ -533,8 +768,8 @@ class _Run:
 
 @dataclass
 class _Meter:
-    """Training throughput (the first step of an invocation warms up and is not timed) and the
-    loss window between two log lines."""
+    """Training throughput (the first step of an invocation warms up and is not timed; a resumed
+    run starts from the earlier invocations' totals) and the loss window between two log lines."""
 
     tokens_per_step: int
     train_seconds: float = 0.0
@@ -576,11 +811,11 @@ def _report_spike(run: _Run, spike: dict[str, float]) -> None:
               f"{spike['window']} steps ({spike['median']:.4g}): a spike ({run.spikes.count} so far)", file=sys.stderr)
 
 
-def _loop(run: _Run) -> tuple[str, str, float | None, _Meter]:
+def _loop(run: _Run) -> tuple[str, str, float | None]:
     """Steps until the end, a signal, a pause or divergence; saves at the end (not when diverged).
-    Returns (status, message, final validation loss, meter)."""
-    settings, progress, env = run.config.run, run.progress, run.env
-    meter = _Meter(tokens_per_step=run.plan.batch_size * run.plan.seq_len, window_start=time.perf_counter())
+    Returns (status, message, final validation loss)."""
+    settings, progress, env, meter = run.config.run, run.progress, run.env, run.meter
+    meter.window_start = time.perf_counter()
     bar = None
     if env.is_main and settings.progress:
         from ..progress import progress as progress_bar
@@ -631,7 +866,7 @@ def _loop(run: _Run) -> tuple[str, str, float | None, _Meter]:
                     postfix["val"] = f"{final_val:.3f}"
                 bar.set_postfix(postfix, refresh=False)
                 bar.update(1)
-            if stop_votes > 0:
+            if stop_votes > 0 and progress.step < settings.steps:  # (a signal during the last step: completed)
                 # Every process stops when one received a signal; each reports its own, if any.
                 run.stopped_by = signal.Signals(stop.received).name if stop.received is not None else None
                 status = "interrupted"
@@ -647,7 +882,5 @@ def _loop(run: _Run) -> tuple[str, str, float | None, _Meter]:
         if bar is not None:
             bar.close()
         if status != "diverged":
-            if final_val is None and status == "completed":  # resumed a run that had already finished
-                final_val = run.evaluate()
             run.save()
-    return status, message, final_val, meter
+    return status, message, final_val
