@@ -73,21 +73,19 @@ def test_generate_without_max_new_tokens_fills_what_the_context_leaves(tmp_path,
 ], ids=["defaults", "jobs-resume", "steps", "seeds", "set", "own-note"])
 def test_compare_keeps_the_config_budget_note_only_for_the_config_budget(argv, keeps_note, tmp_path, monkeypatch):
     """tiny.yaml's note says "56 steps"; a report of `compare --steps 4` must not repeat it."""
-    import importlib
+    import types
 
-    from diff_transformer.train import load_config
-
-    compare_module = importlib.import_module("diff_transformer.experiments.compare")  # the package names a function so
+    import diff_transformer.experiments as experiments
 
     seen = {}
 
     def fake_compare(config, out, **options):
         seen["note"] = config.compare.budget_note
-        return {"wall_seconds": 0.0}
+        return types.SimpleNamespace(wall_seconds=0.0)
 
-    monkeypatch.setattr(compare_module, "compare", fake_compare)
+    monkeypatch.setattr(experiments, "compare", fake_compare)  # what the command calls
     assert main(["compare", "--out", str(tmp_path / "cmp"), *argv]) == 0
-    shipped = load_config("tiny").compare.budget_note
+    shipped = experiments.load_experiment("tiny").compare.budget_note
     assert "56 steps" in shipped
     expected = ("mine" if "compare.budget_note=mine" in argv else shipped) if keeps_note else ""
     assert seen["note"] == expected

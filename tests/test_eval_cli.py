@@ -203,18 +203,18 @@ def test_an_earlier_result_is_replaced_only_with_overwrite(checkpoints, tmp_path
 
 def test_compare_replaces_the_results_of_its_own_earlier_evaluations(monkeypatch, tmp_path):
     """compare's evaluations go into OUT/eval, which is the comparison's own: a rerun replaces them."""
-    import importlib
+    import types
 
+    import diff_transformer.experiments as experiments
     from diff_transformer.evaluation import report_sections, suite
 
-    compare_module = importlib.import_module("diff_transformer.experiments.compare")  # not the package's function
     seen = {}
 
     def fake_compare(config, out, **kwargs):
         seen.update(kwargs["evaluation"].keywords)
-        return {"wall_seconds": 1.0}
+        return types.SimpleNamespace(wall_seconds=1.0)
 
-    monkeypatch.setattr(compare_module, "compare", fake_compare)
+    monkeypatch.setattr(experiments, "compare", fake_compare)  # what the command calls
     assert main(["compare", "--out", str(tmp_path / "cmp"), "--steps", "1"]) == 0
     assert seen["overwrite"] is True
     monkeypatch.setattr(suite, "run_suite", lambda checkpoints, out_dir, **kwargs: seen.update(suite=kwargs) or
