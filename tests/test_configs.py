@@ -82,7 +82,7 @@ def test_the_wide_head_transformer_and_gated_attention_beside_the_matched_transf
     headwise = standard.n_layers * standard.d_model * standard.n_heads
     assert count["gated_headwise"] - count["standard"] == headwise == 4_608
     assert {configs["gated"].attention, configs["gated_headwise"].attention} == {"gated", "gated_headwise"}
-    assert not {"standard-wide", "gated", "gated_headwise"} & set(tiny.compare.models)
+    assert not {"standard-wide", "gated", "gated_headwise"} & set(load_experiment("tiny").compare.models)
 
 
 def test_diff_heads_keeps_the_presets_diff_head_count_at_any_size():
@@ -92,7 +92,7 @@ def test_diff_heads_keeps_the_presets_diff_head_count_at_any_size():
     wide, diff = small.model("standard-wide").model_config(), small.model("diff").model_config()
     assert (wide.n_heads, wide.head_dim) == (diff.n_heads, 2 * diff.head_dim) == (2, 32)
     assert small.model("standard-wide").to_dict()["diff_heads"] is True
-    retrieval = load_config("tiny").retrieval
+    retrieval = load_experiment("tiny").retrieval
     wide, standard = retrieval.model_config("standard", diff_heads=True), retrieval.model_config("standard")
     assert (wide.n_heads, standard.n_heads) == (retrieval.n_heads, 2 * retrieval.n_heads)
     for models in ({"w": {"attention": "standard", "diff_heads": True, "d_model": 64, "n_heads": 2}},

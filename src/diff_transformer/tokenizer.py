@@ -78,8 +78,6 @@ def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
     if str(path) == "bytes":
         return ByteTokenizer()
     if str(path) == "default":
-        from .data.bpe import default_tokenizer
-
         return default_tokenizer()
     path = Path(path)
     if path.is_dir():
@@ -115,3 +113,14 @@ def same_tokenizer(a, b) -> bool:
     a probe text (BPE tokenizers trained on other text split it differently)."""
     return (type(a) is type(b) and a.vocab_size == b.vocab_size and a.eos_id == b.eos_id
             and a.encode(_PROBE_TEXT) == b.encode(_PROBE_TEXT))
+
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+DEFAULT_TOKENIZER_FILE = ASSETS / "tokenizer" / "tokenizer.json"
+
+
+def default_tokenizer() -> BPETokenizer:
+    """The shipped byte-level BPE (vocab 8192) trained on the embedded corpus (data/bpe.py)."""
+    if not DEFAULT_TOKENIZER_FILE.is_file():
+        raise FileNotFoundError(f"{DEFAULT_TOKENIZER_FILE} is missing: the package was installed without its assets")
+    return BPETokenizer(DEFAULT_TOKENIZER_FILE)

@@ -13,18 +13,11 @@ from pathlib import Path
 from typing import Iterable
 
 from ..files import OutputPathError, check_output_place, lock_output, write_atomically
-from ..tokenizer import EOS_TOKEN, BPETokenizer
+from ..tokenizer import ASSETS, DEFAULT_TOKENIZER_FILE, EOS_TOKEN, BPETokenizer, default_tokenizer
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_TOKENIZER_FILE = ASSETS / "tokenizer" / "tokenizer.json"
 DEFAULT_VOCAB_SIZE = 8192
 
-
-def default_tokenizer() -> BPETokenizer:
-    """The shipped byte-level BPE (vocab 8192) trained on the embedded corpus."""
-    if not DEFAULT_TOKENIZER_FILE.is_file():
-        raise FileNotFoundError(f"{DEFAULT_TOKENIZER_FILE} is missing: the package was installed without its assets")
-    return BPETokenizer(DEFAULT_TOKENIZER_FILE)
+__all__ = ["ASSETS", "DEFAULT_TOKENIZER_FILE", "check_tokenizer_out", "default_tokenizer", "save_tokenizer_file", "train_bpe"]
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, min_frequency: int = 2,
