@@ -194,3 +194,34 @@ def test_claims_read_each_recipe_and_the_curve_of_each_model():
     assert mqar.verdict == "depends on the recipe: agrees under scaled-init, inconclusive under plain-init"
     area = rows["mqar: mean accuracy over training"]
     assert area.difference.delta == pytest.approx(0.3) and area.by_recipe["plain-init"].delta == pytest.approx(0.05)
+
+
+def test_every_other_model_is_compared_on_the_evaluations_that_ran_on_it():
+    """The wide-head Transformer (attention "standard", not the baseline) against the Transformer and DIFF:
+    its first-token share (attention-sink) and its largest per-layer hidden-state ratio (outliers), per
+    seed as planted; the same rows in the claims, DIFF against the Transformer, with no paper sign."""
+    from diff_transformer.experiments.claims import variant_comparisons
+    from planted import lm
+
+    models = {"standard": _summary("standard", [3.0, 3.1]), "diff": _summary("diff", [3.1, 3.2]),
+              "standard-wide": _summary("standard-wide", [3.05, 3.15])}
+    sink = {"standard": [0.40, 0.44], "diff": [0.10, 0.12], "standard-wide": [0.30, 0.32]}
+    ratios = {"standard": [[5.0, 50.0], [6.0, 60.0]], "diff": [[4.0, 20.0], [4.0, 22.0]],
+              "standard-wide": [[5.0, 40.0], [None, 44.0]]}
+    label = {"standard": "Transformer", "diff": "DIFF", "standard-wide": CONFIG.model_name("standard-wide")}
+    outliers = {f"{label[n]} s{s}": {"hidden_states": {"top1": 1.0, "median": 1.0, "per_layer_ratio": ratios[n][s]},
+                                      "attention_logits": {"top1": 2.0, "median": 1.0}} for n in models for s in (0, 1)}
+    suite = {"attention-sink": {"models": {f"{label[n]} s{s}": {"mean_over_layers": {"mean": sink[n][s]}}
+                                           for n in models for s in (0, 1)}},
+             "outliers": {"models": outliers}}
+    rows = variant_comparisons(CONFIG, lm(models), None, suite)
+    assert {(r.model, r.baseline) for r in rows} == {(label["standard-wide"], "Transformer"), (label["standard-wide"], "DIFF")}
+    by = {(r.baseline, r.claim): r for r in rows}
+    wide_sink = by["Transformer", "Attention sink"]
+    assert wide_sink.ours.per_seed == (0.30, 0.32) and wide_sink.base.per_seed == (0.40, 0.44)
+    assert wide_sink.difference.delta == pytest.approx(-0.11)
+    massive = by["DIFF", "Massive activations"]
+    assert massive.ours.per_seed == (40.0, 44.0) and massive.base.per_seed == (20.0, 22.0)  # the largest layer's
+    claims = {r.claim: r for r in paper_claims(CONFIG, lm({n: models[n] for n in ("standard", "diff")}), None, suite)}
+    assert claims["Attention sink"].paper_sign == 0 and claims["Attention sink"].verdict.startswith("DIFF better")
+    assert claims["Massive activations"].ours.per_seed == (20.0, 22.0)

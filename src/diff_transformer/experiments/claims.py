@@ -82,7 +82,7 @@ class Claim:
     base: MeanStd | None
     difference: Difference | None
     paper: str
-    paper_sign: int  # the sign of DIFF − Transformer the paper found
+    paper_sign: int  # the sign of DIFF − Transformer the paper found (0: the paper makes no such claim)
     verdict: str
     note: str = ""
     by_recipe: dict[str, Difference] = field(default_factory=dict)
@@ -294,16 +294,28 @@ def _attention_claims(retrieval: RetrievalResult, names: tuple[str, str]) -> lis
     return rows
 
 
-def _evaluation_claims(config: ExperimentConfig, lm: LanguageModelling, names: tuple[str, str],
-                       suite: dict[str, Any]) -> list[Claim]:
-    """The claims the evaluation suite's results speak to, per seed ("DIFF s0", ...)."""
-    diff_name, base_name = names
+@dataclass
+class EvaluationFigures(TaskFigures):
+    """An evaluation's headline figure per seed of each model it ran on, and how the paper's claims read
+    it: the paper's figure and the sign of DIFF − Transformer it found (0: no claim of the paper; the
+    verdict then says which model is better), a note."""
+
+    paper: str = "—"
+    paper_sign: int = 0
+    note: str = ""
+    testable: bool = True
+
+
+def evaluation_figures(config: ExperimentConfig, lm: LanguageModelling, names: Sequence[str],
+                       suite: dict[str, Any]) -> list[EvaluationFigures]:
+    """The evaluation suite's figures for the models of ``names``, per seed ("DIFF s0", ...); an
+    evaluation that did not run on every seed of every one of them gives no row."""
     labels = {n: [seed_label(config, n, s) for s in lm.models[n].seeds] for n in names}
 
     def per_seed(evaluation: str, figure: Callable[[dict], float | None]) -> dict[str, Figures] | None:
         results = suite.get(evaluation, {}).get("models", {})
         values = {n: [figure(results[label]) for label in labels[n] if label in results] for n in names}
-        if any(not v or None in v for v in values.values()):
+        if any(len(v) < len(labels[n]) or None in v for n, v in values.items()):
             return None
         return {n: Figures(v) for n, v in values.items()}
 
@@ -314,43 +326,74 @@ def _evaluation_claims(config: ExperimentConfig, lm: LanguageModelling, names: t
         if ratio:
             top1, median = 0, t5["columns"].index("median")
             paper = t5[key]["diff"][top1] / t5[key]["diff"][median] - t5[key]["standard"][top1] / t5[key]["standard"][median]
-            raw = per_seed("outliers", lambda r, key=key: r[key]["top1"])
-            note = (f"raw top-1 DIFF {statistics.fmean(raw[diff_name].best):.3g} vs "
-                    f"{statistics.fmean(raw[base_name].best):.3g}; the ratio discounts each model's scale")
-            rows.append(make_claim("Activation outliers", f"top-1 / median magnitude of {tensor}", "lower",
-                                   ratio[diff_name], ratio[base_name], f"{paper:+.0f} (Table 5)", -1, note=note))
+            rows.append(EvaluationFigures("Activation outliers", f"top-1 / median magnitude of {tensor}", "lower", ratio,
+                                          f"{paper:+.0f} (Table 5)", -1))
+    massive = per_seed("outliers", _largest_layer_ratio)
+    if massive:
+        rows.append(EvaluationFigures(
+            "Massive activations", "the largest hidden-state magnitude over its layer's median, the largest over "
+            "layers (Sun et al. 2024)", "lower", massive, "no figure (Table 5 is over all layers)", 0))
+    sink = per_seed("attention-sink", lambda r: r["mean_over_layers"]["mean"])
+    if sink:
+        rows.append(EvaluationFigures(
+            "Attention sink", "share of attention on the first token, mean over layers (queries from the second on)",
+            "lower", sink, "no figure (gated attention, Qiu et al. 2025: ~0.47 → ~0.05)", 0))
     quantized = per_seed("quantization", _loss_increase_at_fewest_bits)
     if quantized:
-        rows.append(make_claim("Quantisation", "validation loss added by the fewest-bit attention logits (LM models)",
-                               "lower", quantized[diff_name], quantized[base_name], "DIFF degrades less (Fig. 8)", -1))
+        rows.append(EvaluationFigures("Quantisation", "validation loss added by the fewest-bit attention logits "
+                                      "(LM models)", "lower", quantized, "DIFF degrades less (Fig. 8)", -1))
     icl = per_seed("icl", _icl_accuracy)
     if icl:
-        chance = _icl_chance(suite["icl"]["models"][labels[base_name][0]])
+        chance = _icl_chance(suite["icl"]["models"][labels[names[0]][0]])
         testable = max(statistics.fmean(f.best) for f in icl.values()) > chance + 0.1
-        rows.append(make_claim("In-context learning", f"many-shot accuracy at the most demonstrations (chance "
-                               f"{chance:.2f})", "higher", icl[diff_name], icl[base_name], "+5.2 to +21.6 points (Fig. 6)",
-                               +1, testable=testable, note="" if testable else "both models near chance"))
+        note = "" if testable else "all models near chance"
+        rows.append(EvaluationFigures("In-context learning", f"many-shot accuracy at the most demonstrations (chance "
+                                      f"{chance:.2f})", "higher", icl, "+5.2 to +21.6 points (Fig. 6)", +1, note,
+                                      testable))
         spread = per_seed("icl", _icl_spread)
         if spread:
-            rows.append(make_claim("ICL robustness", "accuracy spread over demonstration orders", "lower",
-                                   spread[diff_name], spread[base_name], "smaller spread (Fig. 7)", -1,
-                                   testable=testable, note="" if testable else "both models near chance"))
+            rows.append(EvaluationFigures("ICL robustness", "accuracy spread over demonstration orders", "lower", spread,
+                                          "smaller spread (Fig. 7)", -1, note, testable))
     return rows
 
 
-def variant_comparisons(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None) -> list[Claim]:
-    """Every model of another attention kind than "standard" and "diff" (DIFF V2, symmetric DIFF, ...)
-    against the Transformer and against DIFF, on both tasks: the paper makes no claim about them,
-    so each row says which model is better, and what that depends on."""
+def _evaluation_claims(config: ExperimentConfig, lm: LanguageModelling, names: tuple[str, str],
+                       suite: dict[str, Any]) -> list[Claim]:
+    """The claims the evaluation suite's results speak to, DIFF against the Transformer."""
+    diff_name, base_name = names
+    rows = []
+    for entry in evaluation_figures(config, lm, names, suite):
+        figures = entry.figures
+        word = None if entry.paper_sign else better_word("DIFF", entry.better)
+        note = entry.note.replace("all models", "both models")
+        if entry.task == "Activation outliers":
+            raw = "hidden_states" if "hidden" in entry.measure else "attention_logits"
+            top1 = {n: statistics.fmean(suite["outliers"]["models"][seed_label(config, n, s)][raw]["top1"]
+                                        for s in lm.models[n].seeds) for n in names}
+            note = (f"raw top-1 DIFF {top1[diff_name]:.3g} vs {top1[base_name]:.3g}; the ratio discounts each "
+                    "model's scale")
+        rows.append(make_claim(entry.task, entry.measure, entry.better, figures[diff_name], figures[base_name],
+                               entry.paper, entry.paper_sign, note=note, testable=entry.testable, word=word))
+    return rows
+
+
+def variant_comparisons(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None,
+                        suite: dict[str, Any] | None = None) -> list[Claim]:
+    """Every model but the pair the paper's claims compare (DIFF V2, symmetric DIFF, gated attention, the
+    wide-head Transformer, an ablation...) against the Transformer and against DIFF, on both tasks and the
+    evaluations that ran on both: the paper makes no claim about them, so each row says which model is
+    better, and what that depends on."""
     names = list(lm.models)
     bases = list(pair(config, names) or ())
     rows = []
     for name in names:
-        if config.attention(name) in ("standard", "diff") or not bases:
+        if name in bases or not bases:
             continue
         label = config.model_name(name)
         for base in reversed(bases):  # against the Transformer, then against DIFF
-            for entry in task_figures(lm, retrieval, [name, base]):
+            entries = task_figures(lm, retrieval, [name, base]) + evaluation_figures(config, lm, [name, base],
+                                                                                    suite or {})
+            for entry in entries:
                 row = make_claim(entry.task, entry.measure, entry.better, entry.figures[name], entry.figures[base], "—",
                                  +1, word=better_word(label, entry.better))
                 row.model, row.baseline = label, config.model_name(base)
@@ -374,6 +417,12 @@ def deepest_measured_layer(attention: Sequence[Sequence[AnswerShares | None]]) -
     λ near 1 has rows summing to ~0, whose shares are not defined), or None."""
     layers = range(min(len(a) for a in attention) - 1, -1, -1)
     return next((i for i in layers if all(a[i] is not None for a in attention)), None)
+
+
+def _largest_layer_ratio(result: dict) -> float | None:
+    """The largest, over layers, of a layer's top-1 hidden-state magnitude over its median."""
+    ratios = [r for r in result["hidden_states"].get("per_layer_ratio", []) if r is not None]
+    return max(ratios) if ratios else None
 
 
 def _loss_increase_at_fewest_bits(result: dict) -> float:

@@ -107,7 +107,7 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
             suite = evaluation(checkpoints, out_dir / "eval")
             phases["evaluations"] = time.perf_counter() - mark
         metrics.claims = paper_claims(config, lm, metrics.retrieval, suite.data if suite else {})
-        metrics.variant_comparisons = variant_comparisons(config, lm, metrics.retrieval)
+        metrics.variant_comparisons = variant_comparisons(config, lm, metrics.retrieval, suite.data if suite else {})
         metrics.wall_seconds = time.perf_counter() - start
         metrics.phase_seconds = phases
 
