@@ -1,4 +1,4 @@
-# make test        create .venv, install the package with its dev extra, run the whole test suite
+# make test        create .venv, install the package with its dev extra, lint (ruff), run the whole test suite
 # make test-fast   the same install, then the tests not marked slow (every module, in under 150 s on 2 cores)
 # make demo        create .venv, install, run the main job: train DIFF and the matched Transformer
 #                  side by side on the embedded corpus and write out/compare/report.md
@@ -21,6 +21,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 install: $(BIN)/.installed
 
 test: install
+	$(BIN)/ruff check src tests scripts
 	$(BIN)/python -m pytest -q
 
 test-fast: install

@@ -247,7 +247,8 @@ def retrieval_by_length(config: ExperimentConfig, names: Sequence[str], seeds: S
             return run if set(run.after) == set(lrs[name]) else None
         return load
 
-    keys = [RunKey(name, seed, 0.0) for name in names for seed in seeds]
+    # A run trains at its model's retrieval lr, then extends at each of lrs[name]: the key holds the first.
+    keys = [RunKey(name, seed, config.lr_for(name, None, "retrieval")) for name in names for seed in seeds]
     pool = [PoolJob(key, f"{key.model} (seed {key.seed})", out_dir / key.model / f"seed-{key.seed}.json", retrieval_run,
                     (config, key.model, key.seed, lrs[key.model]), loader(key.model)) for key in keys]
 
@@ -259,7 +260,7 @@ def retrieval_by_length(config: ExperimentConfig, names: Sequence[str], seeds: S
     results = run_jobs(pool, resume=resume, at_once=jobs, progress=progress, describe=describe)
     models = {}
     for name in names:
-        runs = [results[RunKey(name, seed, 0.0)] for seed in seeds]
+        runs = [results[key] for key in keys if key.model == name]
 
         def score(lr: float) -> float:  # mean accuracy over the tasks and test lengths, then the seeds
             return statistics.fmean(statistics.fmean(at.mean_accuracy[task] for at in r.after[lr].values()
