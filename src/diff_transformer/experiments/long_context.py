@@ -54,7 +54,7 @@ from .claims import Claim, Figures, deepest_measured_layer, make_claim, seed_lab
 from .comparison import CompareMetrics, Evaluation, run_comparison
 from .config import ExperimentConfig, LongContextConfig, RetrievalConfig
 from .language_models import LanguageModelling, axes_for, check_runs, run_config, train_language_models
-from .report import label_axes, pyplot, render_claims, save_plot, stats_cell, write_study
+from .report import budget_lines, heading_lines, label_axes, pyplot, render_claims, save_plot, stats_cell, write_study
 from .results import AnswerShares
 from .retrieval import TASKS, accuracy, attention_allocation, evaluation_sets, retrieval_fields, train_model, with_length
 from .runner import PoolJob, run_jobs
@@ -504,9 +504,7 @@ def render_report(metrics: LongContextMetrics) -> str:
     s, short, ext = metrics.settings, metrics.short, metrics.extension
     labels, seeds = metrics.labels, metrics.seeds
     load = metrics.load_average
-    lines = [f"# Long context: {metrics.config}", ""]
-    if metrics.description:
-        lines += [metrics.description + ".", ""]
+    lines = heading_lines(f"Long context: {metrics.config}", metrics.description)
     lines += [
         f"Every model trained at {short.budget.seq_len} tokens (RoPE θ {metrics.short_rope_theta:,.0f}; "
         f"{short.budget.tokens_per_model:,} tokens, short/report.md), then extended from each seed's weights to "
@@ -521,7 +519,7 @@ def render_report(metrics: LongContextMetrics) -> str:
         + (f", load average at the end {load[0]:.1f} on {metrics.cpu_count} cores" if load else "")
         + f"; device {metrics.device}, torch {metrics.torch}.",
         "",
-        *([f"**The budget.** {metrics.budget_note}", ""] if metrics.budget_note else []),
+        *budget_lines(metrics.budget_note),
         *render_claims(metrics.claims, len(seeds)),
         "## Training",
         "",

@@ -216,6 +216,16 @@ def label_axes(ax, xlabel: str, ylabel: str, title: str | None = None, legend_si
         ax.legend(fontsize=legend_size)
 
 
+def heading_lines(title: str, description: str) -> list[str]:
+    """A report's title and the config's description under it."""
+    return [f"# {title}", ""] + ([description + ".", ""] if description else [])
+
+
+def budget_lines(note: str) -> list[str]:
+    """Why the budget is what it is (compare.budget_note), when the config says."""
+    return [f"**The budget.** {note}", ""] if note else []
+
+
 def evaluation_intro() -> str:
     """The heading of the evaluation sections a report appends."""
     return ("## Evaluations of the paper\n\nEach evaluation ran on the final model of every seed (rows \"NAME sK\"); "
@@ -617,9 +627,7 @@ def render_report(metrics: CompareMetrics) -> str:
     """report.md, in plain words: the table, the comparisons with the paper, and how it was made."""
     budget, env, models = metrics.lm.budget, metrics.machine, metrics.models
     seeds = metrics.seeds
-    lines = [f"# Side-by-side training: {metrics.config}", ""]
-    if metrics.description:
-        lines += [metrics.description + ".", ""]
+    lines = heading_lines(f"Side-by-side training: {metrics.config}", metrics.description)
     first_seeds = next(iter(models.values())).seeds
     lines += [
         f"Every model trained for {budget.steps} steps × {budget.batch_size} sequences × {budget.seq_len} "
@@ -633,7 +641,7 @@ def render_report(metrics: CompareMetrics) -> str:
         + (" (" + ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in metrics.phase_seconds.items()) + ")"
            if metrics.phase_seconds else "") + ".",
         "",
-        *([f"**The budget.** {metrics.budget_note}", ""] if metrics.budget_note else []),
+        *budget_lines(metrics.budget_note),
         *render_claims(metrics.claims, seeds),
         *render_variants(metrics.variant_comparisons, seeds),
         *sensitivity_lines(metrics),

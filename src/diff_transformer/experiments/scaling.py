@@ -46,7 +46,9 @@ from ..train.config import TrainConfig
 from .comparison import Evaluation
 from .config import ExperimentConfig
 from .language_models import Machine, check_runs, run_config, train_language_models
-from .report import label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study
+from .report import (
+    budget_lines, heading_lines, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study,
+)
 from .results import TrainingRun
 from .study import Axes, RunKey, Sweep
 
@@ -488,9 +490,7 @@ def render_report(metrics: ScalingMetrics) -> str:
     env = metrics.machine
     seeds = len(metrics.seeds)
     sizes = list(metrics.sizes)
-    lines = [f"# Scaling: {metrics.config}", ""]
-    if metrics.description:
-        lines += [metrics.description + ".", ""]
+    lines = heading_lines(f"Scaling: {metrics.config}", metrics.description)
     lines += [
         f"{', '.join(labels.values())} at {len(sizes)} sizes ({', '.join(sizes)}; each kind matched as the presets "
         f"are: DIFF with half the Transformer's heads, values twice as wide), trained on the same data in the same "
@@ -499,7 +499,7 @@ def render_report(metrics: ScalingMetrics) -> str:
         f"{metrics.wall_seconds / 60:.1f} min for this command ("
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in metrics.phase_seconds.items()) + ").",
         "",
-        *([f"**The budget.** {metrics.budget_note}", ""] if metrics.budget_note else []),
+        *budget_lines(metrics.budget_note),
         "## The gap along size",
         "",
         f"Final validation loss at the largest budget ({full} steps), mean ± std over seeds; each model − the "
