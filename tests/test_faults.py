@@ -28,7 +28,7 @@ import pytest
 import torch
 import yaml
 
-from diff_transformer.checkpoint import FAULT_ENV, CheckpointError, remove_abandoned_temporaries
+from diff_transformer.checkpoint import CheckpointError, remove_abandoned_temporaries
 from diff_transformer.cli import main
 from diff_transformer.files import claim_output_dir, lock_output_dir
 from diff_transformer.data import corpus_documents, prepare
@@ -92,9 +92,27 @@ def reference(dataset, tmp_path_factory) -> dict:
             "checkpoint": out / "checkpoint"}
 
 
-def launch(config: Path, *args: str, preexec_fn=None, **env_extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1", **env_extra}
-    return subprocess.Popen([sys.executable, "-m", "diff_transformer", "train", "--config", str(config), *args],
+def paused_at(spec: str) -> str:
+    """The start of a child's script that replaces ``checkpoint.fault_point`` (the library's test hook):
+    ``spec`` "POINT:N:FILE" makes the N-th directory write of the process create FILE and sleep at
+    POINT ("written" or "swapped"), so that the test can kill it there."""
+    point, count, marker = spec.split(":", 2)
+    return ("import pathlib, time\nfrom diff_transformer import checkpoint\nseen = []\n"
+            "def pause(point):\n"
+            f"    if point == {point!r}:\n"
+            "        seen.append(point)\n"
+            f"        if len(seen) == {int(count)}:\n"
+            f"            pathlib.Path({marker!r}).write_text(point)\n"
+            "            time.sleep(120)\n"
+            "checkpoint.fault_point = pause\n")
+
+
+def launch(config: Path, *args: str, preexec_fn=None, pause: str | None = None) -> subprocess.Popen:
+    """``diff-transformer train`` in a subprocess; ``pause``: where it stops (:func:`paused_at`)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    script = (paused_at(pause) if pause else "") + "import sys\nfrom diff_transformer.cli import main\n" \
+        "sys.exit(main(sys.argv[1:]))\n"
+    return subprocess.Popen([sys.executable, "-c", script, "train", "--config", str(config), *args],
                             env=env, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
 
 
@@ -143,7 +161,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(point, at, dataset, re
     config = write_config(dataset, out)
     marker = tmp_path / "paused"
     if point is not None:  # the at-th checkpoint write pauses at that point; kill it there
-        process = launch(config, **{FAULT_ENV: f"{point}:{at}:{marker}"})
+        process = launch(config, pause=f"{point}:{at}:{marker}")
         wait_for(marker.exists, process)
     else:
         process = launch(config)
@@ -277,7 +295,7 @@ def test_a_second_process_on_a_running_run_is_refused_naming_the_first(dataset, 
     out = tmp_path / "run"
     config = write_config(dataset, out, progress=False)
     marker = tmp_path / "paused"
-    first = launch(config, **{FAULT_ENV: f"written:4:{marker}"})  # holds the run, paused inside its 4th save
+    first = launch(config, pause=f"written:4:{marker}")  # holds the run, paused inside its 4th save
     wait_for(marker.exists, first)
     before = snapshot(out)
     assert any(name.startswith(".checkpoint.tmp-") for name in before)  # the first one's save in progress
@@ -642,12 +660,12 @@ def test_a_failure_building_the_corpus_cache_names_the_cache(code, reason, tmp_p
 # --- one writer per dataset and per evaluation output ---------------------------------------------
 
 
-def _start_paused(argv: list[str], marker: Path, pause: str | None = None, **env_extra: str) -> subprocess.Popen:
-    """``diff-transformer ARGV`` in a subprocess that pauses while writing: at a fault point of its
-    first directory write (``env_extra``), or, with ``pause`` ("module:function"), on entering that
-    function; returns once it has paused (``marker`` exists)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1", **env_extra}
-    script = "import sys\nfrom diff_transformer.cli import main\n"
+def _start_paused(argv: list[str], marker: Path, pause: str | None = None, at: str | None = None) -> subprocess.Popen:
+    """``diff-transformer ARGV`` in a subprocess that pauses while writing: at a fault point of a
+    directory write (``at``, as :func:`paused_at` reads it), or, with ``pause`` ("module:function"), on
+    entering that function; returns once it has paused (``marker`` exists)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    script = (paused_at(at) if at else "") + "import sys\nfrom diff_transformer.cli import main\n"
     if pause is not None:
         module, function = pause.split(":")
         script += (f"import importlib, pathlib, time\nmodule = importlib.import_module({module!r})\n"
@@ -668,7 +686,7 @@ def test_a_second_prepare_to_the_same_dataset_is_refused_naming_the_first(tmp_pa
     out = tmp_path / "data"
     marker = tmp_path / "paused"
     first = _start_paused(["prepare", str(tmp_path / "first.txt"), "--out", str(out), "--tokenizer", "bytes",
-                           "--quiet"], marker, **{FAULT_ENV: f"written:1:{marker}"})
+                           "--quiet"], marker, at=f"written:1:{marker}")
     try:
         before = snapshot(tmp_path)
         for extra in ([], ["--overwrite"]):

@@ -269,3 +269,17 @@ def test_input_errors_name_the_problem():
         diff_attention(q1, q2, k1, k2, v, lam, attn_mask=torch.ones(5, 5))
     with pytest.raises(ValueError, match="does not broadcast"):
         diff_attention(q1, q2, k1, k2, v, lam, attn_mask=torch.ones(3, 5, dtype=torch.bool))
+
+
+def test_attention_refuses_a_backend_it_would_not_run():
+    """Standard attention runs SDPA or the reference: a DIFF kernel's name is an error naming it, not a
+    silent SDPA."""
+    from diff_transformer.ops import attention
+
+    q = torch.randn(1, 2, 4, 8)
+    for name in ("triton", "math", "sdpa_split", "decode"):
+        with pytest.raises(ValueError, match=f"backend '{name}' is a kernel of differential attention"):
+            attention(q, q, q, backend=name)
+    expected = attention(q, q, q, backend="reference")
+    for name in ("auto", "sdpa"):
+        torch.testing.assert_close(attention(q, q, q, backend=name), expected, rtol=1e-5, atol=1e-6)

@@ -207,15 +207,14 @@ def test_auto_never_picks_triton(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_backend("auto", cpu, queries=1) == "decode"
     assert resolve_backend("auto", cuda, queries=1) == "decode"
-    assert resolve_backend("auto", cpu, queries=64, head_dim=64) == "sdpa_split"
+    assert resolve_backend("auto", cpu, queries=64) == "sdpa_split"
     monkeypatch.setattr(ops, "_TRITON_INTERPRET", False)
     monkeypatch.setattr(ops, "TRITON_INSTALLED", True)
     monkeypatch.setattr(ops, "_triton_import", [None])  # as if the kernels imported on a GPU machine
     assert ops.triton_available()
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        assert resolve_backend("auto", cuda, queries=64, head_dim=64, dtype=dtype) == "sdpa"
-    assert resolve_backend("auto", cuda, queries=64, head_dim=64, masked=True) == "sdpa"
-    assert resolve_backend("triton", cuda, queries=64, head_dim=64) == "triton"  # asked for: used
+        assert resolve_backend("auto", cuda, queries=64, dtype=dtype) == "sdpa"
+    assert resolve_backend("triton", cuda, queries=64) == "triton"  # asked for: used
 
 
 AOT_COMPILE = textwrap.dedent(
@@ -659,14 +658,13 @@ def test_triton_availability_says_why_not(monkeypatch):
 
 
 def test_choose_backend_routing():
-    """The decision "auto" makes, from device, dtype and shape; never "triton", whatever triton_ok says."""
+    """The decision "auto" makes, from device, dtype and shape (its only inputs); never "triton"."""
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
-    fast = dict(queries=128, head_dim=64, triton_ok=True)
+    fast = dict(queries=128)
     for dtype in (bf16, fp16, fp32):
-        for d in (16, 64, 96, 128, 256, 48):
-            assert choose_backend("cuda", dtype=dtype, **{**fast, "head_dim": d}) == "sdpa"
-    assert choose_backend("cuda", dtype=bf16, **{**fast, "triton_ok": False}) == "sdpa"
-    assert choose_backend("cuda", dtype=bf16, masked=True, **fast) == "sdpa"
+        assert choose_backend("cuda", dtype=dtype, **fast) == "sdpa"
+    with pytest.raises(TypeError):  # arguments that would change nothing are not taken
+        choose_backend("cuda", dtype=bf16, masked=True, **fast)
     assert choose_backend("cpu", dtype=bf16, **fast) == "sdpa_split"
     assert choose_backend("cuda", dtype=bf16, **{**fast, "queries": 1}) == "decode"
     # resolve_backend passes the dtype through; diff_attention passes q1's.

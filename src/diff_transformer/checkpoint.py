@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -45,25 +44,11 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, truncated, corrupted, or does not fit the model."""
 
 
-# Fault injection for tests (tests/test_faults.py): DIFF_TRANSFORMER_FAULT_PAUSE="POINT:N:FILE" makes
-# the N-th atomic directory write of this process create FILE and sleep at POINT ("written": the
-# new version is complete in its temporary directory; "swapped": the old version has been renamed
-# aside and the new one does not have its name yet), so that a test can kill the process there.
-FAULT_ENV = "DIFF_TRANSFORMER_FAULT_PAUSE"
-_writes = {"written": 0, "swapped": 0}
-
-
-def _fault_point(point: str) -> None:
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    where, count, marker = spec.split(":", 2)
-    if where != point:
-        return
-    _writes[point] += 1
-    if _writes[point] == int(count):
-        Path(marker).write_text(point)
-        time.sleep(120)
+def fault_point(point: str) -> None:
+    """A hook at the two moments a killed writer could leave a directory write half-done: "written" (the
+    new version is complete in its temporary directory) and "swapped" (the old version renamed aside,
+    the new one not yet named). Does nothing; tests replace it in a child process to stop it there
+    (tests/test_faults.py)."""
 
 
 def write_directory_atomically(directory: str | Path, write: Callable[[Path], None], *, kind: str,
@@ -112,7 +97,7 @@ def _write_directory_locked(directory: Path, write: Callable[[Path], None], *, k
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
             os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it 0700
-            _fault_point("written")
+            fault_point("written")
             old = directory.with_name(f".{directory.name}.old")
             if directory.exists():
                 if old.exists():
@@ -120,7 +105,7 @@ def _write_directory_locked(directory: Path, write: Callable[[Path], None], *, k
                 os.replace(directory, old)
             # else: an ``.old`` left by an interrupted swap is the only complete version; it stays until
             # the new one has its name
-            _fault_point("swapped")
+            fault_point("swapped")
             os.replace(tmp, directory)
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:

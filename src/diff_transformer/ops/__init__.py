@@ -119,6 +119,7 @@ DIFF_BACKENDS: dict[str, Callable[..., Tensor]] = {
     "decode": decode_diff_attention,
 }
 BACKEND_NAMES = ("auto", *DIFF_BACKENDS)
+STANDARD_BACKENDS = ("auto", "reference", "sdpa")  # what attention() (standard softmax attention) runs
 
 
 def choose_backend(
@@ -127,15 +128,11 @@ def choose_backend(
     dtype: torch.dtype | None = None,
     queries: int | None = None,
     keys: int | None = None,
-    masked: bool = False,
-    head_dim: int | None = None,
-    triton_ok: bool = False,
 ) -> str:
     """What "auto" means, as a pure function (testable without CUDA).
 
     device_type "cuda"/"cpu"/...; dtype of q; queries T (1 = decoding); keys S (None = not known).
-    ``masked``, ``head_dim`` and ``triton_ok`` are accepted for callers and change nothing: "auto"
-    never picks "triton", whose kernel has not been measured on a GPU yet (it is opt-in,
+    "auto" never picks "triton", whose kernel has not been measured on a GPU yet (it is opt-in,
     ``backend="triton"``); on CUDA it picks "sdpa", where PyTorch chooses flash, cuDNN or
     memory-efficient attention.
     """
@@ -153,13 +150,11 @@ def resolve_backend(
     *,
     queries: int | None = None,
     keys: int | None = None,
-    masked: bool = False,
-    head_dim: int | None = None,
     dtype: torch.dtype | None = None,
 ) -> str:
     """Map "auto" to a concrete backend (:func:`choose_backend`); check any other name exists."""
     if backend == "auto":
-        return choose_backend(device.type, dtype=dtype, queries=queries, keys=keys, masked=masked, head_dim=head_dim)
+        return choose_backend(device.type, dtype=dtype, queries=queries, keys=keys)
     if backend not in DIFF_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
     return backend
@@ -266,10 +261,7 @@ def diff_attention(
         if attn_mask is not None:
             check_every_query_sees_a_key(attn_mask, q1.shape[2], k1.shape[2], causal=causal)
     t = q1.shape[2]
-    name = resolve_backend(
-        backend, q1.device, queries=t, keys=k1.shape[2], masked=attn_mask is not None,
-        head_dim=q1.shape[-1], dtype=q1.dtype,
-    )
+    name = resolve_backend(backend, q1.device, queries=t, keys=k1.shape[2], dtype=q1.dtype)
     if key_padding_mask is not None and name == "triton":
         return _triton_diff_attention(
             q1, q2, k1, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale, key_padding_mask=key_padding_mask
@@ -296,9 +288,7 @@ def diff_attention_packed(
     likewise; v (B, Hkv, S, 2d) -> (B, H, T, 2d). A single query goes to the packed decode path
     (both maps from one product); everything else to the chosen backend on strided views."""
     t, s = q.shape[2], k.shape[2]
-    name = resolve_backend(
-        backend, q.device, queries=t, keys=s, masked=attn_mask is not None, head_dim=q.shape[-1], dtype=q.dtype
-    )
+    name = resolve_backend(backend, q.device, queries=t, keys=s, dtype=q.dtype)
     if name == "decode":
         return decode_diff_attention_packed(q, k, v, lam, attn_mask=attn_mask, scale=scale)
     if name == "math":  # views: sub-head 2h + c of head h = g·R + r is (g, r, c); K/V broadcast over r
@@ -326,9 +316,11 @@ def attention(
 ) -> Tensor:
     """Standard softmax attention with the same conventions as :func:`diff_attention`.
 
-    q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, dv) -> (B, H, T, dv). Backends: "reference"
-    or anything else, which means PyTorch SDPA (it picks flash / memory-efficient itself). For the
-    maps, call :func:`reference_attention`.
+    q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, dv) -> (B, H, T, dv). Backends: "reference",
+    or "auto" / "sdpa": PyTorch SDPA (it picks flash / memory-efficient itself); the others are DIFF
+    kernels (:func:`diff_attention`) and are refused here. For the maps, call :func:`reference_attention`.
+    (The model's layers of standard attention pass their model's backend with ``check=False``: SDPA
+    for every one of them but "reference".)
     """
     if check:
         for name, x in {"q": q, "k": k, "v": v}.items():
@@ -341,8 +333,9 @@ def attention(
         _check_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if attn_mask is not None:
             check_every_query_sees_a_key(attn_mask, q.shape[2], k.shape[2], causal=causal)
+    if check and backend not in STANDARD_BACKENDS:
+        raise ValueError(f"backend {backend!r} is a kernel of differential attention (diff_attention), which "
+                         f"attention() would not run; for standard attention choose one of {', '.join(STANDARD_BACKENDS)}")
     if backend == "reference":
         return reference_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)[0]
-    if check:
-        resolve_backend(backend, q.device)
     return sdpa(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
