@@ -27,7 +27,10 @@ import torch
 import yaml
 from torch import nn
 
-from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, save_pretrained
+from ..checkpoint import (
+    CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_checkpoint_tokenizer, read_config, read_weights, save_pretrained,
+)
+from ..config import ConfigError
 from ..files import TRAINING_STATE_FILE
 from ..tokenizer import same_tokenizer
 from .distributed import Environment
@@ -161,7 +164,6 @@ def read_training_state(directory: str | Path, *, mmap: bool = False) -> dict[st
 
 def check_same_save(directory: str | Path, state: dict[str, Any]) -> None:
     """A CheckpointError unless training_state.pt and config.json were written by the same save."""
-    from ..checkpoint import read_config
 
     _, meta = read_config(directory)
     saved = meta.get("training") or {}
@@ -178,7 +180,6 @@ def check_same_save(directory: str | Path, state: dict[str, Any]) -> None:
 
 def saved_step(directory: str | Path) -> int | None:
     """The step a training checkpoint was saved at, from its config.json (None if unknown)."""
-    from ..checkpoint import read_config
 
     try:
         return read_config(directory)[1].get("training", {}).get("step")
@@ -289,9 +290,7 @@ def check_resumable(directory: str | Path, config, model_name: str, model_config
     the new run.steps), which the returned note spells out. A shorter run, or one that ends before
     the checkpoint's step, is refused; so is a run.stop_at_step at or before that step.
     """
-    from ..checkpoint import read_config
     from .config import config_from_dict
-    from ..config import ConfigError
 
     directory, step = Path(directory), progress.step
     saved_model, _ = read_config(directory)
@@ -359,8 +358,6 @@ def check_initializable(directory: str | Path, model_config) -> None:
     """A ConfigError naming the problem unless the weights of checkpoint ``directory`` (a training
     checkpoint or a ``save_pretrained`` one) can start a run of ``model_config``: the same model
     but for :data:`INIT_CHANGEABLE`."""
-    from ..checkpoint import read_config
-    from ..config import ConfigError
 
     path = Path(directory)
     if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
@@ -406,8 +403,6 @@ def check_initial_tokenizer(directory: str | Path, tokenizer, where: str = "run.
     """A ConfigError if checkpoint ``directory`` holds a tokenizer other than ``tokenizer`` (the
     dataset's): its weights would read other tokens. ``where`` opens the message (what names the
     checkpoint: run.init_from, or --resume)."""
-    from ..checkpoint import load_checkpoint_tokenizer
-    from ..config import ConfigError
 
     try:
         saved = load_checkpoint_tokenizer(directory)
@@ -429,7 +424,6 @@ def load_weights(directory: str | Path, model: nn.Module, env: Environment) -> N
     """
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    from ..checkpoint import read_weights
 
     directory = Path(directory)
     read_here = env.is_main or not env.distributed
