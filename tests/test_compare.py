@@ -373,3 +373,29 @@ def test_the_sensitivity_table_gives_each_recipe_its_own_difference():
     assert "| 4.3000 ± 0.1414 | 4.5000 ± 0.0000 | +0.2 [" in lm_row  # DIFF − Transformer = 4.5 − 4.3
     mqar = lines["| Retrieval: mqar (higher) | plain-init"]
     assert "| 0.3000 | 0.4000 | +0.1 |" in mqar  # one seed each: the difference without an interval
+
+
+def test_a_finished_run_that_lost_its_summary_is_trained_again_not_resumed(tmp_path):
+    """A run killed between its last checkpoint and its summary.json: --resume would find the run finished
+    and write no summary, so the runner replaces it (said aloud) and trains it from the start."""
+    import json as json_module
+
+    from diff_transformer.experiments.runner import TrainingJob
+    from diff_transformer.files import claim_output_dir
+
+    config = load_config("tiny", ["run.steps=4"])
+    run = claim_output_dir(tmp_path / "run", "train-run")
+    checkpoint = run / "checkpoint"
+    checkpoint.mkdir()
+    for name in ("model.safetensors", "training_state.pt"):
+        (checkpoint / name).write_bytes(b"")
+    (checkpoint / "config.json").write_text(json_module.dumps({"format": "diff-transformer", "format_version": 1,
+                                                               "model": {}, "training": {"step": 4}}))
+    job = TrainingJob(RunKey("diff", 0, 2e-3), "[1/1] diff", run, "diff", config)
+    assert "--resume" not in job.command(resume=True, nproc=1) and not checkpoint.exists()
+    (checkpoint.parent / "checkpoint").mkdir()
+    for name in ("model.safetensors", "training_state.pt"):
+        (checkpoint / name).write_bytes(b"")
+    (checkpoint / "config.json").write_text(json_module.dumps({"format": "diff-transformer", "format_version": 1,
+                                                               "model": {}, "training": {"step": 2}}))
+    assert job.command(resume=True, nproc=1)[-1] == "--resume"  # interrupted part-way: continued

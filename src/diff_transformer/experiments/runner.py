@@ -38,7 +38,7 @@ import yaml
 
 from ..files import check_output_dir, claim_output_dir, write_text_atomically
 from ..train.config import TrainConfig
-from ..train.state import find_checkpoint
+from ..train.state import find_checkpoint, saved_step
 from ..train.trainer import SUMMARY_FILE, TrainingError
 from .results import TrainingRun, json_text, read_summary, read_training_run
 from .study import RunKey
@@ -85,7 +85,11 @@ class TrainingJob:
     def command(self, resume: bool, nproc: int) -> list[str]:
         """Prepare the run's directory (continue an interrupted run with ``resume``, else replace an
         earlier one) and write its config; the command that trains it."""
-        continuing = resume and find_checkpoint(self.log_dir / "checkpoint") is not None
+        checkpoint = find_checkpoint(self.log_dir / "checkpoint")
+        # A run killed after its last save but before its summary: its checkpoint is finished, and a
+        # resumed run would find nothing to do and write no summary; it is trained again instead.
+        finished = checkpoint is not None and (saved_step(checkpoint) or 0) >= self.config.run.steps
+        continuing = resume and checkpoint is not None and not finished
         if not continuing:
             clear_run(self.log_dir, self.label)
         config_file = claim_output_dir(self.log_dir, "train-run") / "config.yaml"
