@@ -127,9 +127,11 @@ def dependence(head: Difference, by_recipe: dict[str, Difference], along: Sequen
         return headword
     if len({headword, *recipe_words.values(), *(w for _, w in along_words)}) == 1:
         if len(recipe_words) < 2:  # the same along training, but the recipe was not varied: not "robust"
-            tried = f"one init recipe tried: {next(iter(recipe_words))}" if recipe_words else "the init recipe not varied"
+            tried = (f"one init recipe tried: {next(iter(recipe_words))}" if recipe_words
+                     else "the init recipe not varied")
             return f"{headword}{' along training' if along_words else ''} ({tried})"
-        return "inconclusive at every recipe and budget" if headword.startswith("inconclusive") else f"robust: {headword}"
+        return ("inconclusive at every recipe and budget" if headword.startswith("inconclusive")
+                else f"robust: {headword}")
     parts = []
     if len(set(recipe_words.values())) > 1:
         parts.append("the recipe: " + ", ".join(f"{w} under {r}" for r, w in recipe_words.items()))
@@ -205,7 +207,8 @@ def retrieval_figures(retrieval: RetrievalResult, name: str, figure: Callable[[R
         settings = retrieval.settings
         per_step = retrieval_examples_per_step(settings.batch_size)[task]
         along = [AlongValues(point.step / settings.steps, f"{point.step * per_step:,} {task} examples",
-                             [curve(r.curve[i]) for r in runs]) for i, point in enumerate(runs[0].curve) if point.step > 0]
+                             [curve(r.curve[i]) for r in runs])
+                 for i, point in enumerate(runs[0].curve) if point.step > 0]
     return Figures([figure(r) for r in runs], by_recipe, along)
 
 
@@ -282,15 +285,16 @@ def _attention_claims(retrieval: RetrievalResult, names: tuple[str, str]) -> lis
             rows.append(make_claim(claim, f"share of the answer row on {columns}, {where}", better, figures[diff_name],
                                    figures[base_name], table3(group), paper_sign, note=note))
     else:
-        rows.append(Claim("Attention noise", "share of the answer row on noise and distractors", "lower", None, None, None,
-                          table3("noise"), -1, "not testable here",
+        rows.append(Claim("Attention noise", "share of the answer row on noise and distractors", "lower", None, None,
+                          None, table3("noise"), -1, "not testable here",
                           "no layer whose answer rows are measurable in every model"))
     bits = min(retrieval.settings.quantize_bits)
-    figures = {n: retrieval_figures(retrieval, n, lambda r: r.quantized_accuracy["full"] - r.quantized_accuracy[str(bits)])
+    figures = {n: retrieval_figures(retrieval, n,
+                                    lambda r: r.quantized_accuracy["full"] - r.quantized_accuracy[str(bits)])
                for n in names}
     rows.append(make_claim("Quantisation", f"retrieval accuracy lost with {bits}-bit attention logits (hardest cells)",
-                           "lower", figures[diff_name], figures[base_name], "DIFF loses ~25 points less at 4 bits (Fig. 8)",
-                           -1))
+                           "lower", figures[diff_name], figures[base_name],
+                           "DIFF loses ~25 points less at 4 bits (Fig. 8)", -1))
     return rows
 
 
@@ -313,7 +317,8 @@ def _evaluation_claims(config: ExperimentConfig, lm: LanguageModelling, names: t
         ratio = per_seed("outliers", lambda r, key=key: r[key]["top1"] / r[key]["median"] if r[key]["median"] else None)
         if ratio:
             top1, median = 0, t5["columns"].index("median")
-            paper = t5[key]["diff"][top1] / t5[key]["diff"][median] - t5[key]["standard"][top1] / t5[key]["standard"][median]
+            paper = (t5[key]["diff"][top1] / t5[key]["diff"][median]
+                     - t5[key]["standard"][top1] / t5[key]["standard"][median])
             raw = per_seed("outliers", lambda r, key=key: r[key]["top1"])
             note = (f"raw top-1 DIFF {statistics.fmean(raw[diff_name].best):.3g} vs "
                     f"{statistics.fmean(raw[base_name].best):.3g}; the ratio discounts each model's scale")
@@ -328,8 +333,9 @@ def _evaluation_claims(config: ExperimentConfig, lm: LanguageModelling, names: t
         chance = _icl_chance(suite["icl"]["models"][labels[base_name][0]])
         testable = max(statistics.fmean(f.best) for f in icl.values()) > chance + 0.1
         rows.append(make_claim("In-context learning", f"many-shot accuracy at the most demonstrations (chance "
-                               f"{chance:.2f})", "higher", icl[diff_name], icl[base_name], "+5.2 to +21.6 points (Fig. 6)",
-                               +1, testable=testable, note="" if testable else "both models near chance"))
+                               f"{chance:.2f})", "higher", icl[diff_name], icl[base_name],
+                               "+5.2 to +21.6 points (Fig. 6)", +1, testable=testable,
+                               note="" if testable else "both models near chance"))
         spread = per_seed("icl", _icl_spread)
         if spread:
             rows.append(make_claim("ICL robustness", "accuracy spread over demonstration orders", "lower",
@@ -338,7 +344,8 @@ def _evaluation_claims(config: ExperimentConfig, lm: LanguageModelling, names: t
     return rows
 
 
-def variant_comparisons(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None) -> list[Claim]:
+def variant_comparisons(config: ExperimentConfig, lm: LanguageModelling,
+                        retrieval: RetrievalResult | None) -> list[Claim]:
     """Every model of another attention kind than "standard" and "diff" (DIFF V2, symmetric DIFF, ...)
     against the Transformer and against DIFF, on both tasks: the paper makes no claim about them,
     so each row says which model is better, and what that depends on."""

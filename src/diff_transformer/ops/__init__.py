@@ -55,6 +55,7 @@ __all__ = [
     "DIFF_BACKENDS",
     "LogitsTransform",
     "MATH_MAX_KEYS",
+    "TRITON_HEAD_DIMS",
     "attention",
     "check_every_query_sees_a_key",
     "choose_backend",
