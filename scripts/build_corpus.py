@@ -146,7 +146,8 @@ def kjv_documents(archive: bytes) -> list[dict]:
     documents = []
     for book, lines in sorted(lines_by_book.items()):
         slug = re.sub(r"[^a-z0-9]+", "_", short_titles[book - 1].lower()).strip("_")
-        documents.append({"name": f"kjv/{book:02d}_{slug}", "title": long_titles[book - 1], "text": tidy("\n".join(lines))})
+        documents.append({"name": f"kjv/{book:02d}_{slug}", "title": long_titles[book - 1],
+                          "text": tidy("\n".join(lines))})
     return documents
 
 

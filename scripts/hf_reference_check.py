@@ -1,7 +1,8 @@
 """Train Hugging Face's DiffLlama and Llama in our regime: is a DIFF − Transformer gap ours or the regime's?
 
     PYTHONPATH=src python scripts/hf_reference_check.py --config tiny --lr-grid 1e-3,4e-3 --seeds 3 --out out/hf-check
-    PYTHONPATH=src python scripts/hf_reference_check.py --task retrieval --recipes scaled-init,plain-init --out out/hf-retrieval
+    PYTHONPATH=src python scripts/hf_reference_check.py --task retrieval --recipes scaled-init,plain-init \
+--out out/hf-retrieval
 
 transformers' ``DiffLlamaForCausalLM`` and ``LlamaForCausalLM``, an implementation independent of
 ours, are built with the shapes of the config's first DIFF and first standard model (the configs
@@ -165,7 +166,8 @@ def markdown(results: dict) -> str:
         params = results["parameters"][name]
         for lr, cell in model["by_lr"].items():
             s = cell["final_val_loss"]
-            loss = "—" if s["mean"] is None else f"{s['mean']:.4f}" + (f" ± {s['std']:.4f}" if s["std"] is not None else "")
+            loss = "—" if s["mean"] is None else f"{s['mean']:.4f}" + (
+                f" ± {s['std']:.4f}" if s["std"] is not None else "")
             if float(lr) == model["best_lr"]:
                 loss = f"**{loss}**"
             lines.append(f"| {name} | {params['hf']:,} ({params['ours']:,}) | {lr} | {loss} | {cell['diverged']} |")
@@ -259,7 +261,8 @@ def retrieval_check(config, picked: dict[str, str], recipes: list[str], grid: li
             table[f"{recipe}/{impl}"] = {
                 "best_lr": {kind: rs[0]["lr"] for kind, rs in chosen.items()},
                 "steps": steps,
-                "accuracy": {task: {kind: [[r["curve"][i]["mean_accuracy"][task] for r in rs] for i in range(len(steps))]
+                "accuracy": {task: {kind: [[r["curve"][i]["mean_accuracy"][task] for r in rs]
+                                           for i in range(len(steps))]
                                     for kind, rs in chosen.items()} for task in TASKS},
                 "difference": {task: [difference([r["curve"][i]["mean_accuracy"][task] for r in chosen["diff"]],
                                                  [r["curve"][i]["mean_accuracy"][task] for r in chosen["standard"]])
@@ -290,18 +293,20 @@ def retrieval_markdown(results: dict) -> str:
         return f"{d['delta']:+.3f}" + ("" if d["low"] is None else f" [{d['low']:+.3f}, {d['high']:+.3f}]")
 
     lines = [f"# HF reference check: the retrieval experiment of `{results['config']}`", "",
-             f"{settings['n_layers']} layers, d_model {settings['d_model']}, DIFF {settings['n_heads']} head(s) against "
+             f"{settings['n_layers']} layers, d_model {settings['d_model']}, DIFF {settings['n_heads']} head(s) "
+             "against "
              f"{2 * settings['n_heads']} standard; {settings['steps']} steps × {settings['batch_size']} examples of "
              f"{settings['length']} tokens; seeds {results['seeds']}; each model at its best lr "
-             "(final mean accuracy). Accuracy: mean over the difficulty cells; differences with Welch's 95% interval.", ""]
+             "(final mean accuracy). Accuracy: mean over the difficulty cells; differences with Welch's 95% "
+             "interval.", ""]
     for recipe in results["recipes"]:
         ours, hf = results["table"][f"{recipe}/ours"], results["table"][f"{recipe}/hf"]
         lines += [f"## {recipe}", "",
                   f"Best lrs: ours Transformer {ours['best_lr']['standard']:g}, DIFF {ours['best_lr']['diff']:g}; "
                   f"HF Llama {hf['best_lr']['standard']:g}, DiffLlama {hf['best_lr']['diff']:g}.", ""]
         for task in TASKS:
-            lines += [f"| {task} examples seen | ours: Transformer | DIFF | DIFF − Transformer | HF: Llama | DiffLlama | "
-                      "DiffLlama − Llama |", "|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {task} examples seen | ours: Transformer | DIFF | DIFF − Transformer | HF: Llama | "
+                      "DiffLlama | DiffLlama − Llama |", "|---:|---:|---:|---:|---:|---:|---:|"]
             for i, step in enumerate(ours["steps"]):
                 lines.append(f"| {step * per_step[task]:,} | {cell(ours['accuracy'][task]['standard'][i])} | "
                              f"{cell(ours['accuracy'][task]['diff'][i])} | {interval(ours['difference'][task][i])} | "
@@ -314,13 +319,16 @@ def retrieval_markdown(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--config", default="tiny", help="a shipped config name or a YAML path (default: tiny)")
     parser.add_argument("--lr-grid", help="peak learning rates, comma-separated, e.g. 1e-3,4e-3; min_lr keeps its "
                         "ratio (default: the config's compare.lr_grid, else each model's own lr)")
-    parser.add_argument("--seeds", type=int, help="seeds run.seed, run.seed + 1, ... (default: the config's compare.seeds)")
+    parser.add_argument("--seeds", type=int,
+                        help="seeds run.seed, run.seed + 1, ... (default: the config's compare.seeds)")
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the config's run.steps)")
-    parser.add_argument("--out", type=Path, default=Path("out/hf-check"), help="output directory (default: out/hf-check)")
+    parser.add_argument("--out", type=Path, default=Path("out/hf-check"),
+                        help="output directory (default: out/hf-check)")
     parser.add_argument("--task", choices=("lm", "retrieval"), default="lm",
                         help="lm: the language models (default); retrieval: the retrieval experiment's models")
     parser.add_argument("--recipes", help="init recipes, comma-separated (retrieval; default: the config's "
@@ -366,7 +374,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name in HF_NAMES.values():
         by_lr = {}
         for lr in dict.fromkeys(r["lr"] for r in runs if r["model"] == name):
-            done = [r["final_val_loss"] for r in runs if r["model"] == name and r["lr"] == lr and r["status"] == "completed"]
+            done = [r["final_val_loss"] for r in runs
+                    if r["model"] == name and r["lr"] == lr and r["status"] == "completed"]
             by_lr[f"{lr:g}"] = {"final_val_loss": to_json(MeanStd.of(done)), "diverged": len(seeds) - len(done)}
         finished = {lr: cell["final_val_loss"]["mean"] for lr, cell in by_lr.items() if cell["diverged"] == 0}
         best = min(finished, key=finished.get) if finished else None
@@ -374,7 +383,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "final_val_loss": by_lr[best]["final_val_loss"] if best else None}
     both = all(m["final_val_loss"] for m in models.values())
     results = {
-        "config": config.name, "recipe": recipe, "steps": steps, "seq_len": seq_len, "batch_size": train.data.batch_size,
+        "config": config.name, "recipe": recipe, "steps": steps, "seq_len": seq_len,
+        "batch_size": train.data.batch_size,
         "seeds": seeds, "lr_grid": list(dict.fromkeys(r["lr"] for r in runs)),
         "hf_configs": {HF_NAMES[k]: hf_config_dict(c, eos_id=None) for k, c in model_configs.items()},
         "parameters": params,

@@ -76,7 +76,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     contenders = {}
-    for name, kind, backend in [*((f"DIFF ({b})", "diff", b) for b in args.backends), ("Transformer", "standard", "auto")]:
+    for name, kind, backend in [*((f"DIFF ({b})", "diff", b) for b in args.backends),
+                                ("Transformer", "standard", "auto")]:
         torch.manual_seed(0)
         config = ModelConfig.from_preset(args.preset, attention=kind, max_seq_len=max(args.length, 16))
         model = LanguageModel(config, attn_backend=backend)

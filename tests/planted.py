@@ -36,7 +36,8 @@ def lm_sweep(name, by_recipe):
 
 def lm(models, sweeps=None, recipes=(), steps=4):
     """Language modelling of ``models`` {name: ModelSummary}; each model's sweep one lr, unless given."""
-    sweeps = sweeps or {n: lm_sweep(n, {None: (1e-3, {1e-3: list(m.final_val_loss.per_seed)})}) for n, m in models.items()}
+    sweeps = sweeps or {n: lm_sweep(n, {None: (1e-3, {1e-3: list(m.final_val_loss.per_seed)})})
+                        for n, m in models.items()}
     return LanguageModelling(Budget(steps, 2, 32, 0, {}), models, sweeps, list(recipes))
 
 

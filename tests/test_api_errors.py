@@ -43,13 +43,16 @@ FORWARD_CASES = [  # (id, tokens, targets, error type, message)
      f"tokens: id -1 is out of range [0, vocab_size={VOCAB})"),
     ("float-tokens", lambda: ids(2, 8).float(), None, TypeError,
      "tokens must hold integer token ids (torch.long), got dtype torch.float32"),
-    ("list-tokens", lambda: [[1, 2, 3]], None, TypeError, "tokens must be a (batch, length) tensor of token ids, got list"),
-    ("one-dimensional", lambda: ids(8), None, ValueError, "tokens must be (batch, length) with at least one token, got shape (8,)"),
+    ("list-tokens", lambda: [[1, 2, 3]], None, TypeError,
+     "tokens must be a (batch, length) tensor of token ids, got list"),
+    ("one-dimensional", lambda: ids(8), None, ValueError,
+     "tokens must be (batch, length) with at least one token, got shape (8,)"),
     ("empty-sequence", lambda: ids(2, 0), None, ValueError, "with at least one token, got shape (2, 0)"),
     ("empty-batch", lambda: ids(0, 8), None, ValueError, "with at least one token, got shape (0, 8)"),
     ("targets-length", lambda: ids(2, 8), lambda: ids(2, 7), ValueError,
      "targets must have the shape of tokens (2, 8), got (2, 7)"),
-    ("targets-batch", lambda: ids(2, 8), lambda: ids(16), ValueError, "targets must have the shape of tokens (2, 8), got (16,)"),
+    ("targets-batch", lambda: ids(2, 8), lambda: ids(16), ValueError,
+     "targets must have the shape of tokens (2, 8), got (16,)"),
     ("targets-float", lambda: ids(2, 8), lambda: ids(2, 8).float(), TypeError, "targets must hold integer token ids"),
     ("target-too-large", lambda: ids(2, 8), lambda: _with(ids(2, 8), (0, 5), 1000), ValueError,
      f"targets: id 1000 is out of range [0, vocab_size={VOCAB}) and is not -100 (ignored)"),
@@ -58,7 +61,8 @@ FORWARD_CASES = [  # (id, tokens, targets, error type, message)
 ]
 
 
-@pytest.mark.parametrize("tokens, targets, kind, message", [c[1:] for c in FORWARD_CASES], ids=[c[0] for c in FORWARD_CASES])
+@pytest.mark.parametrize("tokens, targets, kind, message", [c[1:] for c in FORWARD_CASES],
+                         ids=[c[0] for c in FORWARD_CASES])
 def test_forward_names_the_bad_argument_and_its_value(model, tokens, targets, kind, message):
     with pytest.raises(kind, match=re.escape(message)):
         model(tokens(), None if targets is None else targets())
@@ -116,8 +120,8 @@ def test_a_cache_of_another_dtype_is_a_type_error(model):
     (None, "pass ModelConfig(...) or ModelConfig.from_preset(...)"),
 ], ids=["preset-name", "dict", "none"])
 def test_language_model_wants_a_model_config(config, hint):
-    with pytest.raises(TypeError, match=re.escape(f"config must be a ModelConfig, got {type(config).__name__} {config!r}; "
-                                                  f"{hint}")):
+    with pytest.raises(TypeError, match=re.escape(f"config must be a ModelConfig, got {type(config).__name__} "
+                                                  f"{config!r}; {hint}")):
         LanguageModel(config)
 
 
@@ -144,15 +148,18 @@ GENERATE_CASES = [  # (id, prompts, keyword arguments, error type, message)
      "prompts[0] must be a list of token ids, got Tensor; pass .tolist()"),
     ("no-prompts", lambda: [], {}, ValueError, "prompts must be a non-empty list of token-id lists, got []"),
     ("empty-prompt", lambda: [[1, 2], []], {}, ValueError, "prompts[1] is empty"),
-    ("id-too-large", lambda: [[1, VOCAB]], {}, ValueError, f"prompts[0][1] = {VOCAB} is not a token id in [0, vocab_size={VOCAB})"),
+    ("id-too-large", lambda: [[1, VOCAB]], {}, ValueError,
+     f"prompts[0][1] = {VOCAB} is not a token id in [0, vocab_size={VOCAB})"),
     ("id-negative", lambda: [[-3]], {}, ValueError, "prompts[0][0] = -3 is not a token id"),
     ("id-float", lambda: [[1.0]], {}, ValueError, "prompts[0][0] = 1.0 is not a token id"),
     ("max-new-tokens-negative", lambda: [[1]], {"max_new_tokens": -1}, ValueError,
      "max_new_tokens must be an integer >= 0, got -1"),
-    ("max-new-tokens-float", lambda: [[1]], {"max_new_tokens": 2.5}, ValueError, "max_new_tokens must be an integer >= 0, got 2.5"),
+    ("max-new-tokens-float", lambda: [[1]], {"max_new_tokens": 2.5}, ValueError,
+     "max_new_tokens must be an integer >= 0, got 2.5"),
     ("temperature-nan", lambda: [[1]], {"temperature": float("nan")}, ValueError,
      "temperature must be a finite number >= 0 (0 = greedy), got nan"),
-    ("temperature-negative", lambda: [[1]], {"temperature": -0.5}, ValueError, "temperature must be a finite number >= 0"),
+    ("temperature-negative", lambda: [[1]], {"temperature": -0.5}, ValueError,
+     "temperature must be a finite number >= 0"),
     ("top-k", lambda: [[1]], {"top_k": 0}, ValueError, "top_k must be an integer >= 1 or None, got 0"),
     ("top-p", lambda: [[1]], {"top_p": 1.5}, ValueError, "top_p must be a number in (0, 1] or None, got 1.5"),
     ("stop-tokens-int", lambda: [[1]], {"stop_tokens": 2}, TypeError,
@@ -230,8 +237,9 @@ def test_the_reference_checks_its_inputs_as_the_fast_op_does(op):
     (False, lambda: torch.ones(5, 5, dtype=torch.bool).index_fill_(0, torch.tensor([2]), False), "query 2"),
     (True, lambda: torch.ones(3, 5, dtype=torch.bool).index_fill_(1, torch.tensor([0]), False)[:, None, None, :],
      "batch 0, query 0 (with the causal mask)"),  # key 0 hidden: causal query 0 sees nothing else
-    (True, lambda: torch.ones(3, 2, 5, 5, dtype=torch.bool).index_put_((torch.tensor(2), torch.tensor(1), torch.tensor(3)),
-                                                                       torch.tensor(False)), "batch 2, head 1, query 3"),
+    (True, lambda: torch.ones(3, 2, 5, 5, dtype=torch.bool).index_put_(
+        (torch.tensor(2), torch.tensor(1), torch.tensor(3)), torch.tensor(False)),
+     "batch 2, head 1, query 3"),
 ], ids=["padded-row", "2d", "causal-first-key", "per-head"])
 def test_a_mask_that_hides_every_key_of_a_query_is_refused(causal, make_mask, where):
     from diff_transformer import MultiheadDiffAttention
@@ -241,7 +249,8 @@ def test_a_mask_that_hides_every_key_of_a_query_is_refused(causal, make_mask, wh
         attn(torch.randn(3, 5, 64), make_mask())
     q1, q2, k1, k2 = (torch.randn(3, 2, 5, 16) for _ in range(4))
     with pytest.raises(ValueError, match=re.escape(f"attn_mask hides every key from {where}")):
-        diff_attention(q1, q2, k1, k2, torch.randn(3, 2, 5, 32), torch.tensor(0.5), causal=causal, attn_mask=make_mask())
+        diff_attention(q1, q2, k1, k2, torch.randn(3, 2, 5, 32), torch.tensor(0.5), causal=causal,
+                       attn_mask=make_mask())
 
 
 def test_a_mask_that_leaves_a_key_to_every_query_runs():
@@ -258,14 +267,15 @@ def test_an_input_of_another_dtype_than_the_module_is_a_type_error():
 
     attn = MultiheadDiffAttention(64, 2)
     with pytest.raises(TypeError, match=re.escape("x is torch.float64 but the module's weights are torch.float32: "
-                                                  "convert one of them, x.to(torch.float32) or module.to(torch.float64)")):
+                                                  "convert one of them, x.to(torch.float32) or "
+                                                  "module.to(torch.float64)")):
         attn(torch.randn(2, 5, 64, dtype=torch.float64))
     with pytest.raises(TypeError, match=re.escape("x is torch.int64 but the module's weights are torch.float32")):
         attn(torch.ones(2, 5, 64, dtype=torch.long))
     with pytest.raises(TypeError, match="x must be a \\(batch, length, embed_dim\\) tensor, got list"):
         attn([[0.0] * 64])
-    with pytest.raises(ValueError, match=re.escape("x must be (batch, length, embed_dim=64) with at least one position, "
-                                                   "got (2, 0, 64)")):
+    with pytest.raises(ValueError, match=re.escape("x must be (batch, length, embed_dim=64) with at least one "
+                                                   "position, got (2, 0, 64)")):
         attn(torch.randn(2, 0, 64))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts the input itself
         assert attn(torch.randn(2, 5, 64, dtype=torch.bfloat16)).shape == (2, 5, 64)

@@ -118,7 +118,8 @@ def test_model_bench_measures_eager_and_compiled_in_one_run(monkeypatch):
     settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, repeats=1, compile=True)
     results = run_model_bench(settings, progress=False)
     rows = [(r.model, r.compiled) for r in results]
-    assert rows[:2] == [("DIFF", False), ("Transformer", False)] and rows[-2:] == [("DIFF", True), ("Transformer", True)]
+    assert (rows[:2] == [("DIFF", False), ("Transformer", False)]
+            and rows[-2:] == [("DIFF", True), ("Transformer", True)])
     assert ("DiffLlama (transformers)", True) not in rows
     for r in results:
         assert r.train_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0
@@ -160,7 +161,8 @@ def test_model_bench_refuses_what_would_not_fit_in_memory_before_building_it(mon
         return LanguageModel(config, **kwargs)
 
     monkeypatch.setattr(bench_model, "LanguageModel", spy)
-    with pytest.raises(ValueError, match=r"bench model --preset debug --length 16 --batch 1 needs about 0\.0 GiB on cpu"):
+    with pytest.raises(ValueError,
+                       match=r"bench model --preset debug --length 16 --batch 1 needs about 0\.0 GiB on cpu"):
         bench_model.run_model_bench(settings, progress=False)
     assert built and set(built) == {"meta"}
 

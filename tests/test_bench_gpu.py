@@ -82,7 +82,8 @@ def test_correctness_report_catches_a_wrong_backend(monkeypatch):
 
 def test_whole_report_on_cpu_writes_json_and_markdown(tmp_path):
     settings = GpuBenchSettings(
-        device="cpu", backends=("sdpa", "sdpa_split", "decode"), dtypes=("float32", "bfloat16"), cases=CPU_CASES[:2], bench_dtype="float32", lengths=(32,),
+        device="cpu", backends=("sdpa", "sdpa_split", "decode"), dtypes=("float32", "bfloat16"), cases=CPU_CASES[:2],
+        bench_dtype="float32", lengths=(32,),
         heads=4, head_dim=16, preset="debug", model_length=16, decode_tokens=3, repeats=1, compare_hf=False,
     )
     report = run_gpu_bench(settings, progress=False)

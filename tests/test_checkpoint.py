@@ -151,5 +151,6 @@ def test_a_tokenizer_given_for_a_checkpoint_must_be_its_models(tmp_path):
             assert isinstance(tokenizer_for_model(tmp_path / f"v{vocab}", vocab, "bytes"), ByteTokenizer)
         else:
             with pytest.raises(CheckpointError, match=f"tokenizer bytes: ByteTokenizer of 257 tokens for a model of "
-                                                      f"vocab_size {vocab:,}: ids 257 to {vocab - 1:,} would have no text"):
+                                                      f"vocab_size {vocab:,}: ids 257 to {vocab - 1:,} would have "
+                                                      "no text"):
                 tokenizer_for_model(tmp_path / f"v{vocab}", vocab, "bytes")

@@ -69,8 +69,10 @@ def test_claims_read_the_right_figures_of_each_model():
         "diff": [_run(0.85, 0.7, ((0, 1), (0.5, 0.3)), 0.8, 0.7), _run(0.86, 0.8, ((0, 1), (0.6, 0.2)), 0.9, 0.8)],
     })
     suite = {"outliers": {"models": {
-        "Transformer s0": {"attention_logits": {"top1": 40.0, "median": 2.0}, "hidden_states": {"top1": 9.0, "median": 3.0}},
-        "Transformer s1": {"attention_logits": {"top1": 60.0, "median": 2.0}, "hidden_states": {"top1": 12.0, "median": 3.0}},
+        "Transformer s0": {"attention_logits": {"top1": 40.0, "median": 2.0},
+                           "hidden_states": {"top1": 9.0, "median": 3.0}},
+        "Transformer s1": {"attention_logits": {"top1": 60.0, "median": 2.0},
+                           "hidden_states": {"top1": 12.0, "median": 3.0}},
         "DIFF s0": {"attention_logits": {"top1": 10.0, "median": 1.0}, "hidden_states": {"top1": 6.0, "median": 2.0}},
         "DIFF s1": {"attention_logits": {"top1": 12.0, "median": 1.0}, "hidden_states": {"top1": 8.0, "median": 2.0}},
     }}}
@@ -108,7 +110,8 @@ def test_retrieval_near_chance_is_not_tested():
 def test_attention_claims_use_the_deepest_layer_measured_in_every_model():
     share = lambda answer: (answer, 1.0 - answer)  # noqa: E731
     # DIFF's last layer has no measurable rows (None): layer 0 is compared, and the row says so.
-    retrieval = _retrieval({"standard": [_run(0.5, 0.5, (share(0.1), share(0.3))), _run(0.5, 0.5, (share(0.2), share(0.3)))],
+    retrieval = _retrieval({"standard": [_run(0.5, 0.5, (share(0.1), share(0.3))),
+                                         _run(0.5, 0.5, (share(0.2), share(0.3)))],
                             "diff": [_run(0.5, 0.5, (share(0.4), None)), _run(0.5, 0.5, (share(0.5), share(0.9)))]})
     rows = {r.measure: r for r in paper_claims(CONFIG, _lm([3.0, 3.1], [3.0, 3.1]), retrieval, {})}
     answer = rows["share of the answer row on the queried needle, layer 0"]
@@ -215,7 +218,8 @@ def test_every_other_model_is_compared_on_the_evaluations_that_ran_on_it():
                                            for n in models for s in (0, 1)}},
              "outliers": {"models": outliers}}
     rows = variant_comparisons(CONFIG, lm(models), None, suite)
-    assert {(r.model, r.baseline) for r in rows} == {(label["standard-wide"], "Transformer"), (label["standard-wide"], "DIFF")}
+    wide = label["standard-wide"]
+    assert {(r.model, r.baseline) for r in rows} == {(wide, "Transformer"), (wide, "DIFF")}
     by = {(r.baseline, r.claim): r for r in rows}
     wide_sink = by["Transformer", "Attention sink"]
     assert wide_sink.ours.per_seed == (0.30, 0.32) and wide_sink.base.per_seed == (0.40, 0.44)

@@ -42,7 +42,8 @@ def test_info_on_a_checkpoint(kind, tmp_path, capsys):
 def test_generate_streams_the_greedy_continuation(tmp_path, capsys):
     model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=257))
     model.save_pretrained(tmp_path / "ckpt", tokenizer=ByteTokenizer())
-    assert main(["generate", str(tmp_path / "ckpt"), "--prompt", "To be", "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    assert main(["generate", str(tmp_path / "ckpt"), "--prompt", "To be", "--max-new-tokens", "12",
+                 "--temperature", "0"]) == 0
     out = capsys.readouterr().out
     expected = model.generate([list(b"To be")], 12, temperature=0, stop_tokens=[256])[0]
     assert out == "To be" + ByteTokenizer().decode(expected) + "\n"

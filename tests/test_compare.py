@@ -48,7 +48,8 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
         assert m.final_val_loss.mean == pytest.approx(losses[m.lr])
         # min_lr keeps its ratio to lr (3e-4 / 3e-3) at every grid value.
         for lr in grid:
-            first = json.loads((out / "runs" / name / f"lr-{lr:g}" / "seed-0" / "metrics.jsonl").read_text().splitlines()[0])
+            first = json.loads((out / "runs" / name / f"lr-{lr:g}" / "seed-0" / "metrics.jsonl").read_text()
+                               .splitlines()[0])
             assert first["lr"] == pytest.approx(lr / 2)  # step 0 of a 2-step warmup
         assert m.tokens == 3 * 8 * 32 and m.status == ["completed"]
         assert m.final_val_loss.mean > 0 and m.tokens_per_s.mean > 0 and m.peak_memory_bytes > 0
@@ -75,7 +76,8 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
     # --resume reuses finished runs: nothing is trained again.
     stamp = (out / "runs" / "diff" / "lr-0.01" / "seed-0" / "checkpoint" / "model.safetensors").stat().st_mtime_ns
     again = compare(config, out, lr_grid=grid, resume=True, progress=False)
-    assert (out / "runs" / "diff" / "lr-0.01" / "seed-0" / "checkpoint" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert ((out / "runs" / "diff" / "lr-0.01" / "seed-0" / "checkpoint" / "model.safetensors").stat().st_mtime_ns
+            == stamp)
     assert again.models["diff"].final_val_loss == metrics.models["diff"].final_val_loss
 
 
@@ -168,7 +170,8 @@ def test_the_report_does_not_judge_throughput_measured_on_a_busy_machine():
 
 def test_the_best_learning_rate_ignores_one_where_a_seed_diverged():
     by_lr = {1e-3: [4.0, 4.2], 1e-2: [3.0, None], 3e-3: [3.9, 3.95]}  # 1e-2: one of two seeds diverged
-    runs = {RunKey("diff", seed, lr): training_run("diff", seed, loss, lr=lr, status="completed" if loss else "diverged")
+    runs = {RunKey("diff", seed, lr): training_run("diff", seed, loss, lr=lr,
+                                                   status="completed" if loss else "diverged")
             for lr, losses in by_lr.items() for seed, loss in enumerate(losses)}
     best = sweep(runs, lambda run: run.final_val_loss, lower_is_better=True)["diff", None, None]
     assert best.lr == 3e-3 and best.missing[None] == {1e-3: 0, 1e-2: 1, 3e-3: 0}
@@ -284,7 +287,8 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
     retrieval = dict(length=32, keys=8, values=8, noise_tokens=8, d_model=32, n_layers=1, n_heads=1, steps=4,
                      batch_size=4, needles=[1, 2], depths=[0.0, 1.0], pairs=[2, 4], eval_samples=2, quantize_bits=[4])
     config = debug_experiment(byte_dataset, tmp_path / "unused", models=models, run={"steps": 4, "eval_every": 2},
-                              compare={"recipes": ["scaled-init", "plain-init"], "lm_recipes": ["plain-init"], "jobs": 2},
+                              compare={"recipes": ["scaled-init", "plain-init"], "lm_recipes": ["plain-init"],
+                                       "jobs": 2},
                               retrieval=retrieval)
     out = tmp_path / "compare"
     metrics = compare(config, out, seeds=2, progress=False)
@@ -305,8 +309,9 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
     variants = metrics.variant_comparisons
     assert {(v.model, v.baseline) for v in variants} == {("DIFF V2", "Transformer"), ("DIFF V2", "DIFF")}
     report = (out / "report.md").read_text()
-    for heading in ("## The paper's claims at this scale", "## The other attention kinds", "## Sensitivity to the init recipe",
-                    "## Sample efficiency", "### Learning curves", "| Under each recipe |"):
+    for heading in ("## The paper's claims at this scale", "## The other attention kinds",
+                    "## Sensitivity to the init recipe", "## Sample efficiency", "### Learning curves",
+                    "| Under each recipe |"):
         assert heading in report, heading
     assert (out / "retrieval_curves.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -359,7 +364,8 @@ def test_sample_efficiency_reads_each_curve_as_a_hand_interpolation_does():
     # Retrieval, target 0.25, at 0, 4 and 8 examples of each task (2 a step; the needle curve is planted the
     # same): the Transformer under plain-init reaches it between 4 (0.1) and 8 (0.3), at 7; DIFF under
     # scaled-init between 0 (0.0) and 4 (0.5), at 2, under plain-init between 4 (0.2) and 8 (0.4), at 5.
-    assert "| Transformer | plain-init | 7 | 7 |" in text and "| Transformer | scaled-init | not within the budget " in text
+    assert ("| Transformer | plain-init | 7 | 7 |" in text
+            and "| Transformer | scaled-init | not within the budget " in text)
     assert "| DIFF | scaled-init | 2 | 2 |" in text and "| DIFF | plain-init | 5 | 5 |" in text
 
 

@@ -52,7 +52,8 @@ def test_paper_3b_64k_is_the_papers_extension_of_the_paper_3b_models():
         assert (longer.rope_theta, longer.max_seq_len) == (640_000.0, 65_536)
         assert (short.rope_theta, short.max_seq_len) == (10_000.0, 4_096)
         ours, theirs = longer.to_dict(), short.to_dict()
-        assert {key for key in ours if ours[key] != theirs[key]} == set(INIT_CHANGEABLE) == {"max_seq_len", "rope_theta"}
+        assert ({key for key in ours if ours[key] != theirs[key]} == set(INIT_CHANGEABLE)
+                == {"max_seq_len", "rope_theta"})
         assert extension.optim_for(name).lr == 8e-5
     assert extension.data.seq_len == 65_536
     tokens = extension.run.steps * extension.data.batch_size * extension.data.seq_len
@@ -189,7 +190,8 @@ def test_the_train_command_reports_config_errors_by_name(capsys):
 
 @pytest.mark.parametrize(
     "overrides",
-    [["optim.lr=1e-3"], ["optim={lr: 1.0e-3, min_lr: 2.0e-4, warmup_steps: 10, betas: [0.9, 0.95], weight_decay: 0.1}"]],
+    [["optim.lr=1e-3"],
+     ["optim={lr: 1.0e-3, min_lr: 2.0e-4, warmup_steps: 10, betas: [0.9, 0.95], weight_decay: 0.1}"]],
     ids=["field", "section"],
 )
 def test_an_optim_override_applies_to_every_model_over_its_own_value(overrides):
@@ -324,5 +326,6 @@ def test_a_model_that_pins_a_recipe_field_is_refused_under_another_recipe():
     data["models"]["diff"]["scale_residual_init"] = False
     config = experiment_from_dict(data)
     assert config.entry_fields("diff", "plain-init")["scale_residual_init"] is False  # agrees: fine
-    with pytest.raises(ConfigError, match="models.diff.scale_residual_init=False disagrees with init recipe 'scaled-init'"):
+    with pytest.raises(ConfigError,
+                       match="models.diff.scale_residual_init=False disagrees with init recipe 'scaled-init'"):
         config.entry_fields("diff", "scaled-init")

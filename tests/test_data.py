@@ -21,7 +21,8 @@ from diff_transformer.data.shards import permute
 from diff_transformer.tokenizer import BPETokenizer, ByteTokenizer
 
 # A few distinct small documents (bytes-tokenized shards of them are tiny and fast to build).
-DOCS = {f"doc{i:02d}.txt": f"Document {i}.\n" + f"line {i} of some text, with words. " * (20 + 7 * i) + "\n" for i in range(20)}
+DOCS = {f"doc{i:02d}.txt": f"Document {i}.\n" + f"line {i} of some text, with words. " * (20 + 7 * i) + "\n"
+        for i in range(20)}
 
 
 def write_docs(folder: Path, docs: dict[str, str] = DOCS) -> Path:
@@ -110,13 +111,15 @@ def test_tokenizer_train_cli(tmp_path, capsys):
     assert tok.decode(ids) == text and len(ids) < len(text.encode()) / 2
     assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
-    assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out", str(out), "--overwrite"]) == 0
+    assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out", str(out),
+                 "--overwrite"]) == 0
 
 
 def test_tokenizer_train_prints_one_line_into_a_pipe(tmp_path, capfd):
     """tokenizers' progress bar writes blank lines when stdout is not a terminal: off there."""
     source = write_docs(tmp_path / "docs")
-    assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out", str(tmp_path / "t.json")]) == 0
+    assert main(["tokenizer", "train", "--input", str(source), "--vocab-size", "300", "--out",
+                 str(tmp_path / "t.json")]) == 0
     out = capfd.readouterr().out
     assert out.startswith("trained a byte-level BPE of 300 tokens on ") and out.count("\n") == 1, repr(out)
 
@@ -241,7 +244,8 @@ def test_prepare_never_overwrites_silently(tmp_path, capsys):
     args = ["prepare", str(tmp_path / "docs"), "--out", str(out), "--tokenizer", "bytes", "--quiet"]
     for extra in ([], ["--overwrite"]):  # the user's directory: never replaced
         assert main(args + extra) == 2
-        assert "did not write (it holds keep.txt)" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+        assert ("did not write (it holds keep.txt)" in capsys.readouterr().err
+                and (out / "keep.txt").read_text() == "mine")
     args[args.index(str(out))] = str(tmp_path / "shards")
     assert main(args) == 0 and "train + " in capsys.readouterr().out
     assert main(args) == 2  # a dataset of the project: replaced only when asked
@@ -250,7 +254,8 @@ def test_prepare_never_overwrites_silently(tmp_path, capsys):
 
 
 def test_split_is_deterministic_and_seeded(tmp_path, byte_dataset):
-    prepare([write_docs(tmp_path / "docs")], tmp_path / "again", tokenizer="bytes", val_fraction=0.2, seed=0, progress=False)
+    prepare([write_docs(tmp_path / "docs")], tmp_path / "again", tokenizer="bytes", val_fraction=0.2, seed=0,
+            progress=False)
     for name in ("train.bin", "val.bin"):
         assert (tmp_path / "again" / name).read_bytes() == (byte_dataset / name).read_bytes()
     sizes = [len(t) for t in DOCS.values()]

@@ -60,7 +60,8 @@ def test_eval_command_writes_json_and_png(checkpoints, tmp_path, capsys):
                  "--ngram", "3"])
     assert code == 0
     data = json.loads((out / "ar-hit.json").read_text())
-    assert set(data["models"]) == {"T", "D"} and data["options"]["ngram"] == 3 and data["models"]["D"]["model"]["attention"] == "diff"
+    assert (set(data["models"]) == {"T", "D"} and data["options"]["ngram"] == 3
+            and data["models"]["D"]["model"]["attention"] == "diff")
     assert (out / "ar-hit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "| D (ours" in printed and "Transformer (paper, 1.4B)" in printed
@@ -134,7 +135,8 @@ def test_bad_input_is_one_error_line(checkpoints, tmp_path, capsys):
 
 
 def test_eval_scaling_command(tmp_path, capsys):
-    runs = [{"attention": kind, "params": n, "tokens": 1e9, "loss": 2.0 + 50 * (n * (1.6 if kind == "diff" else 1)) ** -0.3}
+    runs = [{"attention": kind, "params": n, "tokens": 1e9,
+             "loss": 2.0 + 50 * (n * (1.6 if kind == "diff" else 1)) ** -0.3}
             for kind in ("standard", "diff") for n in (1e6, 4e6, 1.6e7, 6.4e7)]
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     assert main(["eval", "scaling", "--results", str(tmp_path / "runs.json"), "--out", str(tmp_path / "eval")]) == 0
@@ -165,7 +167,8 @@ def test_report_sections_link_plots_relative_to_the_report(monkeypatch, tmp_path
 
     def fake_suite(checkpoints, out_dir, **kwargs):
         seen["out_dir"] = out_dir
-        return SuiteResult(sections={"mqar": "table"}, data={"mqar": {"title": "MQAR"}}, images={"mqar": out_dir / "mqar.png"})
+        return SuiteResult(sections={"mqar": "table"}, data={"mqar": {"title": "MQAR"}},
+                           images={"mqar": out_dir / "mqar.png"})
 
     monkeypatch.setattr(suite, "run_suite", fake_suite)
     sections = report_sections({"diff": tmp_path / "diff"}, tmp_path)

@@ -48,7 +48,9 @@ def test_split_loss_weights_tokens_not_windows():
 
 def model_under_test(kind="diff", max_seq_len=64):
     torch.manual_seed(0)
-    return ModelUnderTest(kind, LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=max_seq_len)).eval(), ByteTokenizer())
+    return ModelUnderTest(
+        kind, LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=max_seq_len)).eval(),
+        ByteTokenizer())
 
 
 def test_token_nll_matches_the_model_loss():

@@ -53,4 +53,5 @@ def test_outliers_run(kind):
         tops = [stats[c] for c in outliers.COLUMNS[:-1]]
         assert tops == sorted(tops, reverse=True) and stats["median"] <= tops[-1]
         assert all(v is not None and v >= 0 for v in tops)
-        assert len(stats["per_layer_top1"]) == config.n_layers and max(stats["per_layer_top1"]) == pytest.approx(stats["top1"])
+        assert (len(stats["per_layer_top1"]) == config.n_layers
+                and max(stats["per_layer_top1"]) == pytest.approx(stats["top1"]))

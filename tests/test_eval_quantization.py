@@ -71,7 +71,8 @@ def test_quantization_run_reports_every_bit_width():
     torch.manual_seed(0)
     config = ModelConfig.from_preset("debug", attention="diff", max_seq_len=256)
     mut = ModelUnderTest("diff", LanguageModel(config).eval(), ByteTokenizer())
-    options = quantization.QuantizationOptions(bits=(16, 4), loss_windows=2, cloze_items=4, needle_setting="1:1", needle_samples=2)
+    options = quantization.QuantizationOptions(bits=(16, 4), loss_windows=2, cloze_items=4, needle_setting="1:1",
+                                               needle_samples=2)
     result = quantization.run(mut, options, TEXT, progress=False)
     rows = result["results"]
     assert [r["bits"] for r in rows] == [None, 16, 4]

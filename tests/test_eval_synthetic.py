@@ -43,7 +43,8 @@ def test_needle_generator_scores_exactly_the_answer_digits():
 
 
 def test_needle_generator_is_deterministic_given_the_seed():
-    assert GENERATORS["needle"](random.Random(3), TOK, 300, filler) == GENERATORS["needle"](random.Random(3), TOK, 300, filler)
+    assert (GENERATORS["needle"](random.Random(3), TOK, 300, filler)
+            == GENERATORS["needle"](random.Random(3), TOK, 300, filler))
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
@@ -104,7 +105,8 @@ def test_keyword_task_is_consistent_and_solvable_from_context():
         for word in text.split():
             labels_of.setdefault(word, set()).add(label)
     # The 4 x 2 keywords always come with their own class's label; every input holds exactly one.
-    keywords = {w for w, labels in labels_of.items() if len(labels) == 1 and sum(w in t.split() for t, _ in task.items) >= 10}
+    keywords = {w for w, labels in labels_of.items()
+                if len(labels) == 1 and sum(w in t.split() for t, _ in task.items) >= 10}
     assert len(keywords) == 8
     assert all(len(keywords & set(text.split())) == 1 for text, _ in task.items)
     assert encode_label(TOK, task.labels[0]) == TOK.encode(" " + task.labels[0])

@@ -37,7 +37,8 @@ def test_needle_settings_and_decoding_helpers():
 @pytest.mark.parametrize("kind", KINDS)
 def test_needle_run_shapes(kind):
     mut = model_under_test(kind)
-    options = needle.NeedleOptions(settings=("1:1", "2:2"), heatmap="1:1", depths=(0.0, 1.0), lengths=(128, 256), samples=2)
+    options = needle.NeedleOptions(settings=("1:1", "2:2"), heatmap="1:1", depths=(0.0, 1.0), lengths=(128, 256),
+                                   samples=2)
     result = needle.run(mut, options, TEXT, progress=False)
     assert set(result["table"]) == {"1:1", "2:2"} and result["length"] == 256
     assert result["table"]["1:1"]["n"] == 2 * 2 and result["table"]["2:2"]["n"] == 2 * 2 * 2
@@ -63,7 +64,8 @@ def test_needle_accuracy_counts_exact_matches(monkeypatch):
 
     monkeypatch.setattr(needle, "greedy_decode", oracle)
     assert needle.run(mut, options, TEXT, progress=False)["table"]["2:2"]["accuracy"] == 1.0
-    monkeypatch.setattr(needle, "greedy_decode", lambda m, prompts, n, stop=(): [mut.tokenizer.encode(" 0.")] * len(prompts))
+    monkeypatch.setattr(needle, "greedy_decode",
+                        lambda m, prompts, n, stop=(): [mut.tokenizer.encode(" 0.")] * len(prompts))
     assert needle.run(mut, options, TEXT, progress=False)["table"]["2:2"]["accuracy"] == 0.0
 
 
@@ -79,7 +81,8 @@ def test_shared_prefix_scoring_equals_full_sequences(kind):
         full = score_sequences(mut.model, [prefix + query + c for c in choices], [len(prefix) + len(query)] * 3)
         assert row == pytest.approx(full, abs=1e-4)
     one_token = score_choices(mut.model, prefix, queries, [[5], [9]])  # no branch pass needed
-    full = score_sequences(mut.model, [prefix + queries[0] + [5], prefix + queries[0] + [9]], [len(prefix) + len(queries[0])] * 2)
+    full = score_sequences(mut.model, [prefix + queries[0] + [5], prefix + queries[0] + [9]],
+                           [len(prefix) + len(queries[0])] * 2)
     assert one_token[0] == pytest.approx(full, abs=1e-4)
 
 
@@ -96,7 +99,8 @@ def test_arrange_layouts():
 
 
 def test_test_items_are_class_balanced():
-    task = ClassificationTask("t", ["a", "b", "c"], [(f"x{i}", 0) for i in range(10)] + [("y0", 1), ("y1", 1)] + [("z0", 2)])
+    task = ClassificationTask("t", ["a", "b", "c"],
+                              [(f"x{i}", 0) for i in range(10)] + [("y0", 1), ("y1", 1)] + [("z0", 2)])
     tests, pool = icl.split_test_items(task, 6)
     assert sorted(label for _, label in tests) == [0, 0, 0, 1, 1, 2]  # b and c run out; a fills the rest
     assert len(pool) == 7 and not set(tests) & set(pool)
@@ -104,7 +108,8 @@ def test_test_items_are_class_balanced():
 
 def test_jsonl_task_loading(tmp_path):
     path = tmp_path / "data.jsonl"
-    path.write_text("\n".join(json.dumps({"sentence": f"text {i}", "y": ["pos", "neg"][i % 2]}) for i in range(6)) + "\n\n")
+    path.write_text("\n".join(json.dumps({"sentence": f"text {i}", "y": ["pos", "neg"][i % 2]}) for i in range(6))
+                    + "\n\n")
     task = icl.load_jsonl_task(path, "sentence", "y")
     assert task.labels == ["neg", "pos"] and len(task.items) == 6 and task.items[0] == ("text 0", 1)
     with pytest.raises(ValueError, match="fields"):
@@ -132,7 +137,8 @@ def test_constrained_decoding_picks_the_best_label(monkeypatch):
 def test_icl_run_shapes(kind, tmp_path):
     path = tmp_path / "user.jsonl"
     rng = random.Random(0)
-    path.write_text("\n".join(json.dumps({"text": " ".join(rng.sample(ICL_WORDS, 3)), "label": rng.choice("ab")}) for _ in range(20)))
+    path.write_text("\n".join(json.dumps({"text": " ".join(rng.sample(ICL_WORDS, 3)), "label": rng.choice("ab")})
+                              for _ in range(20)))
     mut = model_under_test(kind)
     options = icl.ICLOptions(tasks=("keywords-2",), demos=(0, 2, 64), test_items=4, orders=2, data=str(path))
     result = icl.run(mut, options, TEXT, progress=False)

@@ -450,7 +450,8 @@ def test_position_nll_is_the_cumulative_average_of_the_per_position_mean():
     table = bigram_table()
     text = " ".join(random.Random(1).choices(ICL_WORDS, k=400))
     model = FakeModel(lambda tokens: table[tokens], max_seq_len=64)
-    result = position_nll.run(ModelUnderTest("bigram", model, TOK), position_nll.PositionNLLOptions(windows=3, batch_size=2),
+    result = position_nll.run(ModelUnderTest("bigram", model, TOK),
+                              position_nll.PositionNLLOptions(windows=3, batch_size=2),
                               EvalText([text]), progress=False)
     nll = bigram_nll(table, byte_windows(text, 64, 3))  # (3, 64)
     per_position = nll.mean(0)
@@ -620,12 +621,14 @@ def test_cloze_scores_only_the_continuation():
     model = FakeModel(lambda tokens: table[tokens])
     sequences = [[3, 4, 5, 6, 7], [3, 4, 9], [8, 1, 2, 2, 2, 2]]
     scored_from = [3, 2, 1]
-    want = [sum(float(table[s[i - 1]].log_softmax(-1)[s[i]]) for i in range(f, len(s))) for s, f in zip(sequences, scored_from)]
+    want = [sum(float(table[s[i - 1]].log_softmax(-1)[s[i]]) for i in range(f, len(s)))
+            for s, f in zip(sequences, scored_from)]
     assert score_sequences(model, sequences, scored_from, batch_size=2) == pytest.approx(want, abs=1e-5)
     # _cloze_correct: the choice with the highest sum wins; item answers by the oracle's own argmax.
     context = [3, 4]
     choices = [[5, 6], [7, 7], [9, 1]]
-    sums = [sum(float(table[s[i - 1]].log_softmax(-1)[s[i]]) for i in range(2, 4)) for s in (context + c for c in choices)]
+    sums = [sum(float(table[s[i - 1]].log_softmax(-1)[s[i]]) for i in range(2, 4))
+            for s in (context + c for c in choices)]
     best = int(np.argmax(sums))
     items = [(context, choices, best), (context, choices, (best + 1) % 3)]
     assert quantization._cloze_correct(ModelUnderTest("fake", model, TOK), items, batch_size=4) == [1, 0]

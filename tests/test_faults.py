@@ -133,7 +133,8 @@ def resume_and_compare(config: Path, out: Path, reference: dict) -> float:
     assert result.status == "completed" and result.steps == STEPS
     got, got_val = losses(out), losses(out, "val")
     assert sorted(got) == list(range(1, STEPS + 1)) and sorted(got_val) == sorted(reference["val"])
-    differences = [abs(got[s] - reference["train"][s]) for s in got] + [abs(got_val[s] - reference["val"][s]) for s in got_val]
+    differences = ([abs(got[s] - reference["train"][s]) for s in got]
+                   + [abs(got_val[s] - reference["val"][s]) for s in got_val])
     differences.append(abs(result.final_val_loss - reference["final"]))
     assert max(differences) <= TOLERANCE, differences
     return max(differences)
@@ -184,7 +185,8 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(point, at, dataset, re
     difference = resume_and_compare(config, out, reference)
     assert not (out / ".checkpoint.old").exists()
     assert list(out.glob(".checkpoint.tmp-*")) == []  # the killed write's temporary directory is removed
-    print(f"kill {point or 'random'} at step {at}: resumed from step {resumed_at} -> max loss difference {difference:.1e}")
+    print(f"kill {point or 'random'} at step {at}: resumed from step {resumed_at} "
+          f"-> max loss difference {difference:.1e}")
 
 
 # --- SIGTERM / SIGINT -------------------------------------------------------------------------------
@@ -257,7 +259,8 @@ def test_a_full_disk_leaves_the_previous_checkpoint_intact_and_says_so(dataset, 
     capsys.readouterr()
     assert main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=null"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith("resuming from") and err[1:] == [f"error: step 3: could not write the checkpoint to {out / 'checkpoint'} (No space left on device); "
+    assert err[0].startswith("resuming from") and err[1:] == [f"error: step 3: could not write the checkpoint to "
+                  f"{out / 'checkpoint'} (No space left on device); "
                    f"the previous checkpoint {out / 'checkpoint'} (step 2) is intact"]
     assert {p.name: p.read_bytes() for p in (out / "checkpoint").iterdir()} == before
     assert [p.name for p in out.iterdir() if p.name.startswith(".checkpoint")] == []
@@ -303,7 +306,8 @@ def test_a_second_process_on_a_running_run_is_refused_naming_the_first(dataset, 
         assert main(["train", "--config", str(config), *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(
-            f"error: {out}: in use by another diff-transformer process (pid {first.pid} on {socket.gethostname()}, since "
+            f"error: {out}: in use by another diff-transformer process "
+            f"(pid {first.pid} on {socket.gethostname()}, since "
         ) and err[0].endswith("); wait for it to end, or choose another directory"), err
     assert snapshot(out) == before
     first.send_signal(signal.SIGKILL)
@@ -337,11 +341,12 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_note(tmp_path, cap
     """A lock file whose process is gone (no one holds its flock) is taken over; the note names the
     pid it was left by, and the file then names this process until it is released."""
     directory = claim_output_dir(tmp_path / "run", "train-run")
-    (directory / ".lock").write_text(json.dumps({"pid": 2**22 + 1, "host": "elsewhere", "since": "2000-01-01T00:00:00"}))
+    (directory / ".lock").write_text(json.dumps({"pid": 2**22 + 1, "host": "elsewhere",
+                                                 "since": "2000-01-01T00:00:00"}))
     with lock_output_dir(directory):
         assert json.loads((directory / ".lock").read_text())["pid"] == os.getpid()
-    assert capsys.readouterr().err == (f"note: {directory / '.lock'}: taking over the lock of pid {2**22 + 1} on elsewhere, "
-                                       "since 2000-01-01T00:00:00, which ended without releasing it\n")
+    assert capsys.readouterr().err == (f"note: {directory / '.lock'}: taking over the lock of pid {2**22 + 1} "
+                                       "on elsewhere, since 2000-01-01T00:00:00, which ended without releasing it\n")
     assert not (directory / ".lock").exists()
 
 
@@ -565,7 +570,8 @@ def test_real_writers_failing_on_a_file_size_limit_are_one_error_line(dataset, r
         process = launch(config, preexec_fn=_file_size_limit(limit))
         _, stderr = process.communicate(timeout=120)
         assert process.returncode == 2, (writer, stderr)
-        assert stderr.count("\n") == 1 and stderr.startswith("error: ") and expected.format(out=out) in stderr, (writer, stderr)
+        assert (stderr.count("\n") == 1 and stderr.startswith("error: ")
+                and expected.format(out=out) in stderr), (writer, stderr)
         left = [q for q in out.rglob("*") if q.is_file()]
         assert all(q.stat().st_size > 0 for q in left) and not any(".tmp" in q.name for q in left), (writer, left)
         if writer != "metrics.jsonl":  # whole records only
@@ -598,7 +604,8 @@ def _no_temporaries_in(folder: Path, code: int, monkeypatch) -> None:
 @pytest.mark.parametrize("writer", ["export-hf", "import-hf", "prepare", "tokenizer", "eval", "save_pretrained",
                                     "write_atomically"])
 @pytest.mark.parametrize("code, reason", OS_ERRORS, ids=["ENOSPC", "EROFS", "EACCES"])
-def test_a_writer_that_cannot_create_its_temporary_names_its_output(writer, code, reason, tmp_path, monkeypatch, capsys):
+def test_a_writer_that_cannot_create_its_temporary_names_its_output(writer, code, reason, tmp_path, monkeypatch,
+                                                                    capsys):
     """The first thing every writer creates is a temporary file or directory beside its output: when
     the file system refuses it, the error names the output the user asked for, not the temporary."""
     from diff_transformer.config import ModelConfig
@@ -653,7 +660,8 @@ def test_a_failure_building_the_corpus_cache_names_the_cache(code, reason, tmp_p
         corpus_module.default_dataset(tmp_path / "cache", progress=False)
     target = next(iter((tmp_path / "cache").glob("corpus-*")), None)
     assert target is None and caught.value.errno == code
-    assert Path(caught.value.filename).parent == tmp_path / "cache" and Path(caught.value.filename).name.startswith("corpus-")
+    assert (Path(caught.value.filename).parent == tmp_path / "cache"
+            and Path(caught.value.filename).name.startswith("corpus-"))
     assert [q.name for q in (tmp_path / "cache").iterdir()] == [".corpus.lock"]
 
 

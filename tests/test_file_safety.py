@@ -94,7 +94,8 @@ def test_missing_weights_file(copy):
 
 def test_weights_that_do_not_fit_the_config_are_named(copy):
     _edit_config(copy, lambda meta: meta["model"].update(ffn_hidden=128))
-    with pytest.raises(CheckpointError, match=r"shape mismatch: layers\.0\.ffn\.down_proj\.weight: \(64, 192\) in .*model\.safetensors"):
+    with pytest.raises(CheckpointError,
+                       match=r"shape mismatch: layers\.0\.ffn\.down_proj\.weight: \(64, 192\) in .*model\.safetensors"):
         LanguageModel.from_pretrained(copy)
 
 
@@ -105,7 +106,8 @@ def test_missing_and_foreign_tensors_are_named(copy):
     state.pop("norm.weight")
     state["layers.0.attn.q_proj.bias"] = torch.zeros(64)
     save_file(state, str(copy / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"missing from .*: norm\.weight \| not in the model: layers\.0\.attn\.q_proj\.bias"):
+    with pytest.raises(CheckpointError,
+                       match=r"missing from .*: norm\.weight \| not in the model: layers\.0\.attn\.q_proj\.bias"):
         LanguageModel.from_pretrained(copy)
 
 
@@ -126,13 +128,15 @@ def test_config_without_format_version(copy):
 
 def test_config_with_an_unknown_field(copy):
     _edit_config(copy, lambda meta: meta["model"].update(n_experts=8))
-    with pytest.raises(CheckpointError, match=r"config\.json: invalid model config: unknown ModelConfig field\(s\): n_experts"):
+    with pytest.raises(CheckpointError,
+                       match=r"config\.json: invalid model config: unknown ModelConfig field\(s\): n_experts"):
         LanguageModel.from_pretrained(copy)
 
 
 def test_config_with_an_invalid_value(copy):
     _edit_config(copy, lambda meta: meta["model"].update(n_heads=0))
-    with pytest.raises(CheckpointError, match=r"config\.json: invalid model config: n_heads must be a positive integer"):
+    with pytest.raises(CheckpointError,
+                       match=r"config\.json: invalid model config: n_heads must be a positive integer"):
         LanguageModel.from_pretrained(copy)
 
 
@@ -150,7 +154,8 @@ def test_config_with_a_wrong_type(copy, field, value, message):
         LanguageModel.from_pretrained(copy)
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00garbage", b"[1, 2]"], ids=["bad-json", "not-utf8", "not-object"])
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00garbage", b"[1, 2]"],
+                         ids=["bad-json", "not-utf8", "not-object"])
 def test_unreadable_config(copy, content):
     (copy / "config.json").write_bytes(content)
     with pytest.raises(CheckpointError, match=r"config\.json: not"):
@@ -172,7 +177,8 @@ def test_tokenizer_larger_than_the_vocabulary(copy):
     with pytest.raises(CheckpointError, match=r"tokenizer has 257 tokens but the model's vocab_size is 200"):
         load_checkpoint_tokenizer(copy, vocab_size=200)
     with pytest.raises(CheckpointError, match=r"tokenizer has 257 tokens but the model's vocab_size is 200"):
-        LanguageModel(ModelConfig.from_preset("debug", vocab_size=200)).save_pretrained(copy.parent / "new", ByteTokenizer())
+        LanguageModel(ModelConfig.from_preset("debug", vocab_size=200)).save_pretrained(
+            copy.parent / "new", ByteTokenizer())
 
 
 def test_export_checks_the_tokenizer_against_the_vocabulary(copy, tmp_path):
@@ -188,8 +194,8 @@ def test_export_checks_the_tokenizer_against_the_vocabulary(copy, tmp_path):
 
 @pytest.mark.parametrize(
     "name, content",
-    [("tokenizer_config.json", "{broken"), ("tokenizer_config.json", '{"type": "wordpiece"}'), ("tokenizer.json", '{"x": 1}'),
-     ("tokenizer.json", "[1, 2, 3]"), ("tokenizer.json", os.urandom(64).hex())],
+    [("tokenizer_config.json", "{broken"), ("tokenizer_config.json", '{"type": "wordpiece"}'),
+     ("tokenizer.json", '{"x": 1}'), ("tokenizer.json", "[1, 2, 3]"), ("tokenizer.json", os.urandom(64).hex())],
     ids=["bad-json", "unknown-type", "bad-tokenizers-file", "json-list", "random-text"],
 )
 def test_unreadable_tokenizer(copy, name, content):
@@ -248,7 +254,8 @@ def _unsafe_loads(path: Path) -> list[str]:
             continue
         owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
         keywords = {k.arg: k.value for k in node.keywords}
-        is_true = lambda name: isinstance(keywords.get(name), ast.Constant) and keywords[name].value is True  # noqa: E731
+        is_true = lambda name, keywords=keywords: (  # noqa: E731
+            isinstance(keywords.get(name), ast.Constant) and keywords[name].value is True)
         where = f"{path.relative_to(REPO)}:{node.lineno}"
         if owner == "torch" and node.func.attr == "load" and not is_true("weights_only"):
             found.append(f"{where} torch.load without weights_only=True")
@@ -308,7 +315,8 @@ def test_a_damaged_training_state_is_a_clear_error(tmp_path, content):
     from diff_transformer.train.state import TRAINING_STATE_FILE, read_training_state
 
     (tmp_path / TRAINING_STATE_FILE).write_bytes(content)
-    with pytest.raises(CheckpointError, match=r"training_state\.pt: (unreadable training state|not a version-1 training state)"):
+    with pytest.raises(CheckpointError,
+                       match=r"training_state\.pt: (unreadable training state|not a version-1 training state)"):
         read_training_state(tmp_path)
 
 

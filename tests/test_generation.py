@@ -14,7 +14,8 @@ KIND_AND_KV_HEADS = [(kind, kv) for kind in KINDS for kv in (None, 1) if not (ki
 
 
 # GQA (MQA) cases run in the slow tier
-KIND_AND_KV_HEADS_TIERED = [pytest.param(kind, kv, marks=pytest.mark.slow) if kv else (kind, kv) for kind, kv in KIND_AND_KV_HEADS]
+KIND_AND_KV_HEADS_TIERED = [pytest.param(kind, kv, marks=pytest.mark.slow) if kv else (kind, kv)
+                            for kind, kv in KIND_AND_KV_HEADS]
 
 
 @pytest.mark.parametrize("kind, n_kv_heads", KIND_AND_KV_HEADS_TIERED)
@@ -149,7 +150,8 @@ def test_decoding_under_torch_compile(kind):
 
 
 @pytest.mark.slow  # inductor compiles the decoding step
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor needs a C++ compiler on CPU")
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="inductor needs a C++ compiler on CPU")
 def test_generate_with_compile_matches_eager():
     """compile=True (inductor, real-valued RoPE inside the graph): same greedy tokens, with padding, and
     a second call reuses the compiled step."""

@@ -171,7 +171,8 @@ def test_import_reads_sharded_safetensors(tmp_path):
     "overrides, message",
     [
         (dict(attention="diff_v2"), "DIFF V2 has no Hugging Face"),
-        (dict(attention="diff_symmetric"), r"symmetric DIFF \(attention='diff_symmetric', keys = queries\) has no transformers equivalent"),
+        (dict(attention="diff_symmetric"),
+         r"symmetric DIFF \(attention='diff_symmetric', keys = queries\) has no transformers equivalent"),
         (dict(attention="diff", lambda_init=0.8), "constant lambda_init=0.8"),
         (dict(attention="diff", head_norm=False), "head_norm=False"),
         (dict(attention="diff", value_factor=1), r"value_factor=1, a Transformer converted"),
@@ -228,7 +229,8 @@ def test_import_names_weights_that_do_not_fit(tmp_path):
     weights.pop("model.layers.1.mlp.up_proj.weight")
     weights["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
     save_file(weights, str(directory / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"missing: model\.layers\.1\.mlp\.up_proj\.weight.*not understood: model\.layers\.0\.self_attn\.q_proj\.bias"):
+    with pytest.raises(CheckpointError, match=r"missing: model\.layers\.1\.mlp\.up_proj\.weight.*"
+                                              r"not understood: model\.layers\.0\.self_attn\.q_proj\.bias"):
         import_hf(directory, tmp_path / "out")
 
 

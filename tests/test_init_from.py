@@ -120,7 +120,8 @@ def test_any_other_change_of_the_model_is_refused_by_name(byte_dataset, source, 
 
 def test_a_missing_checkpoint_is_named_before_anything_else(tmp_path):
     config = load_config("paper-3b-64k")  # its init_from is a placeholder, and its dataset is not there either
-    with pytest.raises(ConfigError, match=rf"run\.init_from: {config.run.init_from} is not a checkpoint \(no such directory\)"):
+    with pytest.raises(ConfigError,
+                       match=rf"run\.init_from: {config.run.init_from} is not a checkpoint \(no such directory\)"):
         train(config, "diff")
     path = tmp_path / "config.yaml"
     data = config.to_dict()
@@ -187,7 +188,8 @@ def test_two_processes_start_from_the_same_weights_as_one(byte_dataset, source, 
     """Rank 0 reads the checkpoint and broadcasts it: every loss of the extended run under torchrun
     follows the single-process run (the same tolerance as tests/test_distributed.py)."""
     single = train(extended(byte_dataset, tmp_path / "single", source, run={"steps": 3, "eval_every": 3}))
-    config = extended(byte_dataset, tmp_path / parallel, source, run={"steps": 3, "eval_every": 3, "parallel": parallel})
+    config = extended(byte_dataset, tmp_path / parallel, source,
+                      run={"steps": 3, "eval_every": 3, "parallel": parallel})
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(config.to_dict()))
     command = [

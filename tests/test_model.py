@@ -8,7 +8,13 @@ import torch.nn.functional as F
 
 from diff_transformer import LanguageModel, ModelConfig
 from diff_transformer.config import ConfigError
-from diff_transformer.attention import AttentionTap, DiffAttention, DiffSymmetricAttention, DiffV2Attention, StandardAttention
+from diff_transformer.attention import (
+    AttentionTap,
+    DiffAttention,
+    DiffSymmetricAttention,
+    DiffV2Attention,
+    StandardAttention,
+)
 from diff_transformer.attention import GatedAttention
 
 KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"]
@@ -31,7 +37,8 @@ def causal_softmax(logits):
 
 
 def naive_diff_module(m: DiffAttention, x):
-    """The paper's equations (§2.1, multi-head DIFF with the authors' layout) line by line, in float64, one DIFF head at a time."""
+    """The paper's equations (§2.1, multi-head DIFF with the authors' layout) line by line, in float64, \
+one DIFF head at a time."""
     cfg, d = m.config, m.head_dim
     b, t, _ = x.shape
     x = x.double()
@@ -73,7 +80,8 @@ def naive_standard_module(m: StandardAttention, x):
 
 
 def naive_v2_module(m: DiffV2Attention, x):
-    """DIFF V2 (the authors' Diff-Transformer-V2): attention over 2H query heads, out_h = attn_2h − sigmoid(x W_λ)_h · attn_2h+1."""
+    """DIFF V2 (the authors' Diff-Transformer-V2): attention over 2H query heads, \
+out_h = attn_2h − sigmoid(x W_λ)_h · attn_2h+1."""
     cfg, d = m.config, m.head_dim
     b, t, _ = x.shape
     x = x.double()

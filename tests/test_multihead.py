@@ -42,7 +42,8 @@ def oracle(sd, x, *, num_heads, num_kv_heads, lambda_init, causal, rope_theta, m
     k = (x @ sd["k_proj.weight"].double().T).view(b, t, 2 * hkv, d)
     v = (x @ sd["v_proj.weight"].double().T).view(b, t, hkv, 2 * d)
     if rope_theta is not None:  # interleaved: rotate (x[2i], x[2i+1]) by position · θ^(−2i/d)
-        angle = torch.arange(t, dtype=torch.float64)[:, None] * rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        angle = (torch.arange(t, dtype=torch.float64)[:, None]
+                 * rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d))
         cos, sin = angle.cos()[:, None], angle.sin()[:, None]  # (T, 1, d/2)
 
         def rotate(z):
@@ -194,7 +195,8 @@ def authors_naive_file(sd, x, *, num_heads, num_kv_heads, lambda_init, rope_thet
            - torch.exp((sd["lambda_q2"].double() * sd["lambda_k2"].double()).sum()) + lambda_init)
     w = w.view(b, num_heads, 2, t, t)
     attn = (w[:, :, 0] - lam * w[:, :, 1]) @ v  # (B, H, T, 2d)
-    attn = attn / torch.sqrt(attn.pow(2).mean(-1, keepdim=True) + 1e-5) * sd["subln.weight"].double() * (1 - lambda_init)
+    attn = (attn / torch.sqrt(attn.pow(2).mean(-1, keepdim=True) + 1e-5) * sd["subln.weight"].double()
+            * (1 - lambda_init))
     return attn.transpose(1, 2).reshape(b, t, e) @ sd["out_proj.weight"].double().T
 
 
@@ -233,7 +235,8 @@ def test_lambda_init_schedule_and_constant():
 
 
 BAD_ARGUMENTS = [
-    (dict(lambda_init=float("nan")), r"lambda_init must be a number in \[0, 1\), or None for the depth schedule; got nan"),
+    (dict(lambda_init=float("nan")),
+     r"lambda_init must be a number in \[0, 1\), or None for the depth schedule; got nan"),
     (dict(lambda_init=1.0), r"lambda_init must be a number in \[0, 1\).*got 1\.0"),
     (dict(lambda_init=-3), r"lambda_init must be a number in \[0, 1\).*got -3"),
     (dict(lambda_init="0.5"), r"lambda_init must be a number in \[0, 1\).*got '0\.5'"),
@@ -286,7 +289,8 @@ def test_bad_arguments_and_inputs_are_named():
         m(torch.randn(2, 5, 32))
     with pytest.raises(TypeError, match="attn_mask must be a bool tensor"):
         m(torch.randn(2, 5, 64), attn_mask=torch.ones(5, 5))
-    with pytest.raises(ValueError, match=r"does not broadcast to \(B, H, T, T\) = \(2, 2, 5, 5\).*mask\[:, None, None, :\]"):
+    with pytest.raises(ValueError,
+                       match=r"does not broadcast to \(B, H, T, T\) = \(2, 2, 5, 5\).*mask\[:, None, None, :\]"):
         m(torch.randn(2, 5, 64), attn_mask=torch.ones(2, 5, dtype=torch.bool))
 
 

@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from diff_transformer.ops import attention, diff_attention, diff_attention_packed, materialized, reference_diff_attention
+from diff_transformer.ops import (
+    attention,
+    diff_attention,
+    diff_attention_packed,
+    materialized,
+    reference_diff_attention,
+)
 
 FAST_BACKENDS = ["sdpa", "sdpa_split", "math"]
 TOL = 1e-5  # fp32, absolute, outputs and gradients
@@ -106,7 +112,8 @@ def test_the_packed_layout_matches_the_reference_forward_and_gradients(backend, 
     ref.backward(grad_out)
     out.backward(grad_out)
     expected = {
-        "q": torch.stack([q1.grad, q2.grad], dim=2).flatten(1, 2), "k": torch.stack([k1.grad, k2.grad], dim=2).flatten(1, 2),
+        "q": torch.stack([q1.grad, q2.grad], dim=2).flatten(1, 2),
+        "k": torch.stack([k1.grad, k2.grad], dim=2).flatten(1, 2),
         "v": v.grad, "lam": lam.grad,
     }
     for name, got in {"q": q.grad, "k": k.grad, "v": v_packed.grad, "lam": lam_packed.grad}.items():

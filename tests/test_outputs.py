@@ -42,7 +42,8 @@ def user_dir(tmp_path) -> Path:
 
 @pytest.fixture
 def ckpt(tmp_path) -> Path:
-    return LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(tmp_path / "ckpt", ByteTokenizer())
+    return LanguageModel(ModelConfig.from_preset("debug", vocab_size=257)).save_pretrained(
+        tmp_path / "ckpt", ByteTokenizer())
 
 
 def refused(capsys, argv: list[str], message: str) -> None:
@@ -126,7 +127,8 @@ def hf():
 
 def test_export_hf_into_a_directory_of_other_files_is_refused(capsys, hf, ckpt, user_dir):
     before = snapshot(user_dir)
-    refused(capsys, ["export-hf", str(ckpt), str(user_dir)], "a non-empty directory that diff-transformer did not write")
+    refused(capsys, ["export-hf", str(ckpt), str(user_dir)],
+            "a non-empty directory that diff-transformer did not write")
     refused(capsys, ["export-hf", str(ckpt), str(user_dir), "--overwrite"], "did not write")
     assert snapshot(user_dir) == before
 
@@ -141,7 +143,8 @@ def test_export_hf_onto_its_own_checkpoint_or_run_is_refused(capsys, hf, ckpt, t
 
 def test_export_hf_onto_a_file_is_refused(capsys, hf, ckpt, tmp_path):
     (tmp_path / "out.txt").write_text("mine")
-    refused(capsys, ["export-hf", str(ckpt), str(tmp_path / "out.txt")], "an output directory is needed, this is a file")
+    refused(capsys, ["export-hf", str(ckpt), str(tmp_path / "out.txt")],
+            "an output directory is needed, this is a file")
     assert (tmp_path / "out.txt").read_text() == "mine"
 
 
@@ -149,7 +152,8 @@ def test_export_hf_replaces_its_own_export_with_overwrite(capsys, hf, ckpt, tmp_
     out = tmp_path / "hf"
     assert main(["export-hf", str(ckpt), str(out)]) == 0
     assert project_output_kind(out) == "hf-export"
-    refused(capsys, ["export-hf", str(ckpt), str(out)], "already holds a diff-transformer Hugging Face export; pass --overwrite")
+    refused(capsys, ["export-hf", str(ckpt), str(out)],
+            "already holds a diff-transformer Hugging Face export; pass --overwrite")
     assert main(["export-hf", str(ckpt), str(out), "--overwrite"]) == 0
     hf.AutoModelForCausalLM.from_pretrained(str(out))
 
@@ -231,7 +235,8 @@ def test_compare_and_eval_never_fill_a_directory_of_other_files(capsys, ckpt, us
     before = snapshot(user_dir)
     refused(capsys, ["compare", "--out", str(user_dir), "--steps", "1"], "did not write")
     refused(capsys, ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(user_dir), "--quick"], "did not write")
-    refused(capsys, ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(ckpt), "--quick"], "which this command reads")
+    refused(capsys, ["eval", "outliers", "--checkpoint", str(ckpt), "--out", str(ckpt), "--quick"],
+            "which this command reads")
     assert snapshot(user_dir) == before
 
 

@@ -61,7 +61,8 @@ def test_the_plot_draws_the_mean_over_seeds_of_every_layer(tmp_path, monkeypatch
     # DIFF is the second model (C1); layer 0 solid, layer 1 dashed; mean of the two seeds by hand
     assert lines[("C1", "-")] == pytest.approx([0.3, 0.4]) and lines[("C1", "--")] == pytest.approx([0.5, 0.7])
     assert len(lines) == 2  # the Transformer has no λ
-    rms = {(line.get_color(), line.get_linestyle()): list(line.get_ydata()) for line in ax_rms.lines if len(line.get_ydata())}
+    rms = {(line.get_color(), line.get_linestyle()): list(line.get_ydata())
+           for line in ax_rms.lines if len(line.get_ydata())}
     assert rms[("C0", "-")] == pytest.approx([1.5, 4.0]) and rms[("C0", "--")] == pytest.approx([3.0, 5.0])
     assert rms[("C1", "-")] == pytest.approx([2.0, 1.0]) and rms[("C1", "--")] == pytest.approx([1.0, 1.5])
     assert list(ax_lambda.lines[0].get_xdata()) == pytest.approx([64e-6, 128e-6])  # millions of tokens

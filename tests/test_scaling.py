@@ -151,10 +151,12 @@ def test_flops_count_six_per_parameter_per_token_and_the_attention_maps(byte_dat
 def test_the_study_runs_end_to_end_and_reports_the_gap_trend_and_fraction(byte_dataset, tmp_path):  # noqa: F811
     config = debug_experiment(
         byte_dataset, tmp_path / "unused",
-        models={"standard": {"attention": "standard", "label": "Transformer"}, "diff": {"attention": "diff", "label": "DIFF"}},
+        models={"standard": {"attention": "standard", "label": "Transformer"},
+                "diff": {"attention": "diff", "label": "DIFF"}},
         run={"steps": 4, "eval_every": 2},
         compare={"seeds": 2, "evaluations": []},
-        scaling={"sizes": {"a": {"d_model": 32, "n_layers": 1, "n_heads": 1}, "b": {"d_model": 48, "n_layers": 1, "n_heads": 1},
+        scaling={"sizes": {"a": {"d_model": 32, "n_layers": 1, "n_heads": 1},
+                           "b": {"d_model": 48, "n_layers": 1, "n_heads": 1},
                            "c": {"d_model": 64, "n_layers": 2, "n_heads": 1}},
                  "budgets": [0.5, 1.0], "budget_sizes": ["b"], "lr_grid": [3e-3], "bootstrap_resamples": 200})
     out = tmp_path / "scaling"
@@ -162,10 +164,12 @@ def test_the_study_runs_end_to_end_and_reports_the_gap_trend_and_fraction(byte_d
     assert {(p.model, p.size, p.steps) for p in metrics.points} == {
         (m, s, 4) for m in ("standard", "diff") for s in "abc"} | {("standard", "b", 2), ("diff", "b", 2)}
     gap = metrics.gaps["diff"]["b"][4]
-    diff_runs = [metrics.point("diff", "b", 4).final_val_loss.per_seed, metrics.point("standard", "b", 4).final_val_loss.per_seed]
+    diff_runs = [metrics.point("diff", "b", 4).final_val_loss.per_seed,
+                 metrics.point("standard", "b", 4).final_val_loss.per_seed]
     assert gap.delta == pytest.approx(statistics.fmean(diff_runs[0]) - statistics.fmean(diff_runs[1]))
     assert (out / "runs" / "diff" / "b" / "steps-2" / "lr-0.003" / "seed-1" / "summary.json").is_file()
-    assert [t.model for t in metrics.trends] == ["diff"] and {m.x_kind for m in metrics.matching} == {"params", "tokens"}
+    assert ([t.model for t in metrics.trends] == ["diff"]
+            and {m.x_kind for m in metrics.matching} == {"params", "tokens"})
     report = (out / "report.md").read_text()
     for text in ("## The gap along size", "**The trend along size**", "## The matching fraction", "## The laws",
                  "Tokens / parameter"):

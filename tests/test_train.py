@@ -166,7 +166,8 @@ def test_checkpoint_loads_as_a_model_with_its_tokenizer(byte_dataset, tmp_path):
     progress = {k: state["progress"][k] for k in ("step", "samples", "tokens")}  # and the time it took
     assert progress == {"step": 6, "samples": 48, "tokens": 6 * 8 * 32}
     training = json.loads((checkpoint / "config.json").read_text())["training"]  # what readers of a checkpoint see
-    assert training["step"] == 6 and training["tokens"] == 6 * 8 * 32 and training["checkpoint_id"] == state["checkpoint_id"]
+    assert (training["step"] == 6 and training["tokens"] == 6 * 8 * 32
+            and training["checkpoint_id"] == state["checkpoint_id"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["peak_memory_kind"] == "peak RSS"
     assert summary["peak_memory_bytes"] > 0 and summary["tokens_per_s"] > 0

@@ -105,7 +105,8 @@ COMPILE_TOLERANCE = 1e-4  # inductor fuses and reorders fp32 sums; a few steps s
 @pytest.mark.slow  # inductor compiles forward, backward and the eval graph: ~100 s on 2 busy cores
 def test_compiled_training_on_cpu_follows_eager(byte_dataset, tmp_path):  # noqa: F811
     eager = train(debug_config(byte_dataset, tmp_path / "eager", run={"steps": 2, "eval_every": 2}))
-    compiled = train(debug_config(byte_dataset, tmp_path / "compiled", run={"steps": 2, "eval_every": 2, "compile": True}))
+    compiled = train(debug_config(byte_dataset, tmp_path / "compiled",
+                                  run={"steps": 2, "eval_every": 2, "compile": True}))
     assert compiled.status == "completed"
     a, b = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert a.keys() == b.keys() == {1, 2}
@@ -137,7 +138,8 @@ def test_resume_after_switching_the_attention_backend(byte_dataset, tmp_path):  
     follows a straight run (the backends agree to fp32 rounding)."""
     models = {"diff": {"attention": "diff"}}
     train(debug_config(byte_dataset, tmp_path / "straight", models=models))
-    train(debug_config(byte_dataset, tmp_path / "split", models=models, run={"stop_at_step": 3, "attn_backend": "reference"}))
+    train(debug_config(byte_dataset, tmp_path / "split", models=models,
+                       run={"stop_at_step": 3, "attn_backend": "reference"}))
     resumed = train(debug_config(byte_dataset, tmp_path / "split", models=models), resume=True)
     assert resumed.status == "completed" and resumed.steps == 6
     a, b = losses(tmp_path / "straight"), losses(tmp_path / "split")

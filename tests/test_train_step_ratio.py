@@ -24,7 +24,8 @@ def test_best_steps_and_ratios_follow_the_clock():
     script = load_script()
     contenders = {}
     for name, kind in (("DIFF (math)", "diff"), ("Transformer", "standard")):
-        model = LanguageModel(ModelConfig.from_preset("debug", attention=kind), attn_backend="math" if kind == "diff" else "auto")
+        model = LanguageModel(ModelConfig.from_preset("debug", attention=kind),
+                              attn_backend="math" if kind == "diff" else "auto")
         contenders[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-5))
     # the clock is read at each step's start and end, models taking turns in every round, after one
     # untimed warm-up round: DIFF steps take 3, 2, 4 s; Transformer steps 2.7, 1.9, 1 s
@@ -36,6 +37,7 @@ def test_best_steps_and_ratios_follow_the_clock():
     lines = script.report(seconds, tokens_per_step=1000)
     # best 2 s: 500 tokens/s; bests 1 / 2 = 0.5; per-round 0.9, 0.95, 0.25 -> median 0.9
     assert lines[0].split() == [
-        "DIFF", "(math)", "2000.0", "ms", "500", "tokens/s", "vs", "Transformer:", "best", "0.500,", "per-round", "median", "0.900",
+        "DIFF", "(math)", "2000.0", "ms", "500", "tokens/s", "vs", "Transformer:", "best", "0.500,", "per-round",
+        "median", "0.900",
     ]
     assert lines[1].split()[-4:] == ["1.000,", "per-round", "median", "1.000"]

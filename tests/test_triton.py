@@ -88,7 +88,8 @@ def test_fp32_matches_reference(case):
     b, h, hkv, t, s, d, causal, per_head = CASES[case]
     inputs = make_inputs(b, h, hkv, t, s, d, lam_per_head=per_head)
     grad_out = torch.randn(b, h, t, 2 * d, device=DEVICE)
-    errors = max_errors(forward_backward(inputs, "triton", causal, grad_out), forward_backward(inputs, "reference", causal, grad_out))
+    errors = max_errors(forward_backward(inputs, "triton", causal, grad_out),
+                        forward_backward(inputs, "reference", causal, grad_out))
     # λ's gradient sums B·T·2d products, so it gets a proportionally larger tolerance.
     assert all(err < 2e-5 for name, err in errors.items() if name != "lam"), errors
     assert errors["lam"] < 1e-4, errors
@@ -326,7 +327,8 @@ def test_gpu_key_padding_cache_bf16(deterministic):
         got = forward_backward_masked(inputs, "triton", True, grad_out, valid)
     finally:
         torch.use_deterministic_algorithms(False)
-    assert_half_close(relative_errors(got, forward_backward_masked(inputs, "reference", True, grad_out, valid, upcast=True)),
+    assert_half_close(relative_errors(got, forward_backward_masked(inputs, "reference", True, grad_out, valid,
+                                                                   upcast=True)),
                       torch.bfloat16)
 
 
@@ -335,7 +337,8 @@ def test_gpu_key_padding_cache_bf16(deterministic):
 def test_gpu_fp32_cache_matches_reference():
     inputs = make_inputs(1, 4, 1, 100, 700, 64, lam_per_head=False, device="cuda")
     grad_out = torch.randn(1, 4, 100, 128, device="cuda")
-    errors = relative_errors(forward_backward(inputs, "triton", True, grad_out), forward_backward(inputs, "reference", True, grad_out))
+    errors = relative_errors(forward_backward(inputs, "triton", True, grad_out),
+                             forward_backward(inputs, "reference", True, grad_out))
     assert all(err < 1e-5 for err in errors.values()), errors
 
 
@@ -398,7 +401,8 @@ def test_key_padding_mask_matches_reference(case):
     grad_out = torch.randn(b, h, t, 2 * d, device=DEVICE)
     valid = left_padding(b, s, pads)
     got = forward_backward_masked(inputs, "triton", causal, grad_out, valid)
-    want_out = diff_attention(*inputs, causal=causal, backend="reference", attn_mask=key_padding_to_attn_mask(valid, t, s))
+    want_out = diff_attention(*inputs, causal=causal, backend="reference",
+                              attn_mask=key_padding_to_attn_mask(valid, t, s))
     want = (want_out, torch.autograd.grad(want_out, inputs, grad_out))
     errors = max_errors(got, want)
     assert all(errors[n] < 2e-5 for n in NAMES if n != "lam"), errors
@@ -504,7 +508,8 @@ def test_deterministic_mode_uses_the_dq_pass_and_matches_reference(case, monkeyp
 def test_deterministic_dq_with_key_padding_fp16():
     from diff_transformer.ops import triton_diff as td
 
-    q1, q2, k1, k2, v, lam = (x.detach() for x in make_inputs(2, 2, 1, 19, 25, 32, dtype=torch.float16, lam_per_head=True))
+    q1, q2, k1, k2, v, lam = (x.detach()
+                              for x in make_inputs(2, 2, 1, 19, 25, 32, dtype=torch.float16, lam_per_head=True))
     valid = left_padding(2, 25, (4, 0))
     out, o2, lse1, lse2 = td._forward_op(q1, q2, k1, k2, v, lam, True, 32**-0.5, True, valid)
     grad_out = torch.randn_like(out)
@@ -568,7 +573,8 @@ def test_autotune_switch(monkeypatch):
     finally:
         td.set_autotune(None)
     want = td.default_config("fwd", 256)
-    assert plain.calls == [dict(HEAD_DIM=256, BLOCK_D=256, **want.kwargs, num_warps=want.num_warps, num_stages=want.num_stages)]
+    assert plain.calls == [dict(HEAD_DIM=256, BLOCK_D=256, **want.kwargs, num_warps=want.num_warps,
+                                num_stages=want.num_stages)]
     assert want.kwargs["BLOCK_M"] == 16  # the only rows that fit d = 256
 
 
@@ -685,7 +691,8 @@ def test_custom_ops_pass_opcheck_with_key_mask_and_deterministic():
     torch.library.opcheck(td._forward_op, (q1, q2, k1, k2, v, lam, True, 0.25, True, valid))
     out, o2, lse1, lse2 = td._forward_op(q1, q2, k1, k2, v, lam, True, 0.25, True, valid)
     grad_out = torch.randn_like(out)
-    torch.library.opcheck(td._backward_op, (grad_out, q1, q2, k1, k2, v, lam, out, o2, lse1, lse2, True, 0.25, valid, True))
+    torch.library.opcheck(td._backward_op,
+                          (grad_out, q1, q2, k1, k2, v, lam, out, o2, lse1, lse2, True, 0.25, valid, True))
 
 
 @pytest.mark.slow  # torch.compile over the interpreted kernel

@@ -100,5 +100,6 @@ def test_wrong_state_dict_is_named():
     with pytest.raises(CheckpointError, match=r"missing from the unilm state dict: head_norm\.weight"):
         attention_from_unilm(sd, embed_dim=128, depth=0, num_heads=2)
     sd = official_state_dict(128, 2, None, torch.Generator().manual_seed(0))
-    with pytest.raises(CheckpointError, match=r"shape mismatch: k_proj\.weight: \(128, 128\) in the unilm state dict, \(64, 128\) in the model"):
+    with pytest.raises(CheckpointError, match=r"shape mismatch: k_proj\.weight: \(128, 128\) in the unilm state dict, "
+                                              r"\(64, 128\) in the model"):
         attention_from_unilm(sd, embed_dim=128, depth=0, num_heads=2, num_kv_heads=1)

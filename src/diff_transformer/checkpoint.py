@@ -237,7 +237,8 @@ def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
         raise CheckpointError(f"{path}: format_version must be an integer, got {version!r}")
     if version > FORMAT_VERSION:
         raise CheckpointError(
-            f"{path}: format_version {version!r} is newer than this library reads ({FORMAT_VERSION}); upgrade diff-transformer"
+            f"{path}: format_version {version!r} is newer than this library reads ({FORMAT_VERSION}); "
+            "upgrade diff-transformer"
         )
     try:
         # Checkpoints written before the backend became a runtime setting carry it: not architecture.

@@ -145,14 +145,16 @@ class ModelConfig:
             raise ConfigError(f"head_norm: attention={self.attention!r} gates each head's output, which a per-head "
                               "norm would undo; leave head_norm unset or False")
         if self.lambda_init is not None and self.attention not in DIFF_HEAD_KINDS:
-            raise ConfigError(f"lambda_init only applies to attention={' or '.join(map(repr, DIFF_HEAD_KINDS))}, not {self.attention!r}")
+            raise ConfigError(f"lambda_init only applies to attention={' or '.join(map(repr, DIFF_HEAD_KINDS))}, "
+                              f"not {self.attention!r}")
         for name in ("rope_theta", "norm_eps", "init_std", "lambda_std"):
             value = getattr(self, name)
             if not _is_number(value) or not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
         if self.lambda_init is not None and not (_is_number(self.lambda_init) and 0.0 <= self.lambda_init < 1.0):
             # the output is scaled by 1 − λ_init: 1 or more would silence or flip every layer (paper: 0.2 to 0.8)
-            raise ConfigError(f"lambda_init must be a number in [0, 1) or null (the depth schedule), got {self.lambda_init!r}")
+            raise ConfigError(f"lambda_init must be a number in [0, 1) or null (the depth schedule), "
+                              f"got {self.lambda_init!r}")
         for name in ("tie_embeddings", "head_norm", "scale_residual_init"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")

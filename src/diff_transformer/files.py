@@ -61,7 +61,8 @@ OUTPUT_KINDS = ("checkpoint", "hf-export", "dataset", "train-run", "compare", "e
 OUTPUT_NAMES = {"checkpoint": "checkpoint", "hf-export": "Hugging Face export", "dataset": "dataset",
                 "train-run": "training run", "compare": "comparison", "eval": "evaluation", "bench": "benchmark report"}
 # Kinds whose own file says what they are (file name, its "format"), so they need no marker.
-SELF_IDENTIFYING = {"checkpoint": ("config.json", "diff-transformer"), "dataset": ("meta.json", "diff-transformer-tokens")}
+SELF_IDENTIFYING = {"checkpoint": ("config.json", "diff-transformer"),
+                    "dataset": ("meta.json", "diff-transformer-tokens")}
 # Kinds written as a whole, atomically (checkpoint.write_directory_atomically): every write replaces the
 # directory, so nothing may be written inside one.
 WRITTEN_WHOLE = ("checkpoint", "hf-export", "dataset")

@@ -95,9 +95,11 @@ def linear_cross_entropy(
     (fp64 for fp64 inputs).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden (N, E) and weight (V, E) must share E, got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(f"hidden (N, E) and weight (V, E) must share E, got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
     if targets.shape != hidden.shape[:1]:
-        raise ValueError(f"targets must be ({hidden.shape[0]},) for hidden {tuple(hidden.shape)}, got {tuple(targets.shape)}")
+        raise ValueError(f"targets must be ({hidden.shape[0]},) for hidden {tuple(hidden.shape)}, "
+                         f"got {tuple(targets.shape)}")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     rows = chunk_rows(weight.shape[0], hidden.device) if rows is None else rows

@@ -261,7 +261,8 @@ class LanguageModel(nn.Module):
                              f"(NaN); give at least one target to count, or reduction='sum' (0)")
         if target_bounds and (target_bounds[0] < 0 or target_bounds[1] >= vocab):
             bad = target_bounds[0] if target_bounds[0] < 0 else target_bounds[1]
-            raise ValueError(f"targets: id {bad} is out of range [0, vocab_size={vocab}) and is not {IGNORE_INDEX} (ignored)")
+            raise ValueError(f"targets: id {bad} is out of range [0, vocab_size={vocab}) and is not {IGNORE_INDEX} "
+                             "(ignored)")
 
     def _rope_table(self, device: torch.device) -> Tensor:
         """cos, sin of every position < max_seq_len, fp32 (L, d/2, 2): computed once per device and
@@ -269,7 +270,8 @@ class LanguageModel(nn.Module):
         table = self._rope_tables.get(device)
         if table is None:
             positions = torch.arange(self.config.max_seq_len, device=device)
-            table = self._rope_tables[device] = rope_frequencies(positions, self.config.head_dim, self.config.rope_theta)
+            table = self._rope_tables[device] = rope_frequencies(positions, self.config.head_dim,
+                                                                 self.config.rope_theta)
         return table
 
     # --- introspection -------------------------------------------------------------------

@@ -89,7 +89,8 @@ class MultiheadDiffAttention(nn.Module):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if embed_dim % (2 * num_heads):
             raise ValueError(
-                f"embed_dim={embed_dim} must be divisible by 2 * num_heads = {2 * num_heads} (each DIFF head has two groups)"
+                f"embed_dim={embed_dim} must be divisible by 2 * num_heads = {2 * num_heads} "
+                "(each DIFF head has two groups)"
             )
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if not _is_int(num_kv_heads) or num_kv_heads <= 0 or num_heads % num_kv_heads:
@@ -98,14 +99,17 @@ class MultiheadDiffAttention(nn.Module):
             raise ValueError(f"depth must be a 0-based layer index (an integer >= 0), got {depth!r}")
         if lambda_init is not None and not (_is_number(lambda_init) and 0.0 <= lambda_init < 1.0):
             # as ModelConfig: 1 would zero the output (× (1 − λ_init)), beyond it flip its sign
-            raise ValueError(f"lambda_init must be a number in [0, 1), or None for the depth schedule; got {lambda_init!r}")
+            raise ValueError(f"lambda_init must be a number in [0, 1), or None for the depth schedule; "
+                             f"got {lambda_init!r}")
         if not isinstance(causal, bool):
             raise ValueError(f"causal must be True or False, got {causal!r}")
         if rope_theta is not None and not (_is_number(rope_theta) and math.isfinite(rope_theta) and rope_theta > 0):
-            raise ValueError(f"rope_theta must be a positive finite number, or None for no rotary embedding; got {rope_theta!r}")
+            raise ValueError(f"rope_theta must be a positive finite number, or None for no rotary embedding; "
+                             f"got {rope_theta!r}")
         head_dim = embed_dim // (2 * num_heads)
         if rope_theta is not None and head_dim % 2:
-            raise ValueError(f"head_dim = embed_dim / (2 * num_heads) = {head_dim} must be even for RoPE (or rope_theta=None)")
+            raise ValueError(f"head_dim = embed_dim / (2 * num_heads) = {head_dim} must be even for RoPE "
+                             "(or rope_theta=None)")
         if backend not in BACKEND_NAMES:
             raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
@@ -159,7 +163,8 @@ class MultiheadDiffAttention(nn.Module):
         if attn_mask is not None:
             self._check_mask(attn_mask, b, t)
             check_every_query_sees_a_key(attn_mask, t, t, causal=self.causal)
-            attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # 4-D for every backend
+            # 4-D for every backend
+            attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
         d = self.head_dim
         q = self.q_proj(x).view(b, t, 2 * self.num_heads, d)  # sub-heads 2h (Q1), 2h + 1 (Q2) of head h
         k = self.k_proj(x).view(b, t, 2 * self.num_kv_heads, d)

@@ -9,7 +9,8 @@ Three modes, each over the sequence lengths L:
     fwd+bwd   T = S = L, forward and backward of all inputs (training)
     decode    T = 1 query against S = L cached keys, forward only
 
-FLOPs (as the paper's appendix counts them), counted once per attention kind as the useful work, whatever a backend executes,
+FLOPs (as the paper's appendix counts them), counted once per attention kind as the useful work, \
+whatever a backend executes,
 so that TFLOP/s compare like time: with P the number of visible (query, key) pairs
 (T·S, or T·(S − T) + T(T + 1)/2 when causal: about half),
     standard     forward 4·B·h·P·d    backward 10·B·h·P·d
@@ -116,13 +117,15 @@ def visible_pairs(t: int, s: int, causal: bool) -> int:
     return t * (s - t) + t * (t + 1) // 2
 
 
-def attention_flops(kind: str, mode: str, *, batch: int, heads: int, t: int, s: int, head_dim: int, causal: bool) -> float:
+def attention_flops(kind: str, mode: str, *, batch: int, heads: int, t: int, s: int, head_dim: int,
+                    causal: bool) -> float:
     """FLOPs of one call (see the module docstring); ``heads`` is the standard head count h."""
     units = FLOP_UNITS[(kind, "fwd")] + (FLOP_UNITS[(kind, "bwd")] if mode == "fwd+bwd" else 0)
     return float(units * batch * heads * visible_pairs(t, s, causal) * head_dim)
 
 
-def quadratic_bytes(kind: str, backend: str, mode: str, device: torch.device, *, batch: int, heads: int, t: int, s: int) -> int:
+def quadratic_bytes(kind: str, backend: str, mode: str, device: torch.device, *, batch: int, heads: int, t: int,
+                    s: int) -> int:
     """Approximate memory of the T×S maps a backend materialises (0 for the flash-style ones).
 
     "reference" keeps about six fp32 maps per DIFF head in the forward (two logits, two
@@ -153,7 +156,8 @@ def _make_inputs(kind: str, settings: AttentionBenchSettings, t: int, s: int, re
         return [randn(b, h, t, d), randn(b, hkv, s, d), randn(b, hkv, s, d)]
     h, hkv = settings.heads // 2, settings.kv_heads // 2
     lam = torch.tensor(0.5, device=device, dtype=torch.float32, requires_grad=requires_grad)
-    return [randn(b, h, t, d), randn(b, h, t, d), randn(b, hkv, s, d), randn(b, hkv, s, d), randn(b, hkv, s, 2 * d), lam]
+    return [randn(b, h, t, d), randn(b, h, t, d), randn(b, hkv, s, d), randn(b, hkv, s, d),
+            randn(b, hkv, s, 2 * d), lam]
 
 
 def _call(kind: str, backend: str, mode: str, inputs: list[Tensor], causal: bool):
@@ -243,7 +247,8 @@ def _measure(case: AttentionBenchResult, settings: AttentionBenchSettings, devic
 
 
 def format_table(results: list[AttentionBenchResult]) -> str:
-    lines = [f"{'mode':<8} {'kind':<8} {'backend':<10} {'T':>6} {'S':>6} {'ms':>10} {'TFLOP/s':>8} {'peak MiB':>9}  note"]
+    lines = [f"{'mode':<8} {'kind':<8} {'backend':<10} {'T':>6} {'S':>6} {'ms':>10} {'TFLOP/s':>8} "
+             f"{'peak MiB':>9}  note"]
     for r in results:
         ms = f"{r.seconds * 1e3:10.2f}" if r.seconds is not None else f"{'-':>10}"
         tf = f"{r.tflops:8.3f}" if r.tflops is not None else f"{'-':>8}"

@@ -280,6 +280,7 @@ def write_report(out_dir: str | Path, report: dict) -> tuple[Path, Path]:
 def cuda_problem() -> str | None:
     """Why this machine cannot run ``bench gpu``, or None."""
     if not torch.cuda.is_available():
-        built = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda} build, no device visible"
+        built = ("a CPU-only build" if torch.version.cuda is None
+                 else f"CUDA {torch.version.cuda} build, no device visible")
         return f"torch.cuda.is_available() is False: torch {torch.__version__}, {built}"
     return None

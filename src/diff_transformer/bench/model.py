@@ -75,7 +75,8 @@ class ModelBenchSettings:
         if self.compile and self.warmup < 1:
             raise ValueError("compile needs warmup >= 1, so that compiling is not timed")
         if self.decode_tokens < 2:
-            raise ValueError(f"decode_tokens must be >= 2 (the rate is measured over N − 1 steps), got {self.decode_tokens}")
+            raise ValueError(f"decode_tokens must be >= 2 (the rate is measured over N − 1 steps), "
+                             f"got {self.decode_tokens}")
         context = PRESETS[self.preset]["max_seq_len"]
         for name in ("length", "decode_tokens"):  # the decoded tokens may run past the context: its table grows
             if getattr(self, name) > context:
@@ -235,7 +236,8 @@ def _diffllama(name: str, config: ModelConfig, device: torch.device, dtype: torc
     return Contender(name, model, train_step, prefill, decode_steps)
 
 
-def _best_times(calls: dict[str, Callable[[], list[float] | None]], device: torch.device, settings: ModelBenchSettings) -> dict[str, float]:
+def _best_times(calls: dict[str, Callable[[], list[float] | None]], device: torch.device,
+                settings: ModelBenchSettings) -> dict[str, float]:
     """Best time of each call (or of the step times it returns), the models taking turns in every
     repeat so that a change in the machine's load hits them alike."""
     for call in calls.values():

@@ -10,9 +10,9 @@ import math
 from pathlib import Path
 
 __all__ = [
-    "UsageError", "positive_int", "nonnegative_int", "seed", "positive_float", "positive_float_list", "nonnegative_float",
-    "probability", "unit_interval", "fraction", "device", "existing_file", "existing_dir", "checkpoint_dir",
-    "tokenizer_spec", "output_dir", "output_file", "existing_path",
+    "UsageError", "positive_int", "nonnegative_int", "seed", "positive_float", "positive_float_list",
+    "nonnegative_float", "probability", "unit_interval", "fraction", "device", "existing_file", "existing_dir",
+    "checkpoint_dir", "tokenizer_spec", "output_dir", "output_file", "existing_path",
 ]
 
 MAX_SEED = 2**63 - 1
@@ -181,7 +181,8 @@ def checkpoint_dir(value: str) -> str:
     """A directory holding a checkpoint's config.json (what is inside is checked when it loads)."""
     path = Path(value)
     if not (path / "config.json").is_file():
-        why = "no config.json" if path.is_dir() else ("a file, not a directory" if path.exists() else "no config.json, no such directory")
+        why = "no config.json" if path.is_dir() else (
+            "a file, not a directory" if path.exists() else "no config.json, no such directory")
         raise argparse.ArgumentTypeError(f"{value}: not a checkpoint directory ({why})")
     return value
 

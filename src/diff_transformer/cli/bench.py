@@ -39,14 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "visible pairs, about half). Backends whose T x S maps would exceed the memory budget "
         "are skipped with the size they need. Times are the best of --repeats runs.",
     )
-    a.add_argument("--device", default=_default_device(), type=device_type, help="cpu or cuda (default: cuda if available)")
+    a.add_argument("--device", default=_default_device(), type=device_type,
+                   help="cpu or cuda (default: cuda if available)")
     a.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     a.add_argument(
         "--lengths", type=int, nargs="+", default=None, metavar="L",
         help="sequence lengths (default: 512 1024 2048 4096 on CPU, 1024 ... 16384 on CUDA)",
     )
     a.add_argument("--heads", type=int, default=16, help="standard attention heads h; DIFF gets h/2 (default 16)")
-    a.add_argument("--kv-heads", type=int, default=None, help="standard key/value heads (GQA); DIFF gets half (default: --heads)")
+    a.add_argument("--kv-heads", type=int, default=None,
+                   help="standard key/value heads (GQA); DIFF gets half (default: --heads)")
     a.add_argument("--head-dim", type=int, default=64, help="d, the width of one head / one DIFF group (default 64)")
     a.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     a.add_argument("--no-causal", dest="causal", action="store_false", help="attend to all keys (default: causal)")
@@ -78,9 +80,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "(default 256, or the preset's context if shorter)")
     m.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     m.add_argument("--decode-tokens", type=int, default=32, help="new tokens per generation run (default 32)")
-    m.add_argument("--device", default=_default_device(), type=device_type, help="cpu or cuda (default: cuda if available)")
+    m.add_argument("--device", default=_default_device(), type=device_type,
+                   help="cpu or cuda (default: cuda if available)")
     m.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
-    m.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="attention backend of our models (default auto)")
+    m.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
+                   help="attention backend of our models (default auto)")
     m.add_argument("--repeats", type=int, default=3, help="timed runs; the best is kept (default 3)")
     m.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     m.add_argument("--no-hf", dest="hf", action="store_false", help="leave out transformers' DiffLlama")
@@ -140,7 +144,8 @@ def run_attention(args: argparse.Namespace) -> int:
     _print_machine(out)
     print(
         f"standard: {settings.heads} heads x d={settings.head_dim}; DIFF: {settings.heads // 2} heads x 2 groups of "
-        f"d={settings.head_dim}, v 2d; kv heads {settings.kv_heads} / {settings.kv_heads // 2}; batch {settings.batch}; "
+        f"d={settings.head_dim}, v 2d; kv heads {settings.kv_heads} / {settings.kv_heads // 2}; "
+        f"batch {settings.batch}; "
         f"{settings.dtype}; {'causal' if settings.causal else 'non-causal'}"
     )
     print(format_table(results))

@@ -25,12 +25,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train a byte-level BPE (Hugging Face tokenizers) on text files, folders or JSONL and "
         "write it as a tokenizers JSON file, usable as `prepare --tokenizer FILE`.",
     )
-    train.add_argument("--input", nargs="+", required=True, type=types.existing_path, metavar="PATH", help=INPUT_HELP + " (one or more)")
-    train.add_argument("--vocab-size", type=types.positive_int, default=8192, help="vocabulary size incl. 256 bytes and <|endoftext|> (default 8192)")
-    train.add_argument("--out", required=True, type=types.output_file, metavar="FILE", help="tokenizer JSON file to write")
+    train.add_argument("--input", nargs="+", required=True, type=types.existing_path, metavar="PATH",
+                       help=INPUT_HELP + " (one or more)")
+    train.add_argument("--vocab-size", type=types.positive_int, default=8192,
+                       help="vocabulary size incl. 256 bytes and <|endoftext|> (default 8192)")
+    train.add_argument("--out", required=True, type=types.output_file, metavar="FILE",
+                       help="tokenizer JSON file to write")
     train.add_argument("--text-field", default="text", help="field holding the text in JSONL records (default 'text')")
-    train.add_argument("--min-frequency", type=types.positive_int, default=2, help="merge only pairs seen this often (default 2)")
-    train.add_argument("--overwrite", action="store_true", help="replace --out if it is a tokenizers JSON file (no other file)")
+    train.add_argument("--min-frequency", type=types.positive_int, default=2,
+                       help="merge only pairs seen this often (default 2)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace --out if it is a tokenizers JSON file (no other file)")
     train.set_defaults(run=run_tokenizer_train)
 
     prepare = subparsers.add_parser(
@@ -42,16 +47,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "process at a time, and never replaced without --overwrite.",
     )
     prepare.add_argument("inputs", nargs="+", type=types.existing_path, metavar="INPUT", help=INPUT_HELP)
-    prepare.add_argument("--out", required=True, type=types.output_dir, metavar="DIR", help="dataset directory to create")
+    prepare.add_argument("--out", required=True, type=types.output_dir, metavar="DIR",
+                         help="dataset directory to create")
     prepare.add_argument("--tokenizer", default="default", type=types.tokenizer_spec,
                          help="'default' (shipped BPE, vocab 8192), 'bytes' (raw UTF-8 bytes, vocab 257), "
                          "or a tokenizers JSON file (default 'default')")
-    prepare.add_argument("--text-field", default="text", help="field holding the text in JSONL records (default 'text')")
+    prepare.add_argument("--text-field", default="text",
+                         help="field holding the text in JSONL records (default 'text')")
     prepare.add_argument("--val-fraction", type=types.fraction, default=0.05,
                          help="share of the bytes held out for validation, more than 0 and less than 1: whole "
                          "documents in a seeded order, or the tail of one document if none fits (default 0.05)")
     prepare.add_argument("--seed", type=types.seed, default=0, help="seed of the document split (default 0)")
-    prepare.add_argument("--overwrite", action="store_true", help="replace DIR if it holds a dataset prepared by this project")
+    prepare.add_argument("--overwrite", action="store_true",
+                         help="replace DIR if it holds a dataset prepared by this project")
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
     prepare.set_defaults(run=run_prepare)
 
@@ -87,5 +95,6 @@ def run_prepare(args: argparse.Namespace) -> int:
     seconds = max(meta["seconds"], 1e-9)
     print(f"{args.out}: {meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}) "
           f"from {meta['documents']} documents, {meta['bytes']:,} bytes; "
-          f"{meta['bytes'] / tokens:.2f} bytes/token, {tokens / seconds:,.0f} tokens/s ({meta['bytes'] / seconds / 1e6:.2f} MB/s)")
+          f"{meta['bytes'] / tokens:.2f} bytes/token, {tokens / seconds:,.0f} tokens/s "
+          f"({meta['bytes'] / seconds / 1e6:.2f} MB/s)")
     return 0

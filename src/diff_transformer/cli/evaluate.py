@@ -54,9 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _common_flags(sub, checkpoint_required=False)
     sub.add_argument("--results", nargs="+", default=[], metavar="FILE", type=types.existing_file,
-                     help="JSON: a list of {attention, params, tokens, loss}, {\"runs\": [...]}, or a compare metrics.json")
+                     help="JSON: a list of {attention, params, tokens, loss}, {\"runs\": [...]}, "
+                     "or a compare metrics.json")
     sub.add_argument("--x", choices=scaling.X_KINDS, default="params", help="scale variable (default: params)")
-    sub.add_argument("--windows", type=types.positive_int, default=16, help="held-out windows for a checkpoint's loss (default: 16)")
+    sub.add_argument("--windows", type=types.positive_int, default=16,
+                     help="held-out windows for a checkpoint's loss (default: 16)")
     sub.set_defaults(run=run_scaling)
 
 
@@ -69,8 +71,10 @@ def _first_paragraph(function) -> str:
 def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> None:
     p.add_argument("--checkpoint", action="append", required=checkpoint_required, default=[], metavar="DIR",
                    help="checkpoint directory; repeat to evaluate several models together")
-    p.add_argument("--label", action="append", default=[], help="a name per --checkpoint, in order (default: KIND:DIRNAME, the run folder for RUN/checkpoint)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), type=types.output_dir, help=f"output folder (default: {DEFAULT_OUT})")
+    p.add_argument("--label", action="append", default=[],
+                   help="a name per --checkpoint, in order (default: KIND:DIRNAME, the run folder for RUN/checkpoint)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), type=types.output_dir,
+                   help=f"output folder (default: {DEFAULT_OUT})")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier result of this evaluation in --out (refused without it)")
     p.add_argument("--tokenizer", default=None, type=types.tokenizer_spec,
@@ -99,8 +103,8 @@ def _load(args: argparse.Namespace):
         except argparse.ArgumentTypeError as exc:
             raise ValueError(f"--checkpoint {exc}") from None
     labels = args.label or [None] * len(args.checkpoint)
-    models = [load_model(c, device=args.device, tokenizer=args.tokenizer, label=l, max_seq_len=args.max_seq_len,
-                         rope_theta=args.rope_theta) for c, l in zip(args.checkpoint, labels)]
+    models = [load_model(c, device=args.device, tokenizer=args.tokenizer, label=label, max_seq_len=args.max_seq_len,
+                         rope_theta=args.rope_theta) for c, label in zip(args.checkpoint, labels)]
     if len({m.label for m in models}) != len(models):
         raise ValueError("two checkpoints have the same label (give --label for each)")
     text = None

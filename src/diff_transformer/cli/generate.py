@@ -18,21 +18,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="stream text from a checkpoint",
         description="Stream a continuation of --prompt from a checkpoint directory, using the KV cache.",
     )
-    p.add_argument("checkpoint", type=types.checkpoint_dir, help="checkpoint directory (config.json, model.safetensors, tokenizer)")
+    p.add_argument("checkpoint", type=types.checkpoint_dir,
+                   help="checkpoint directory (config.json, model.safetensors, tokenizer)")
     p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
     p.add_argument("--max-new-tokens", type=types.positive_int, default=None,
                    help=f"tokens to generate; the prompt and these must fit in the model's context (max_seq_len) "
                    f"(default {DEFAULT_NEW_TOKENS}, or as many as fit after the prompt)")
     p.add_argument("--temperature", type=types.nonnegative_float, default=0.8, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=types.positive_int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=types.probability, default=None, help="nucleus sampling: smallest set with this mass")
+    p.add_argument("--top-p", type=types.probability, default=None,
+                   help="nucleus sampling: smallest set with this mass")
     p.add_argument("--seed", type=types.seed, default=0, help="sampling seed (default 0)")
     p.add_argument("--tokenizer", type=types.tokenizer_spec, default=None,
                    help="tokenizer if the checkpoint has none ('bytes', 'default', a JSON file): the one the model was "
                    "trained with (its vocabulary the model's)")
     p.add_argument("--device", type=types.device, default="cuda" if torch.cuda.is_available() else "cpu",
                    help="cpu, cuda or cuda:N (default: cuda if available)")
-    p.add_argument("--compile", action="store_true", help="decode through torch.compile (compiling takes seconds first)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through torch.compile (compiling takes seconds first)")
     p.set_defaults(run=run)
 
 

@@ -17,10 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "DIFF V2, a constant lambda_init, DIFF without head norm and standard attention with head norm have no "
         "transformers equivalent and are refused. Needs the 'hf' extra.",
     )
-    export.add_argument("checkpoint", metavar="CHECKPOINT", type=types.checkpoint_dir, help="checkpoint directory of this project")
+    export.add_argument("checkpoint", metavar="CHECKPOINT", type=types.checkpoint_dir,
+                        help="checkpoint directory of this project")
     export.add_argument("out", metavar="OUT", type=types.output_dir,
                         help="output directory: new or empty (an earlier export is replaced only with --overwrite)")
-    export.add_argument("--overwrite", action="store_true", help="replace OUT if it holds an earlier export of this project")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if it holds an earlier export of this project")
     export.set_defaults(run=run_export)
 
     imp = subparsers.add_parser(
@@ -32,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     imp.add_argument("directory", metavar="DIR", type=types.existing_dir, help="transformers model directory")
     imp.add_argument("out", metavar="OUT", type=types.output_dir,
-                     help="output checkpoint directory: new or empty (a checkpoint of this project is replaced only with --overwrite)")
+                     help="output checkpoint directory: new or empty (a checkpoint of this project is replaced only "
+                     "with --overwrite)")
     imp.add_argument("--overwrite", action="store_true", help="replace OUT if it holds a checkpoint of this project")
     imp.add_argument("--no-tokenizer", action="store_true", help="import the weights only, not tokenizer.json")
     imp.set_defaults(run=run_import)

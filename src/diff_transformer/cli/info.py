@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     model = LanguageModel.from_pretrained(args.checkpoint)
     print(json.dumps(model.config.to_dict(), indent=2))
-    print(f"parameters: {model.num_parameters():,} ({model.num_parameters(exclude_embeddings=True):,} without embeddings)")
+    print(f"parameters: {model.num_parameters():,} "
+          f"({model.num_parameters(exclude_embeddings=True):,} without embeddings)")
     if model.lambdas():
         print("lambda per layer: " + " ".join(f"{x:.3f}" for x in model.lambdas()))
     return 0

@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the run from the checkpoint in run.checkpoint_dir, with the settings it was started "
                    "with: one that changes the numbers (the model, data, optim values, seeds, precision) and "
-                   "differs is refused by name; logging, evaluation, paths, device and backend may change. An explicit --set "
+                   "differs is refused by name; logging, evaluation, paths, device and backend may change. "
+                   "An explicit --set "
                    "run.steps=N larger than the run's lengthens it: the learning-rate schedule is recomputed for N "
                    "steps (a note gives the rate before and after). A finished run's --resume says so, exits 0 and "
                    "writes nothing (docs/training.md, Resume)")
@@ -86,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--steps", type=types.positive_int, help="optimizer steps per model (overrides run.steps)")
     c.add_argument("--seeds", type=types.positive_int, help="seeds per model (overrides compare.seeds)")
-    c.add_argument("--out", default="out/compare", type=types.output_dir, help="output directory (default: out/compare)")
+    c.add_argument("--out", default="out/compare", type=types.output_dir,
+                   help="output directory (default: out/compare)")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     c.add_argument("--resume", action="store_true", help="reuse finished runs in --out and continue interrupted ones")
     c.add_argument("--nproc", type=types.positive_int, default=1, help="processes per model run (torchrun; default 1)")
@@ -94,7 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="re-run the learning-rate sweep: train every model at each peak lr (min_lr keeps its ratio), "
                    "report each at its own best; default: the config's compare.lr_grid, else each model's own lr")
     c.add_argument("--retrieval-lr-grid", type=types.positive_float_list, metavar="LR,LR,...",
-                   help="the same for the retrieval experiment (default: retrieval.lr_grid, else each model's retrieval_lr)")
+                   help="the same for the retrieval experiment (default: retrieval.lr_grid, else each model's "
+                   "retrieval_lr)")
     c.add_argument("--recipes", type=types.init_recipes, metavar="RECIPE,...",
                    help="the init recipes every model is trained under, in both experiments (scaled-init: o_proj and "
                    "down_proj at init_std/sqrt(2 layers), the authors'; plain-init: every matrix N(0, init_std), "
@@ -168,7 +171,8 @@ def run_compare(args: argparse.Namespace) -> int:
     try:
         metrics = compare(
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
-            retrieval_lr_grid=args.retrieval_lr_grid, recipes=args.recipes, retrieval=False if args.no_retrieval else None,
+            retrieval_lr_grid=args.retrieval_lr_grid, recipes=args.recipes,
+            retrieval=False if args.no_retrieval else None,
             resume=args.resume, nproc=args.nproc, jobs=args.jobs, evaluation=evaluation,
         )
     except StudyInterrupted as exc:  # the running runs saved a checkpoint: --resume continues

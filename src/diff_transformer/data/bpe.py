@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Iterable
 
 from ..files import OutputPathError, check_output_place, lock_output, write_atomically
-from ..tokenizer import ASSETS, DEFAULT_TOKENIZER_FILE, EOS_TOKEN, BPETokenizer, default_tokenizer
+from ..tokenizer import ASSETS, DEFAULT_TOKENIZER_FILE, EOS_TOKEN, default_tokenizer
 
 DEFAULT_VOCAB_SIZE = 8192
 
-__all__ = ["ASSETS", "DEFAULT_TOKENIZER_FILE", "check_tokenizer_out", "default_tokenizer", "save_tokenizer_file", "train_bpe"]
+__all__ = ["ASSETS", "DEFAULT_TOKENIZER_FILE", "check_tokenizer_out", "default_tokenizer", "save_tokenizer_file",
+           "train_bpe"]
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, min_frequency: int = 2,

@@ -63,7 +63,8 @@ def _fingerprint(tokenizer: str = "bpe") -> str:
     if tokenizer != "bpe":
         digest.update(f"tokenizer {tokenizer}".encode())
     # The layout written: token shards with their document ends (another layout, another directory).
-    digest.update(f"format {FORMAT_VERSION} document ends val {DEFAULT_VAL_FRACTION} seed {DEFAULT_SPLIT_SEED}".encode())
+    digest.update(f"format {FORMAT_VERSION} document ends val {DEFAULT_VAL_FRACTION} "
+                  f"seed {DEFAULT_SPLIT_SEED}".encode())
     return digest.hexdigest()[:16]
 
 

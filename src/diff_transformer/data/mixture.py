@@ -65,11 +65,13 @@ class MixedBatches:
     def generate(self, name: str, sample_index: int, seq_len: int, *, seed: int) -> tuple[list[int], list[bool] | None]:
         """The generated example (tokens, loss_mask) for one sample, checked against the protocol."""
         example_seed = int(keyed_hash(seed_word(seed), STREAM_MIX_EXAMPLE, sample_index)[0])
-        tokens, loss_mask = synthetic.GENERATORS[name](random.Random(example_seed), self.tokenizer, seq_len, self._filler)
+        tokens, loss_mask = synthetic.GENERATORS[name](random.Random(example_seed), self.tokenizer, seq_len,
+                                                       self._filler)
         if len(tokens) != seq_len + 1:
             raise ValueError(f"generator {name!r} returned {len(tokens)} tokens; expected length + 1 = {seq_len + 1}")
         if loss_mask is not None and len(loss_mask) != seq_len:
-            raise ValueError(f"generator {name!r} returned a loss_mask of {len(loss_mask)}; expected length = {seq_len}")
+            raise ValueError(f"generator {name!r} returned a loss_mask of {len(loss_mask)}; "
+                             f"expected length = {seq_len}")
         if min(tokens) < 0 or max(tokens) >= self.vocab_size:
             raise ValueError(f"generator {name!r} returned token ids outside [0, {self.vocab_size})")
         return tokens, loss_mask

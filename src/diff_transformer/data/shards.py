@@ -200,7 +200,8 @@ class TokenShards:
         return ends
 
     def __repr__(self) -> str:
-        return f"TokenShards({str(self.directory)!r}, {self.split!r}: {self.num_tokens:,} tokens, vocab {self.vocab_size})"
+        return (f"TokenShards({str(self.directory)!r}, {self.split!r}: {self.num_tokens:,} tokens, "
+                f"vocab {self.vocab_size})")
 
     @functools.cached_property
     def tokenizer(self):

@@ -133,13 +133,15 @@ def report(results: dict[str, dict], options: ARHitOptions) -> str:
     for kind, name in (("standard", "Transformer"), ("diff", "DIFF")):
         t6 = paper.AR_HIT_TABLE6[kind]
         rows.append([f"{name} (paper, 1.4B)", fmt(t6["valid"]), fmt(t6["ar_hit"]), fmt(t6["others"]), "–"])
-    lines = [markdown_table(headers, rows), "", f"AR-Hit: the target completes a {options.ngram}-gram seen earlier in the window (Zoology)."]
+    lines = [markdown_table(headers, rows), "",
+             f"AR-Hit: the target completes a {options.ngram}-gram seen earlier in the window (Zoology)."]
     for base, cand in pairs_to_compare(results):
         b, c = results[base], results[cand]
         for key, what in (("ar_hit", "AR-Hit loss"), ("others", "Others loss")):
             noise = difference_noise({**b["per_window"], "windows_fingerprint": b["windows_fingerprint"]},
                                      {**c["per_window"], "windows_fingerprint": c["windows_fingerprint"]}, key)
-            lines += ["", comparison_sentence(what, (base, b[key]), (cand, c[key]), higher_is_better=False, noise=noise)]
+            lines += ["", comparison_sentence(what, (base, b[key]), (cand, c[key]), higher_is_better=False,
+                                              noise=noise)]
     return "\n".join(lines)
 
 

@@ -122,7 +122,8 @@ class GroupMassTap(AttentionTap):
 
 
 @torch.no_grad()
-def run(mut: ModelUnderTest, options: AttentionNoiseOptions, text: EvalText, *, progress: bool = True) -> dict[str, Any]:
+def run(mut: ModelUnderTest, options: AttentionNoiseOptions, text: EvalText, *,
+        progress: bool = True) -> dict[str, Any]:
     length = options.length or mut.max_seq_len
     if length > mut.max_seq_len:
         raise ValueError(f"length {length} exceeds the model's max_seq_len={mut.max_seq_len}")

@@ -53,9 +53,11 @@ LAYOUTS = ("random", "alternating")
 
 @dataclass
 class ICLOptions:
-    tasks: tuple[str, ...] = option(("keywords-4", "keywords-8"), "generated tasks, keywords-C with C classes (none: give 'none')",
+    tasks: tuple[str, ...] = option(("keywords-4", "keywords-8"),
+                                    "generated tasks, keywords-C with C classes (none: give 'none')",
                                      check=lambda s: check_task_name(s))
-    demos: tuple[int, ...] = option((0, 1, 2, 4, 8, 16, 32, 64), "numbers of demonstrations (those that fit the context)", minimum=0)
+    demos: tuple[int, ...] = option((0, 1, 2, 4, 8, 16, 32, 64),
+                                    "numbers of demonstrations (those that fit the context)", minimum=0)
     test_items: int = option(32, "test items per task")
     orders: int = option(5, "orderings of the demonstrations for robustness (K)")
     robustness_demos: int = option(0, "demonstrations for robustness (0 = the largest count that fits)", minimum=0)
@@ -94,7 +96,8 @@ def load_jsonl_task(path: str | Path, text_field: str, label_field: str) -> Clas
     if len(labels) < 2:
         raise ValueError(f"{path}: needs at least two distinct labels in {label_field!r}, found {labels}")
     index = {label: i for i, label in enumerate(labels)}
-    return ClassificationTask(name=path.stem, labels=labels, items=[(t, index[l]) for t, l in zip(texts, raw_labels)])
+    return ClassificationTask(name=path.stem, labels=labels,
+                              items=[(t, index[raw]) for t, raw in zip(texts, raw_labels)])
 
 
 def check_task_name(spec: str) -> None:
@@ -122,7 +125,8 @@ def build_tasks(options: ICLOptions) -> list[ClassificationTask]:
         rng = seeded_rng("icl-data", options.seed)
         task.items = rng.sample(task.items, len(task.items))
         if len(task.items) <= options.test_items:
-            raise ValueError(f"{options.data}: {len(task.items)} records; need more than --test-items={options.test_items}")
+            raise ValueError(f"{options.data}: {len(task.items)} records; "
+                             f"need more than --test-items={options.test_items}")
         tasks.append(task)
     if not tasks:
         raise ValueError("no ICL task: give --tasks keywords-C and/or --data FILE")
@@ -195,7 +199,8 @@ def run(mut: ModelUnderTest, options: ICLOptions, text: EvalText, *, progress: b
         curve = []
         for n in progress_bar(options.demos, desc=f"icl {task.name} {mut.label}", disable=not progress, leave=False):
             if n > len(pool):
-                curve.append({"demos": n, "accuracy": None, "prompt_tokens": None, "skipped": "not enough demonstrations"})
+                curve.append({"demos": n, "accuracy": None, "prompt_tokens": None,
+                              "skipped": "not enough demonstrations"})
                 continue
             demos = seeded_rng("icl-demos", options.seed, task.name, n).sample(pool, n)
             accuracy, tokens = _accuracy(mut, task, demos, tests, options.batch_size)
@@ -242,7 +247,7 @@ def plot(results: dict[str, dict], options: ICLOptions, path: Path) -> None:
                 xs, ys = zip(*points)
                 counts.update(xs)
                 ax.plot(xs, ys, styles[t % len(styles)], color=colors[label], label=f"{label} {name}")
-    for t, (name, task) in enumerate(next(iter(results.values()))["tasks"].items()):
+    for t, (_name, task) in enumerate(next(iter(results.values()))["tasks"].items()):
         ax.axhline(task["chance"], color="grey", ls=styles[t % len(styles)][1:], lw=0.8, alpha=0.6)
     ax.set_xscale("symlog", linthresh=1)  # 0 demonstrations stays on the axis
     ax.set_xticks(sorted(counts), [str(c) for c in sorted(counts)])
@@ -283,10 +288,12 @@ def report(results: dict[str, dict], options: ICLOptions) -> str:
             rob = t["robustness"]
             rows.append([label, *[fmt(c["accuracy"], 2) for c in t["curve"]],
                          fmt(rob.get("random", {}).get("spread"), 2), fmt(rob.get("alternating", {}).get("spread"), 2)])
-        lines += [f"Task {name} ({task['classes']} classes, chance {task['chance']:.2f}, {task['test_items']} test items; "
+        lines += [f"Task {name} ({task['classes']} classes, chance {task['chance']:.2f}, "
+                  f"{task['test_items']} test items; "
                   f"robustness with {task['robustness']['demos']} demonstrations, {options.orders} orderings):", "",
                   markdown_table(headers, rows), ""]
-    lines.append(f"Paper ({paper.ICL_FIGS['source']}): {paper.ICL_FIGS['accuracy_claim']}; {paper.ICL_FIGS['robustness_claim']}.")
+    lines.append(f"Paper ({paper.ICL_FIGS['source']}): {paper.ICL_FIGS['accuracy_claim']}; "
+                 f"{paper.ICL_FIGS['robustness_claim']}.")
     for base, cand in pairs_to_compare(results):
         for name in first["tasks"]:
             b, c = results[base]["tasks"][name], results[cand]["tasks"][name]
@@ -294,13 +301,14 @@ def report(results: dict[str, dict], options: ICLOptions) -> str:
             c_acc = mean(x["accuracy"] for x in c["curve"] if x["demos"] > 0)
             n = b["test_items"] * max(1, sum(1 for x in b["curve"] if x["demos"] > 0 and x["accuracy"] is not None))
             noise = 2 * 2**0.5 * binomial_se((b_acc + c_acc) / 2, n) if b_acc == b_acc and c_acc == c_acc else 0.0
-            lines += ["", comparison_sentence(f"{name}: mean accuracy with demonstrations", (base, b_acc), (cand, c_acc),
-                                              higher_is_better=True, noise=noise, digits=2)]
+            lines += ["", comparison_sentence(f"{name}: mean accuracy with demonstrations", (base, b_acc),
+                                              (cand, c_acc), higher_is_better=True, noise=noise, digits=2)]
             for layout in LAYOUTS:
                 bs = b["robustness"].get(layout, {}).get("spread")
                 cs = c["robustness"].get(layout, {}).get("spread")
                 if bs is not None and cs is not None:
-                    lines += ["", comparison_sentence(f"{name}: best−worst spread over orders ({layout})", (base, bs), (cand, cs),
+                    lines += ["", comparison_sentence(f"{name}: best−worst spread over orders ({layout})",
+                                                      (base, bs), (cand, cs),
                                                       higher_is_better=False, noise=1.0 / b["test_items"], digits=2)]
     return "\n".join(lines)
 

@@ -55,7 +55,8 @@ class MQAROptions:
 def _cell(mut: ModelUnderTest, options: MQAROptions, length: int, n_pairs: int) -> dict[str, Any]:
     correct = total = 0
     examples = [
-        build_mqar_example(seeded_rng("mqar", options.seed, length, n_pairs, i), mut.tokenizer, length=length, n_pairs=n_pairs)
+        build_mqar_example(seeded_rng("mqar", options.seed, length, n_pairs, i), mut.tokenizer, length=length,
+                           n_pairs=n_pairs)
         for i in range(options.samples)
     ]
     for start in range(0, len(examples), options.batch_size):
@@ -74,7 +75,8 @@ def run(mut: ModelUnderTest, options: MQAROptions, text: EvalText, *, progress: 
     if not cells:
         raise ValueError(f"no MQAR cell fits: seq_lens {options.seq_lens} within max_seq_len={mut.max_seq_len}, "
                          f"pairs {options.pairs} with 1 + 4P <= length")
-    results = [_cell(mut, options, n, p) for n, p in progress_bar(cells, desc=f"mqar {mut.label}", disable=not progress, leave=False)]
+    results = [_cell(mut, options, n, p)
+               for n, p in progress_bar(cells, desc=f"mqar {mut.label}", disable=not progress, leave=False)]
     return {"model": mut.describe(), "cells": results, "accuracy": mean(c["accuracy"] for c in results)}
 
 

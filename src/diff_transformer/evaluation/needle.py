@@ -46,11 +46,15 @@ NAME = "needle"
 
 @dataclass
 class NeedleOptions:
-    settings: tuple[str, ...] = option(("1:1", "2:2", "4:2", "6:2"), "N:R settings of the table (N needles, R queried), at the longest length",
+    settings: tuple[str, ...] = option(("1:1", "2:2", "4:2", "6:2"),
+                                       "N:R settings of the table (N needles, R queried), at the longest length",
                                      check=lambda s: parse_setting(s))
     heatmap: str = option("4:1", "the N:R setting of the depth x length heatmap", check=lambda s: parse_setting(s))
-    depths: tuple[float, ...] = option((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the tracked needle, 0 = start, 1 = end of the haystack", maximum=1.0)
-    lengths: tuple[int, ...] = option((), "context lengths in tokens (default: half, three quarters and all of the model's context)", type=int)
+    depths: tuple[float, ...] = option((0.0, 0.25, 0.5, 0.75, 1.0),
+                                       "depths of the tracked needle, 0 = start, 1 = end of the haystack",
+                                       maximum=1.0)
+    lengths: tuple[int, ...] = option((), "context lengths in tokens (default: half, three quarters and all of the "
+                                      "model's context)", type=int)
     samples: int = option(5, "documents per cell (the paper: 50)")
     digits: int = option(4, "digits of the magic numbers")
     batch_size: int = option(32, "prompts decoded together")
@@ -98,7 +102,8 @@ def _documents(mut: ModelUnderTest, options: NeedleOptions, filler, cell: tuple[
                 rng, mut.tokenizer, filler, length=length, n_needles=n_needles, n_queries=n_queries,
                 depth=depth, digits=options.digits,
             )
-            queries += [(example.tokens[:start], answer) for (start, _), answer in zip(example.answer_spans, example.answers)]
+            queries += [(example.tokens[:start], answer)
+                        for (start, _), answer in zip(example.answer_spans, example.answers)]
     except ValueError as exc:  # the context is too short for this many needles
         return str(exc)
     return queries
@@ -121,7 +126,8 @@ def run(mut: ModelUnderTest, options: NeedleOptions, text: EvalText, *, progress
     batches = range(0, len(queue), options.batch_size)
     for start in progress_bar(batches, desc=f"needle {mut.label}", disable=not progress, leave=False):
         batch = queue[start : start + options.batch_size]
-        room = mut.max_seq_len - max(n for n, _, _, _ in batch)  # the last answer of a full-length document ends at the context's end
+        # the last answer of a full-length document ends at the context's end
+        room = mut.max_seq_len - max(n for n, _, _, _ in batch)
         decoded = greedy_decode(mut.model, [p for _, _, p, _ in batch], min(max_new, room))
         for (_, cell, _, answer), new_tokens in zip(batch, decoded):
             correct[cell] += decoded_number(mut.tokenizer.decode(new_tokens)) == answer
@@ -146,7 +152,8 @@ def run(mut: ModelUnderTest, options: NeedleOptions, text: EvalText, *, progress
         "model": mut.describe(),
         "length": lengths[-1],
         "table": table,
-        "heatmap": {"setting": options.heatmap, "depths": list(options.depths), "lengths": lengths, "accuracy": heatmap},
+        "heatmap": {"setting": options.heatmap, "depths": list(options.depths), "lengths": lengths,
+                    "accuracy": heatmap},
     }
 
 
@@ -199,7 +206,8 @@ def report(results: dict[str, dict], options: NeedleOptions) -> str:
     lines.append(
         f"Heatmap (N:R = {heat['setting']}): mean accuracy over depths {', '.join(f'{d:.0%}' for d in heat['depths'])} "
         f"and lengths {', '.join(map(str, heat['lengths']))}: "
-        + "; ".join(f"{label} {fmt(mean(a for row in r['heatmap']['accuracy'] for a in row), 2)}" for label, r in results.items())
+        + "; ".join(f"{label} {fmt(mean(a for row in r['heatmap']['accuracy'] for a in row), 2)}"
+                    for label, r in results.items())
         + f". {options.samples} documents per cell."
     )
     for base, cand in pairs_to_compare(results):
@@ -209,7 +217,8 @@ def report(results: dict[str, dict], options: NeedleOptions) -> str:
         b, c = mean(x["accuracy"] for x in b_accs), mean(x["accuracy"] for x in c_accs)
         noise = 2 * binomial_se((b + c) / 2, n) * 2**0.5 if n and b == b and c == c else 0.0
         lines.append("")
-        lines.append(comparison_sentence("Mean retrieval accuracy", (base, b), (cand, c), higher_is_better=True, noise=noise, digits=2))
+        lines.append(comparison_sentence("Mean retrieval accuracy", (base, b), (cand, c), higher_is_better=True,
+                                         noise=noise, digits=2))
     return "\n".join(lines)
 
 

@@ -145,7 +145,8 @@ def run(mut: ModelUnderTest, options: OutlierOptions, text: EvalText, *, progres
     ]
     try:
         with mut.model.tap_attention(LogitTap(logit_stats)):
-            for batch in progress_bar(windows.split(options.batch_size), desc=f"outliers {mut.label}", disable=not progress, leave=False):
+            for batch in progress_bar(windows.split(options.batch_size), desc=f"outliers {mut.label}",
+                                      disable=not progress, leave=False):
                 mut.model(batch[:, :-1].to(mut.device))
     finally:
         for hook in hooks:
@@ -163,7 +164,8 @@ def plot(results: dict[str, dict], options: OutlierOptions, path: Path) -> None:
     fig, axes = new_figure(ncols=2, size=(5.2, 3.8))
     labels = list(results)
     width = 0.8 / max(len(labels), 1)
-    for ax, kind, title in ((axes[0], "attention_logits", "attention logits"), (axes[1], "hidden_states", "hidden states")):
+    for ax, kind, title in ((axes[0], "attention_logits", "attention logits"),
+                            (axes[1], "hidden_states", "hidden states")):
         for i, label in enumerate(labels):
             values = [results[label][kind][c] or 0.0 for c in COLUMNS]
             xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(COLUMNS))]
@@ -183,7 +185,8 @@ def report(results: dict[str, dict], options: OutlierOptions) -> str:
         for label, r in results.items():
             rows.append([name, f"{label} (ours, {r['tokens']:,} tokens)", *[fmt(r[kind][c], 2) for c in COLUMNS]])
         for model_kind, model_name in (("standard", "Transformer"), ("diff", "DIFF")):
-            rows.append([name, f"{model_name} (paper, 0.4M tokens)", *[fmt(v, 1) for v in paper.OUTLIERS_TABLE5[kind][model_kind]]])
+            rows.append([name, f"{model_name} (paper, 0.4M tokens)",
+                         *[fmt(v, 1) for v in paper.OUTLIERS_TABLE5[kind][model_kind]]])
     lines = [markdown_table(headers, rows), "", _massive_activations_table(results)]
     for base, cand in pairs_to_compare(results):
         for kind, what in (("attention_logits", "Top-1 attention logit"), ("hidden_states", "Top-1 hidden state")):

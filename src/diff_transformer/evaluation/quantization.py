@@ -193,7 +193,8 @@ def _label(bits: int | None) -> str:
 def plot(results: dict[str, dict], options: QuantizationOptions, path: Path) -> None:
     colors = model_colors(results)
     fig, axes = new_figure(ncols=3, size=(4.4, 3.6))
-    metrics = (("cloze_accuracy", "cloze accuracy (cf. Fig. 8)"), ("needle_accuracy", "needle accuracy"), ("loss", "validation loss"))
+    metrics = (("cloze_accuracy", "cloze accuracy (cf. Fig. 8)"), ("needle_accuracy", "needle accuracy"),
+               ("loss", "validation loss"))
     for ax, (metric, title) in zip(axes, metrics):
         for label, r in results.items():
             xs = [_label(row["bits"]) for row in r["results"]]
@@ -213,7 +214,8 @@ def report(results: dict[str, dict], options: QuantizationOptions) -> str:
     headers = ["Model", "Metric", *[_label(b) for b in settings]]
     rows = []
     for label, r in results.items():
-        for metric, name in (("cloze_accuracy", "cloze acc."), ("needle_accuracy", "needle acc."), ("loss", "valid loss")):
+        for metric, name in (("cloze_accuracy", "cloze acc."), ("needle_accuracy", "needle acc."),
+                             ("loss", "valid loss")):
             rows.append([label, name, *[fmt(row[metric], 3) for row in r["results"]]])
     lines = [
         markdown_table(headers, rows), "",
@@ -229,7 +231,8 @@ def report(results: dict[str, dict], options: QuantizationOptions) -> str:
             by_bits = {row["bits"]: row for row in results[label]["results"]}
             per_item = [a - b for a, b in zip(by_bits[None]["cloze_correct"], by_bits[lowest]["cloze_correct"])]
             drops[label] = sum(per_item) / len(per_item)
-            variances[label] = sum((x - drops[label]) ** 2 for x in per_item) / max(len(per_item) - 1, 1) / len(per_item)
+            variances[label] = (sum((x - drops[label]) ** 2 for x in per_item) / max(len(per_item) - 1, 1)
+                                / len(per_item))
         noise = 2 * (variances[base] + variances[cand]) ** 0.5  # two standard errors of the difference of drops
         lines += ["", comparison_sentence(
             f"Cloze accuracy lost going from fp32 to {lowest}-bit logits", (base, drops[base]), (cand, drops[cand]),

@@ -16,7 +16,6 @@ with L_D(x_D) = L_T(x_T); the fraction is x_D / x_T (the paper: ~0.62-0.65 for p
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -59,9 +58,11 @@ def runs_from_json(data: Any, source: str = "results") -> list[dict[str, Any]]:
     if isinstance(data, dict) and isinstance(data.get("lm"), dict):
         data = data["lm"]
     if isinstance(data, dict) and isinstance(data.get("models"), dict):
-        data = [{"label": name, **_compare_model(model, f"{source}: models.{name}")} for name, model in data["models"].items()]
+        data = [{"label": name, **_compare_model(model, f"{source}: models.{name}")}
+                for name, model in data["models"].items()]
     if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
-        raise ValueError(f"{source}: expected a list of runs {{attention, params, tokens, loss}}, a {{\"runs\": [...]}} "
+        raise ValueError(f"{source}: expected a list of runs {{attention, params, tokens, loss}}, "
+                         f"a {{\"runs\": [...]}} "
                          "object, or a compare metrics.json")
     return [_run_record(item, source) for item in data]
 
@@ -160,7 +161,8 @@ def report(result: dict[str, Any]) -> str:
     rows = []
     for kind, arch in result["architectures"].items():
         fit = arch["fit"]
-        law = "–" if not fit else f"{fit['a']:.4g}·x^(−{fit['b']:.4f}) + {fit['c']:.4f}" + (" (c fixed at 0)" if fit["fixed_c"] else "")
+        law = "–" if not fit else f"{fit['a']:.4g}·x^(−{fit['b']:.4f}) + {fit['c']:.4f}" + (
+            " (c fixed at 0)" if fit["fixed_c"] else "")
         rows.append([kind, len(arch["points"]), law, fmt(fit["rmse"], 4) if fit else "–"])
     lines = [markdown_table(["Architecture", "Runs", f"L({x_name})", "RMSE"], rows), ""]
     claim = paper.SCALING_FIG3
@@ -169,8 +171,10 @@ def report(result: dict[str, Any]) -> str:
     for kind, match in result["matching"].items():
         median = match["median_fraction"]
         if median is not None:
-            verdict = "agrees with the paper's direction (DIFF needs less)" if median < 1 else "**contradicts the paper** (DIFF needs more)"
-            lines.append(f"{kind} reaches the Transformer's loss with {median:.2f}× its {x_name} (median over the baseline runs; "
+            verdict = ("agrees with the paper's direction (DIFF needs less)" if median < 1
+                       else "**contradicts the paper** (DIFF needs more)")
+            lines.append(f"{kind} reaches the Transformer's loss with {median:.2f}× its {x_name} "
+                         "(median over the baseline runs; "
                          f"paper: {paper_fraction}) — {verdict}.")
         elif match["fractions"]:
             lines.append(f"{kind}: the Transformer's losses are below {kind}'s fitted floor; no matching fraction.")
@@ -183,7 +187,8 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_from_checkpoint(mut: ModelUnderTest, text: EvalText, *, windows: int = 16, batch_size: int = 8) -> dict[str, Any]:
+def run_from_checkpoint(mut: ModelUnderTest, text: EvalText, *, windows: int = 16,
+                        batch_size: int = 8) -> dict[str, Any]:
     """A run record for a checkpoint: its parameters, the tokens it was trained on (recorded in a
     training checkpoint's config.json, else None), and its validation loss on held-out windows of
     its full context."""

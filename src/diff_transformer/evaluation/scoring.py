@@ -57,7 +57,7 @@ def score_choices(
     for i, q in enumerate(queries):
         by_length.setdefault(len(q), []).append(i)
     per_chunk = max(1, batch_size // n_choices)
-    for length, indices in by_length.items():
+    for _length, indices in by_length.items():
         for start in range(0, len(indices), per_chunk):
             chunk = indices[start : start + per_chunk]
             b = len(chunk)
@@ -102,7 +102,8 @@ def score_sequences(
     return scores
 
 
-def greedy_decode(model: LanguageModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop: Sequence[int] = ()) -> list[list[int]]:
+def greedy_decode(model: LanguageModel, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  stop: Sequence[int] = ()) -> list[list[int]]:
     """Greedy continuation of each prompt (temperature 0)."""
     return model.generate([list(p) for p in prompts], max_new_tokens, temperature=0.0, stop_tokens=list(stop))
 

@@ -204,7 +204,8 @@ def run_suite(
     return result
 
 
-def report_sections(checkpoints: dict[str, Path], out_dir: Path, *, quick: bool = False, **suite_options: Any) -> list[str]:
+def report_sections(checkpoints: dict[str, Path], out_dir: Path, *, quick: bool = False,
+                    **suite_options: Any) -> list[str]:
     """The evaluation step ``compare`` runs after training: the suite into OUT/eval, returned as
     Markdown sections for OUT/report.md (plot links relative to OUT)."""
     result = run_suite(checkpoints, Path(out_dir) / "eval", quick=quick, overwrite=True,  # its own earlier results

@@ -127,9 +127,11 @@ def dependence(head: Difference, by_recipe: dict[str, Difference], along: Sequen
         return headword
     if len({headword, *recipe_words.values(), *(w for _, w in along_words)}) == 1:
         if len(recipe_words) < 2:  # the same along training, but the recipe was not varied: not "robust"
-            tried = f"one init recipe tried: {next(iter(recipe_words))}" if recipe_words else "the init recipe not varied"
+            tried = (f"one init recipe tried: {next(iter(recipe_words))}" if recipe_words
+                     else "the init recipe not varied")
             return f"{headword}{' along training' if along_words else ''} ({tried})"
-        return "inconclusive at every recipe and budget" if headword.startswith("inconclusive") else f"robust: {headword}"
+        return ("inconclusive at every recipe and budget" if headword.startswith("inconclusive")
+                else f"robust: {headword}")
     parts = []
     if len(set(recipe_words.values())) > 1:
         parts.append("the recipe: " + ", ".join(f"{w} under {r}" for r, w in recipe_words.items()))
@@ -205,7 +207,8 @@ def retrieval_figures(retrieval: RetrievalResult, name: str, figure: Callable[[R
         settings = retrieval.settings
         per_step = retrieval_examples_per_step(settings.batch_size)[task]
         along = [AlongValues(point.step / settings.steps, f"{point.step * per_step:,} {task} examples",
-                             [curve(r.curve[i]) for r in runs]) for i, point in enumerate(runs[0].curve) if point.step > 0]
+                             [curve(r.curve[i]) for r in runs])
+                 for i, point in enumerate(runs[0].curve) if point.step > 0]
     return Figures([figure(r) for r in runs], by_recipe, along)
 
 
@@ -282,15 +285,16 @@ def _attention_claims(retrieval: RetrievalResult, names: tuple[str, str]) -> lis
             rows.append(make_claim(claim, f"share of the answer row on {columns}, {where}", better, figures[diff_name],
                                    figures[base_name], table3(group), paper_sign, note=note))
     else:
-        rows.append(Claim("Attention noise", "share of the answer row on noise and distractors", "lower", None, None, None,
-                          table3("noise"), -1, "not testable here",
+        rows.append(Claim("Attention noise", "share of the answer row on noise and distractors", "lower", None, None,
+                          None, table3("noise"), -1, "not testable here",
                           "no layer whose answer rows are measurable in every model"))
     bits = min(retrieval.settings.quantize_bits)
-    figures = {n: retrieval_figures(retrieval, n, lambda r: r.quantized_accuracy["full"] - r.quantized_accuracy[str(bits)])
+    figures = {n: retrieval_figures(retrieval, n,
+                                    lambda r: r.quantized_accuracy["full"] - r.quantized_accuracy[str(bits)])
                for n in names}
     rows.append(make_claim("Quantisation", f"retrieval accuracy lost with {bits}-bit attention logits (hardest cells)",
-                           "lower", figures[diff_name], figures[base_name], "DIFF loses ~25 points less at 4 bits (Fig. 8)",
-                           -1))
+                           "lower", figures[diff_name], figures[base_name],
+                           "DIFF loses ~25 points less at 4 bits (Fig. 8)", -1))
     return rows
 
 
@@ -325,9 +329,10 @@ def evaluation_figures(config: ExperimentConfig, lm: LanguageModelling, names: S
         ratio = per_seed("outliers", lambda r, key=key: r[key]["top1"] / r[key]["median"] if r[key]["median"] else None)
         if ratio:
             top1, median = 0, t5["columns"].index("median")
-            paper = t5[key]["diff"][top1] / t5[key]["diff"][median] - t5[key]["standard"][top1] / t5[key]["standard"][median]
-            rows.append(EvaluationFigures("Activation outliers", f"top-1 / median magnitude of {tensor}", "lower", ratio,
-                                          f"{paper:+.0f} (Table 5)", -1))
+            paper = (t5[key]["diff"][top1] / t5[key]["diff"][median]
+                     - t5[key]["standard"][top1] / t5[key]["standard"][median])
+            rows.append(EvaluationFigures("Activation outliers", f"top-1 / median magnitude of {tensor}", "lower",
+                                          ratio, f"{paper:+.0f} (Table 5)", -1))
     massive = per_seed("outliers", _largest_layer_ratio)
     if massive:
         rows.append(EvaluationFigures(
@@ -352,7 +357,8 @@ def evaluation_figures(config: ExperimentConfig, lm: LanguageModelling, names: S
                                       testable))
         spread = per_seed("icl", _icl_spread)
         if spread:
-            rows.append(EvaluationFigures("ICL robustness", "accuracy spread over demonstration orders", "lower", spread,
+            rows.append(EvaluationFigures("ICL robustness", "accuracy spread over demonstration orders", "lower",
+                                          spread,
                                           "smaller spread (Fig. 7)", -1, note, testable))
     return rows
 

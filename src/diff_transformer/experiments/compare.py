@@ -35,7 +35,8 @@ def select_models(config: ExperimentConfig, attention: list[str] | None) -> list
         named = [item for item in attention if item not in ATTENTION_KINDS]
         unknown = [item for item in named if item not in models]
         if unknown:
-            raise ConfigError(f"--attention {','.join(unknown)}: neither an attention kind ({', '.join(ATTENTION_KINDS)}) "
+            raise ConfigError(f"--attention {','.join(unknown)}: neither an attention kind "
+                              f"({', '.join(ATTENTION_KINDS)}) "
                               f"nor a model of config {config.name!r} ({', '.join(models)})")
         preferred = {n: models[n].attention for n in config.compare.models}
         names = [name for name, entry in models.items() if name in named or (

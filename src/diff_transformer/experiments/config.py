@@ -73,7 +73,8 @@ class RetrievalConfig:
     pairs: list[int] = field(default_factory=lambda: [2, 4, 8, 12])  # D of mqar
     queries: int | None = None  # mqar keys asked again per example; None = every pair, in a random order
     eval_samples: int = 40  # examples per difficulty cell
-    quantize_bits: list[int] = field(default_factory=lambda: [8, 6, 4])  # accuracy with attention logits at these widths
+    # accuracy with attention logits at these widths
+    quantize_bits: list[int] = field(default_factory=lambda: [8, 6, 4])
     data_seed: int = 0
     # The learning curve: accuracy on every cell before training and after these fractions of the steps
     # (the last point is the end of training, whatever the list says).
@@ -196,7 +197,8 @@ class CompareConfig:
     # reported at its own best (lowest mean final validation loss). Empty = each model's own lr only.
     lr_grid: list[float] = field(default_factory=list)
     # Evaluations of the suite run on every seed's language model (names: diff-transformer eval --help).
-    evaluations: list[str] = field(default_factory=lambda: ["outliers", "quantization", "ar-hit", "position-nll", "icl"])
+    evaluations: list[str] = field(default_factory=lambda: ["outliers", "quantization", "ar-hit", "position-nll",
+                                                            "icl"])
     # Options of those evaluations over their defaults, e.g. {outliers: {tokens: 4096}} (diff-transformer eval --help).
     evaluation_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The models the evaluations run on (names); empty = every model of the comparison.
@@ -226,7 +228,8 @@ class CompareConfig:
         for where, recipes in (("recipes", self.recipes), ("lm_recipes", self.lm_recipes)):
             unknown = [r for r in recipes if r not in INIT_RECIPES]
             if unknown:
-                raise ConfigError(f"compare.{where}: no init recipe {unknown[0]!r}; choose from {', '.join(INIT_RECIPES)}")
+                raise ConfigError(f"compare.{where}: no init recipe {unknown[0]!r}; "
+                                  f"choose from {', '.join(INIT_RECIPES)}")
             if len(set(recipes)) != len(recipes):
                 raise ConfigError(f"compare.{where} names a recipe twice: {recipes}")
         if self.lm_recipes and not set(self.lm_recipes) <= set(self.recipes):
@@ -237,7 +240,8 @@ class CompareConfig:
 
         unknown = [name for name in [*self.evaluations, *self.evaluation_options] if name not in EVALUATIONS]
         if unknown:
-            raise ConfigError(f"compare.evaluations: no evaluation {unknown[0]!r}; choose from {', '.join(EVALUATIONS)}")
+            raise ConfigError(f"compare.evaluations: no evaluation {unknown[0]!r}; "
+                              f"choose from {', '.join(EVALUATIONS)}")
         for name, overrides in self.evaluation_options.items():
             try:
                 evaluation_options(name, overrides)
@@ -288,7 +292,8 @@ class ScalingConfig:
                 raise ConfigError(f"scaling.sizes.{name}.preset: no preset {fields['preset']!r}; choose from "
                                   f"{', '.join(PRESETS)}")
         if not self.budgets or any(not 0 < b <= 1 for b in self.budgets) or 1.0 not in self.budgets:
-            raise ConfigError(f"scaling.budgets: fractions of run.steps in (0, 1], with 1.0 among them, got {self.budgets}")
+            raise ConfigError(f"scaling.budgets: fractions of run.steps in (0, 1], with 1.0 among them, "
+                              f"got {self.budgets}")
         for where, names in (("budget_sizes", self.budget_sizes), ("lr_grid_by_size", list(self.lr_grid_by_size))):
             unknown = [n for n in names if n not in self.sizes]
             if unknown:

@@ -37,7 +37,8 @@ def run_config(train: TrainConfig, key: RunKey, log_dir: Path, *, progress: bool
     optim = train.optim_for(key.model, key.lr)
     entry = dataclasses.replace(entry, optim={**entry.optim, "lr": optim.lr, "min_lr": optim.min_lr},
                                 fields=recipe_fields(entry, key.recipe))
-    run = dataclasses.replace(train.run, seed=key.seed, out_dir=str(log_dir), checkpoint_dir=str(log_dir / "checkpoint"),
+    run = dataclasses.replace(train.run, seed=key.seed, out_dir=str(log_dir),
+                              checkpoint_dir=str(log_dir / "checkpoint"),
                               progress=progress, init_from=None if init_from is None else str(init_from))
     return dataclasses.replace(train, models={**train.models, key.model: entry}, run=run)
 
@@ -122,7 +123,8 @@ class ModelSummary:
             seeds=[run.key.seed for run in runs], status=[s.status for s in summaries],
             messages=[s.message for s in summaries if s.message], final_val_loss=MeanStd.of(finished),
             tokens_per_s=MeanStd.of(s.tokens_per_s for s in summaries),
-            peak_memory_bytes=max(s.peak_memory_bytes for s in summaries), peak_memory_kind=summaries[0].peak_memory_kind,
+            peak_memory_bytes=max(s.peak_memory_bytes for s in summaries),
+            peak_memory_kind=summaries[0].peak_memory_kind,
             train_seconds=[s.train_seconds for s in summaries], load_average=[s.load_average for s in summaries],
             paper_table6=dict(PAPER_TABLE6[entry.paper_row], key=entry.paper_row) if entry.paper_row else None,
             train_curve=seed_curves([run.log.train for run in runs]),

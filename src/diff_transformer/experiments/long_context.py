@@ -56,7 +56,8 @@ from .config import ExperimentConfig, LongContextConfig, RetrievalConfig
 from .language_models import LanguageModelling, axes_for, check_runs, run_config, train_language_models
 from .report import budget_lines, heading_lines, label_axes, pyplot, render_claims, save_plot, stats_cell, write_study
 from .results import AnswerShares
-from .retrieval import TASKS, accuracy, attention_allocation, evaluation_sets, retrieval_fields, train_model, with_length
+from .retrieval import TASKS, accuracy, attention_allocation, evaluation_sets, retrieval_fields, train_model, \
+    with_length
 from .runner import PoolJob, run_jobs
 from .study import Axes, RunKey
 
@@ -192,8 +193,8 @@ def retrieval_run(config: ExperimentConfig, name: str, seed: int, extension_lrs:
     short_lr = config.lr_for(name, None, "retrieval")
     start = time.perf_counter()
     train_model(model, settings, config.retrieval_optim(short_lr))
-    run = LengthRun(seed, short_lr, time.perf_counter() - start, measure_at_lengths(model, settings, lc.retrieval_lengths),
-                    {}, {})
+    run = LengthRun(seed, short_lr, time.perf_counter() - start,
+                    measure_at_lengths(model, settings, lc.retrieval_lengths), {}, {})
     # The extension: the same weights, θ raised, trained on examples of retrieval_seq_len tokens with a
     # tenth of the steps as warmup (as the retrieval experiment's own 40 of 400).
     warmup = lc.retrieval_steps // 10
@@ -262,7 +263,7 @@ def retrieval_by_length(config: ExperimentConfig, names: Sequence[str], seeds: S
     for name in names:
         runs = [results[key] for key in keys if key.model == name]
 
-        def score(lr: float) -> float:  # mean accuracy over the tasks and test lengths, then the seeds
+        def score(lr: float, runs=runs) -> float:  # mean accuracy over the tasks and test lengths, then the seeds
             return statistics.fmean(statistics.fmean(at.mean_accuracy[task] for at in r.after[lr].values()
                                                      for task in TASKS) for r in runs)
 
@@ -352,7 +353,8 @@ def run_long_context(config: ExperimentConfig, out_dir: Path, names: Sequence[st
             position_nll[name] = PositionNLL(before, after)
             if progress:
                 print(f"[position-nll] {name}: C({settings.seq_len}) before "
-                      f"{statistics.fmean(c[-1] for c in before):.4f}, after {statistics.fmean(c[-1] for c in after):.4f}",
+                      f"{statistics.fmean(c[-1] for c in before):.4f}, "
+                      f"after {statistics.fmean(c[-1] for c in after):.4f}",
                       file=sys.stderr, flush=True)
         seconds["position_nll"] = time.perf_counter() - mark
 
@@ -405,8 +407,8 @@ def long_context_claims(metrics: LongContextMetrics) -> list[Claim]:
         make_claim("Long-context language modelling", f"cumulative average NLL over {seq_len:,} tokens after the "
                    "extension", "lower", Figures([c[-1] for c in nll[diff_name].after]),
                    Figures([c[-1] for c in nll[base_name].after]), paper, -1),
-        make_claim("Use of the longer context", f"mean NLL at positions {short_len + 1:,}–{seq_len:,} (beyond the short "
-                   "training length) after the extension", "lower",
+        make_claim("Use of the longer context", f"mean NLL at positions {short_len + 1:,}–{seq_len:,} "
+                   "(beyond the short training length) after the extension", "lower",
                    Figures([far_nll(c, short_len) for c in nll[diff_name].after]),
                    Figures([far_nll(c, short_len) for c in nll[base_name].after]), paper, -1),
     ]
@@ -431,9 +433,11 @@ def long_context_claims(metrics: LongContextMetrics) -> list[Claim]:
                 ("Attention noise", "noise", "noise and distractors", "lower", -1),
             ):
                 per = {n: Figures([getattr(r[longest].attention[layer], group) for r in runs[n]]) for n in found}
-                table3 = statistics.fmean(ATTENTION_TABLE3["diff"][group]) - statistics.fmean(ATTENTION_TABLE3["standard"][group])
-                rows.append(make_claim(claim, f"share of the answer row on {columns} at {longest} tokens, {where}", better,
-                                       per[diff_name], per[base_name], f"{table3:+.2f} (Table 3, 4K)", sign))
+                table3 = (statistics.fmean(ATTENTION_TABLE3["diff"][group])
+                          - statistics.fmean(ATTENTION_TABLE3["standard"][group]))
+                rows.append(make_claim(claim, f"share of the answer row on {columns} at {longest} tokens, {where}",
+                                       better, per[diff_name], per[base_name],
+                                       f"{table3:+.2f} (Table 3, 4K)", sign))
     return rows
 
 
@@ -587,7 +591,8 @@ def _retrieval_lines(by_length: RetrievalByLength, labels: dict[str, str]) -> li
     for name, m in by_length.models.items():
         for task in TASKS:
             for phase in ("before", "after"):
-                cells = [stats_cell(MeanStd.of(r[n].mean_accuracy[task] for r in getattr(m, phase)), 3) for n in lengths]
+                cells = [stats_cell(MeanStd.of(r[n].mean_accuracy[task] for r in getattr(m, phase)), 3)
+                         for n in lengths]
                 lines.append(f"| {labels[name]} | {task} | {phase} | " + " | ".join(cells) + " |")
     # One layer per length for every model and phase: the deepest whose answer rows are measurable in
     # every run (a DIFF layer with λ near 1 has rows summing to ~0), as the claims read it.

@@ -142,8 +142,8 @@ def render_claims(rows: list[Claim], seeds: int) -> list[str]:
         "## The paper's claims at this scale",
         "",
         f"DIFF minus the matched Transformer, each at its own best {'init recipe and ' if dependent else ''}learning "
-        f"rate, mean over {seeds} seed{'s' if seeds > 1 else ''}, at the end of the budget; the interval is Welch's 95% "
-        "interval of the difference. "
+        f"rate, mean over {seeds} seed{'s' if seeds > 1 else ''}, at the end of the budget; the interval is "
+        "Welch's 95% interval of the difference. "
         + ("The same difference along training (at fractions of the budget, each model at its best) and under each "
            "init recipe (both models under it, each at its best lr there) follows. " if dependent else "")
         + "Verdict: **agrees** or **contradicts** when the interval excludes zero on one side, else **inconclusive**"
@@ -158,7 +158,8 @@ def render_claims(rows: list[Claim], seeds: int) -> list[str]:
         verdict_text = row.verdict + (f" ({row.note})" if row.note else "")
         middle = f"{along_text(row)} | {recipes_text(row)} | " if dependent else ""
         lines.append(f"| {row.claim} | {row.measure} ({row.better}) | {stats_cell(row.base, significant=True)} | "
-                     f"{stats_cell(row.ours, significant=True)} | {interval_text(row.difference)} | {middle}{row.paper} | "
+                     f"{stats_cell(row.ours, significant=True)} | {interval_text(row.difference)} | "
+                     f"{middle}{row.paper} | "
                      f"**{verdict_text}** |")
     return lines + [""]
 
@@ -438,7 +439,8 @@ def _sweep_lines(lm: LanguageModelling) -> list[str]:
         return ["Peak learning rates: " + "; ".join(f"{models[name].label} {s.lr:g}" for name, s in lm.sweeps.items())
                 + " (one per model; `--lr-grid` runs a sweep and reports each at its own best).", ""]
     lines = ["### The search (final validation loss; each model's best in bold)", "",
-             "| Model | Init recipe | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |", "|---|---|" + "---:|" * len(grid)]
+             "| Model | Init recipe | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |",
+             "|---|---|" + "---:|" * len(grid)]
     for name, recipe in rows:
         s = lm.sweeps[name]
         cells = []
@@ -449,9 +451,9 @@ def _sweep_lines(lm: LanguageModelling) -> list[str]:
                 cell += f" ({diverged} diverged)"
             cells.append(f"**{cell}**" if lr == s.lr and recipe == s.best_recipe else cell)
         lines.append(f"| {models[name].label} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
-    return lines + ["", "Every model ran every learning rate of its grid under every recipe with the same warmup, schedule, "
-                    "data and seeds; each is reported at its own best. A grid of one lr per model is the shipped result "
-                    "of a sweep (`--lr-grid` reruns it).", ""]
+    return lines + ["", "Every model ran every learning rate of its grid under every recipe with the same warmup, "
+                    "schedule, data and seeds; each is reported at its own best. A grid of one lr per model is the "
+                    "shipped result of a sweep (`--lr-grid` reruns it).", ""]
 
 
 def sensitivity_lines(metrics: CompareMetrics) -> list[str]:
@@ -472,8 +474,9 @@ def sensitivity_lines(metrics: CompareMetrics) -> list[str]:
         header += [f"{models[n].label} − {models[diff].label}" for n in others if n != diff]
     lines = ["## Sensitivity to the init recipe", "",
              "Every model under each shared init recipe, each at its best learning rate there (mean ± std over seeds); "
-             "differences with Welch's 95% interval. `scaled-init`: o_proj and down_proj at init_std/√(2·layers), as the "
-             "authors' code and GPT-2; `plain-init`: every matrix N(0, init_std), as transformers' Llama and DiffLlama.",
+             "differences with Welch's 95% interval. `scaled-init`: o_proj and down_proj at init_std/√(2·layers), "
+             "as the authors' code and GPT-2; `plain-init`: every matrix N(0, init_std), as transformers' Llama and "
+             "DiffLlama.",
              "", "| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
     for entry in entries:
         for recipe in recipes:
@@ -497,9 +500,9 @@ def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
     lines = ["## Sample efficiency", ""]
     if base is not None:
         budget = metrics.lm.budget.tokens_per_model
-        lines += ["Language modelling (each model at its best): the tokens each needs to reach another's final validation "
-                  "loss (linear between evaluations; the paper: DIFF matches the Transformer with ~64% of the tokens, "
-                  "Fig. 3).", ""]
+        lines += ["Language modelling (each model at its best): the tokens each needs to reach another's final "
+                  "validation loss (linear between evaluations; the paper: DIFF matches the Transformer with ~64% of "
+                  "the tokens, Fig. 3).", ""]
         for name in names:
             if name == base:
                 continue
@@ -514,7 +517,8 @@ def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
                     text = f"{models[fast].label} does not reach {models[slow].label}'s final loss ({target:.4f}) " \
                            "within the budget"
                 elif tokens <= first:
-                    text = f"{reaches} by its first evaluation ({first:,.0f} tokens, {first / budget:.0%} of the budget)"
+                    text = (f"{reaches} by its first evaluation ({first:,.0f} tokens, "
+                            f"{first / budget:.0%} of the budget)")
                 else:
                     text = f"{reaches} after {tokens:,.0f} tokens ({tokens / budget:.0%} of the budget)"
                 lines.append(f"- {text}.")
@@ -524,8 +528,8 @@ def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
         settings = retrieval.settings
         target = settings.target_accuracy
         per_step = retrieval_examples_per_step(settings.batch_size)
-        lines += [f"Retrieval: the examples of each task a model needs to reach accuracy {target:g} (its mean curve over "
-                  "seeds, linear between measurements), under each recipe at its best lr there; "
+        lines += [f"Retrieval: the examples of each task a model needs to reach accuracy {target:g} (its mean curve "
+                  "over seeds, linear between measurements), under each recipe at its best lr there; "
                   f"the budget is {settings.steps * per_step['needle']:,} needle and "
                   f"{settings.steps * per_step['mqar']:,} MQAR examples.", "",
                   "| Model | Init recipe | needle | mqar |", "|---|---|---:|---:|"]
@@ -549,9 +553,11 @@ def learning_curve_lines(retrieval: RetrievalResult) -> list[str]:
     per_step = retrieval_examples_per_step(settings.batch_size)
     steps = [p.step for p in next(iter(models.values())).runs[0].curve]
     lines = ["### Learning curves", "",
-             "Accuracy (mean over the difficulty cells, mean ± std over seeds) after each number of training steps, each "
-             f"model at its best recipe and lr; a step is {per_step['needle']} needle and {per_step['mqar']} MQAR examples.",
-             "", "| Task | Model | " + " | ".join(f"step {s:,}" for s in steps) + " |", "|---|---|" + "---:|" * len(steps)]
+             "Accuracy (mean over the difficulty cells, mean ± std over seeds) after each number of training steps, "
+             f"each model at its best recipe and lr; a step is {per_step['needle']} needle and {per_step['mqar']} "
+             "MQAR examples.",
+             "", "| Task | Model | " + " | ".join(f"step {s:,}" for s in steps) + " |",
+             "|---|---|" + "---:|" * len(steps)]
     for task in ("needle", "mqar"):
         for m in models.values():
             cells = [stats_cell(MeanStd.of(r.curve[i].mean_accuracy[task] for r in m.runs)) for i in range(len(steps))]
@@ -571,7 +577,8 @@ def retrieval_lines(retrieval: RetrievalResult | None) -> list[str]:
     lines = [
         "## Retrieval experiment",
         "",
-        f"Models of {settings.n_layers} layers, d_model {settings.d_model} (DIFF {count_text(settings.n_heads, 'head')}, "
+        f"Models of {settings.n_layers} layers, d_model {settings.d_model} "
+        f"(DIFF {count_text(settings.n_heads, 'head')}, "
         f"the Transformer {2 * settings.n_heads}), trained for {settings.steps} steps × {settings.batch_size} "
         f"generated examples of {settings.length} tokens ({tokens_text(retrieval.tokens_per_model)} tokens, the same "
         f"batches for every model) on a {settings.task.vocab_size}-token "
@@ -583,7 +590,8 @@ def retrieval_lines(retrieval: RetrievalResult | None) -> list[str]:
         "|---|---|" + "---:|" * len(models),
     ]
     for n in settings.needles:
-        cells = [stats_cell(MeanStd.of(statistics.fmean(r.accuracy["needle"][f"N={n},depth={d:g}"] for d in settings.depths)
+        cells = [stats_cell(MeanStd.of(statistics.fmean(r.accuracy["needle"][f"N={n},depth={d:g}"]
+                                                        for d in settings.depths)
                                        for r in m.runs)) for m in models.values()]
         lines.append(f"| needle | N = {n} ({n - 1} distractor{'s' if n != 2 else ''}), all depths | "
                      + " | ".join(cells) + " |")

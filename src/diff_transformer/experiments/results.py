@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Sequence
 
-from ..evaluation.stats import MeanStd
 from ..train.trainer import METRICS_FILE, SUMMARY_FILE, TrainResult, read_metrics
 from .study import RunKey
 
@@ -139,7 +138,8 @@ def seed_curves(logs: Sequence[list[LogPoint]], value=lambda p: p.loss) -> SeedC
     """The points every seed's series has (by step), ``value(point)`` per seed."""
     by_seed = [{p.step: p for p in series} for series in logs]
     steps = sorted(set.intersection(*(set(s) for s in by_seed))) if by_seed else []
-    return SeedCurves(steps, [by_seed[0][s].tokens for s in steps], [[value(seed[s]) for s in steps] for seed in by_seed])
+    return SeedCurves(steps, [by_seed[0][s].tokens for s in steps],
+                      [[value(seed[s]) for s in steps] for seed in by_seed])
 
 
 @dataclass

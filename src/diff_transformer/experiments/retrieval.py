@@ -46,7 +46,7 @@ from ..train.step import InProcessTraining
 from .config import ExperimentConfig, RetrievalConfig, retrieval_examples_per_step
 from .results import AnswerShares, CurvePoint, RetrievalRun
 from .runner import PoolJob, run_jobs
-from .study import Axes, RunKey, Sweep, learning_rates, sweep
+from .study import Axes, Sweep, learning_rates, sweep
 
 TASKS = ("needle", "mqar")
 EvaluationSets = dict[str, dict[str, list[SymbolicExample]]]  # task -> difficulty cell -> examples
@@ -87,7 +87,8 @@ def accuracy(model: LanguageModel, examples: Sequence[SymbolicExample], batch_si
 
 def cell_accuracies(model: LanguageModel, sets: EvaluationSets) -> dict[str, dict[str, float]]:
     """Accuracy on every difficulty cell: {task: {cell: accuracy}}."""
-    return {task: {cell: accuracy(model, examples) for cell, examples in by_cell.items()} for task, by_cell in sets.items()}
+    return {task: {cell: accuracy(model, examples) for cell, examples in by_cell.items()}
+            for task, by_cell in sets.items()}
 
 
 class _AnswerRowTap(AttentionTap):

@@ -29,7 +29,6 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -75,7 +74,8 @@ def sized_train(config: ExperimentConfig, key: RunKey) -> TrainConfig:
     train = config.train
     entry = train.model(key.model)
     preset = config.scaling.sizes[key.size].get("preset", entry.preset)
-    entry = dataclasses.replace(entry, preset=preset, fields={**entry.fields, **size_fields(config, key.model, key.size)})
+    entry = dataclasses.replace(entry, preset=preset,
+                                fields={**entry.fields, **size_fields(config, key.model, key.size)})
     run = dataclasses.replace(train.run, steps=key.steps, eval_every=min(train.run.eval_every, key.steps))
     return dataclasses.replace(train, models={**train.models, key.model: entry}, run=run)
 
@@ -339,7 +339,8 @@ def analyse(config: ExperimentConfig, names: Sequence[str], sweeps: dict[tuple, 
     for name in names:
         if name == baseline:
             continue
-        metrics.gaps[name] = {size: {steps: welch_difference(per_seed[name, size, steps], per_seed[baseline, size, steps])
+        metrics.gaps[name] = {size: {steps: welch_difference(per_seed[name, size, steps],
+                                                             per_seed[baseline, size, steps])
                                      for steps in settings.budget_steps(full, size)} for size in sizes}
         pairs = [(metrics.point(baseline, size, full).non_embedding, m - b) for size in sizes
                  for m, b in zip(per_seed[name, size, full], per_seed[baseline, size, full])]
@@ -347,7 +348,8 @@ def analyse(config: ExperimentConfig, names: Sequence[str], sweeps: dict[tuple, 
         x = [float(metrics.point(baseline, size, full).non_embedding) for size in sizes]
         metrics.matching.append(matching(name, baseline, "params", None, x,
                                          [per_seed[name, size, full] for size in sizes],
-                                         [per_seed[baseline, size, full] for size in sizes], settings.bootstrap_resamples))
+                                         [per_seed[baseline, size, full] for size in sizes],
+                                         settings.bootstrap_resamples))
         for size in sizes:
             steps = settings.budget_steps(full, size)
             if len(steps) > 1:
@@ -426,10 +428,12 @@ def write_plots(metrics: ScalingMetrics, out_dir: Path) -> list[Path]:
         if fit.law is not None:
             grid = [min(fit.x) * (max(fit.x) / min(fit.x) * 1.5) ** (k / 60) / 1.2 for k in range(61)]
             ax.plot(grid, [fit.law(x) for x in grid], color=f"C{i}", linewidth=1,
-                    label=f"{fit.law.a:.3g}·N^−{fit.law.b:.3f} + {fit.law.c:.3f}" + (" (c = 0)" if fit.law.fixed_c else ""))
+                    label=f"{fit.law.a:.3g}·N^−{fit.law.b:.3f} + {fit.law.c:.3f}"
+                    + (" (c = 0)" if fit.law.fixed_c else ""))
     ax.set_xscale("log")
     label_axes(ax, "non-embedding parameters N", "final validation loss (nats/token)",
-               f"Loss against size at {tokens_text(max(p.tokens for p in metrics.points))} tokens (cf. paper Fig. 3a)", 7)
+               f"Loss against size at {tokens_text(max(p.tokens for p in metrics.points))} tokens "
+               "(cf. paper Fig. 3a)", 7)
     fig.tight_layout()
     paths.append(save_plot(fig, out_dir / "scaling_params.png"))
 
@@ -460,7 +464,8 @@ def write_plots(metrics: ScalingMetrics, out_dir: Path) -> list[Path]:
                 grid = [min(fit.x) * (max(fit.x) / min(fit.x)) ** (k / 40) for k in range(41)]
                 ax.plot(grid, [fit.law(x) for x in grid], color=colors[fit.model], linewidth=1)
         ax.set_xscale("log")
-        label_axes(ax, "training tokens D", "final validation loss (nats/token)", "Loss against tokens (cf. Fig. 3b)", 7)
+        label_axes(ax, "training tokens D", "final validation loss (nats/token)",
+                   "Loss against tokens (cf. Fig. 3b)", 7)
         fig.tight_layout()
         paths.append(save_plot(fig, out_dir / "scaling_tokens.png"))
     return paths
@@ -479,7 +484,8 @@ def _fraction_text(m: Matching, labels: dict[str, str]) -> str:
     where = (" — **an extrapolation**: every crossing lies outside the range measured, so this is where the laws "
              "would cross, not a measurement" if m.extrapolated else " (read within the measured range)")
     note = f"; {m.why}" if m.why else ""
-    return head + f"{m.fraction:.2f}× the Transformer's {what.split(' at')[0]}{interval}{where}{note}; the paper: {theirs}."
+    return head + (f"{m.fraction:.2f}× the Transformer's {what.split(' at')[0]}{interval}{where}{note}; "
+                   f"the paper: {theirs}.")
 
 
 def render_report(metrics: ScalingMetrics) -> str:
@@ -516,7 +522,8 @@ def render_report(metrics: ScalingMetrics) -> str:
         base = metrics.point(metrics.baseline or names[0], size, full)
         cells = [stats_cell(metrics.point(n, size, full).final_val_loss) for n in names]
         cells += [_interval(metrics.gaps[n][size][full]) for n in metrics.gaps]
-        lines.append(f"| {size} | {base.non_embedding:,} | {tokens_text(base.tokens)} | {base.tokens_per_parameter:.1f} | "
+        lines.append(f"| {size} | {base.non_embedding:,} | {tokens_text(base.tokens)} | "
+                     f"{base.tokens_per_parameter:.1f} | "
                      + " | ".join(cells) + " |")
     lines += ["", "![the gap along size](scaling_gap.png)", ""]
     if metrics.trends:
@@ -526,8 +533,8 @@ def render_report(metrics: ScalingMetrics) -> str:
     if metrics.matching:
         lines += ["## The matching fraction (paper: DIFF matches the Transformer with ~62–65% of the parameters, "
                   "~64% of the tokens)", "",
-                  "What each model needs, as a fraction of the Transformer's, to reach the Transformer's loss, read off "
-                  "the two fitted laws at each size the Transformer was measured at (the median), with a bootstrap "
+                  "What each model needs, as a fraction of the Transformer's, to reach the Transformer's loss, read "
+                  "off the two fitted laws at each size the Transformer was measured at (the median), with a bootstrap "
                   "interval over seeds (every cell's seeds resampled, both laws fitted again).", ""]
         lines += [_fraction_text(m, labels) for m in metrics.matching] + [""]
     lines += ["## The laws", "", "L(x) = a·x^(−b) + c per model, least squares on the means over seeds; residual = "
@@ -544,7 +551,8 @@ def render_report(metrics: ScalingMetrics) -> str:
     if any(f.x_kind == "tokens" for f in metrics.fits):
         lines += ["![loss against tokens](scaling_tokens.png)", ""]
     lines += ["## Every run", "", "Each model at its best lr at each size and budget (the lrs tried and the final loss "
-              "at each).", "", "| Model | Size | Steps | Tokens | Best lr | Final val loss | Every lr | Train tokens/s |",
+              "at each).", "",
+              "| Model | Size | Steps | Tokens | Best lr | Final val loss | Every lr | Train tokens/s |",
               "|---|---|---:|---:|---:|---:|---|---:|"]
     for p in sorted(metrics.points, key=lambda p: (names.index(p.model), sizes.index(p.size), p.steps)):
         grid = "; ".join(f"{lr:g}: {s.mean:.4f}" if s.mean is not None else f"{lr:g}: –" for lr, s in p.grid.items())

@@ -235,7 +235,8 @@ def check_exportable(config: ModelConfig) -> None:
             "be exported"
         )
     if not config.head_norm:
-        raise HFConversionError("DiffLlama always applies the per-head norm; a DIFF model with head_norm=False cannot be exported")
+        raise HFConversionError("DiffLlama always applies the per-head norm; a DIFF model with head_norm=False "
+                                "cannot be exported")
     if config.lambda_init is not None:
         raise HFConversionError(
             f"DiffLlama hard-codes λ_init = 0.8 − 0.6·exp(−0.3·layer); this model uses a constant "
@@ -323,7 +324,8 @@ def model_config_from_hf(hf: dict[str, Any], path: Path) -> ModelConfig:
             raise HFConversionError(f"{path}: DiffLlama needs even num_attention_heads and num_key_value_heads")
         if eps != HEAD_NORM_EPS:
             raise HFConversionError(
-                f"{path}: rms_norm_eps={eps}; DiffLlama uses it for the head norm too, whose eps is {HEAD_NORM_EPS} here"
+                f"{path}: rms_norm_eps={eps}; DiffLlama uses it for the head norm too, "
+                f"whose eps is {HEAD_NORM_EPS} here"
             )
         heads, kv_heads = heads // 2, kv_heads // 2
     try:
@@ -377,7 +379,8 @@ def _is_byte_tokenizer(path: Path) -> bool:
     fields = ("model", "pre_tokenizer", "decoder", "normalizer")  # transformers adds a no-op post_processor
     written = json.loads(path.read_text())
     reference = json.loads(byte_tokenizer_json().to_str())
-    same_tokens = [(t["id"], t["content"]) for t in written.get("added_tokens", [])] == [(ByteTokenizer.eos_id, EOS_TOKEN)]
+    same_tokens = ([(t["id"], t["content"]) for t in written.get("added_tokens", [])]
+                   == [(ByteTokenizer.eos_id, EOS_TOKEN)])
     return same_tokens and all(written.get(f) == reference.get(f) for f in fields)
 
 
@@ -386,7 +389,8 @@ def _save_hf_tokenizer(tokenizer: ByteTokenizer | BPETokenizer, directory: Path,
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    backend = byte_tokenizer_json() if isinstance(tokenizer, ByteTokenizer) else Tokenizer.from_file(str(tokenizer.path))
+    backend = (byte_tokenizer_json() if isinstance(tokenizer, ByteTokenizer)
+               else Tokenizer.from_file(str(tokenizer.path)))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=EOS_TOKEN,
@@ -411,7 +415,8 @@ def save_hf(model: LanguageModel, directory: str | Path, tokenizer: ByteTokenize
         raise HFConversionError("exporting needs transformers: pip install 'diff-transformer[hf]'") from exc
     config = model.config
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {config.vocab_size}")
+        raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+                              f"{config.vocab_size}")
     fields = hf_config_dict(config, None if tokenizer is None else tokenizer.eos_id)
     hf_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     weights = to_hf_state_dict(model.state_dict(), config)
@@ -471,7 +476,8 @@ def _load_hf_tokenizer(directory: Path) -> ByteTokenizer | BPETokenizer | None:
     return ByteTokenizer() if _is_byte_tokenizer(path) else tokenizer
 
 
-def load_hf(directory: str | Path, *, with_tokenizer: bool = True) -> tuple[LanguageModel, ByteTokenizer | BPETokenizer | None]:
+def load_hf(directory: str | Path, *,
+            with_tokenizer: bool = True) -> tuple[LanguageModel, ByteTokenizer | BPETokenizer | None]:
     """A DiffLlama or Llama directory -> (our model in fp32, its tokenizer or None)."""
     directory = Path(directory)
     path = directory / HF_CONFIG_FILE
@@ -495,7 +501,8 @@ def load_hf(directory: str | Path, *, with_tokenizer: bool = True) -> tuple[Lang
     tokenizer = _load_hf_tokenizer(directory) if with_tokenizer else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(
-            f"{directory / BPE_FILE}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {config.vocab_size}"
+            f"{directory / BPE_FILE}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+            f"{config.vocab_size}"
         )
     return model, tokenizer
 

@@ -55,6 +55,7 @@ __all__ = [
     "DIFF_BACKENDS",
     "LogitsTransform",
     "MATH_MAX_KEYS",
+    "TRITON_HEAD_DIMS",
     "attention",
     "check_every_query_sees_a_key",
     "choose_backend",
@@ -335,7 +336,8 @@ def attention(
             check_every_query_sees_a_key(attn_mask, q.shape[2], k.shape[2], causal=causal)
     if check and backend not in STANDARD_BACKENDS:
         raise ValueError(f"backend {backend!r} is a kernel of differential attention (diff_attention), which "
-                         f"attention() would not run; for standard attention choose one of {', '.join(STANDARD_BACKENDS)}")
+                         "attention() would not run; for standard attention choose one of "
+                         f"{', '.join(STANDARD_BACKENDS)}")
     if backend == "reference":
         return reference_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)[0]
     return sdpa(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)

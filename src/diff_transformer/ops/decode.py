@@ -76,7 +76,8 @@ def decode_diff_attention(
     logits1 = torch.matmul(q1.reshape(b, hkv, h // hkv, d), k1.transpose(-1, -2))  # (B, Hkv, n_rep, S)
     logits2 = torch.matmul(q2.reshape(b, hkv, h // hkv, d), k2.transpose(-1, -2))
     logits = torch.stack([logits1, logits2], dim=2)  # (B, Hkv, 2, n_rep, S)
-    return _combine_maps_and_read_v(logits.flatten(0, 2), v, lam, attn_mask, d**-0.5 if scale is None else scale, q1.dtype)
+    return _combine_maps_and_read_v(logits.flatten(0, 2), v, lam, attn_mask, d**-0.5 if scale is None else scale,
+                                    q1.dtype)
 
 
 def decode_diff_attention_packed(

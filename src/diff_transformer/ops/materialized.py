@@ -105,7 +105,8 @@ class _MaterializedDiffAttention(torch.autograd.Function):
             rows = grad_s.sum(-1, keepdim=True)  # r_c
             grad_s.addcmul_(p, rows, value=-1.0)  # P_c ⊙ (dA − r_c); map 2's −λ is in coef
             grad_s = grad_s.to(q.dtype)
-            grad_q[..., t0:t1, :] = torch.matmul(grad_s, kt).mul_(coef)  # no out= into a strided tile: compile traces it
+            # no out= into a strided tile: compile traces it
+            grad_q[..., t0:t1, :] = torch.matmul(grad_s, kt).mul_(coef)
             grad_k = _add_keys(grad_k, _sum_heads(torch.matmul(grad_s.transpose(-1, -2), qt) * coef))
             rows2.append(rows[:, :, :, 1])  # (B, G, R, rows, 1)
         r2 = torch.cat(rows2, dim=-2)

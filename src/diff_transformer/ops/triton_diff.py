@@ -29,7 +29,8 @@ padding mask, so that padded queries stay finite. The programs of all (batch, he
 triples are folded into grid axis 0 (limit 2³¹ − 1), never axes 1/2 (limit 65,535).
 
 FLOPs in units of B·H·T·S·d (H DIFF heads): forward 12, backward 20 (24 with the separate dQ
-pass, which recomputes QKᵀ and dP); in units of h·N²·d (as the paper's appendix counts FLOPs) (h = 2H) forward 6, backward 10.
+pass, which recomputes QKᵀ and dP); in units of h·N²·d (as the paper's appendix counts FLOPs) \
+(h = 2H) forward 6, backward 10.
 
 Set ``TRITON_INTERPRET=1`` before this module is imported to run the kernels on CPU (slowly,
 for tests); the interpreter gets fixed block sizes, a GPU autotunes them unless

@@ -242,7 +242,8 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda"
     precision: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU; or "fp32", "bf16"
     compile: bool = False  # torch.compile the model
-    attn_backend: str = "auto"  # attention backend of every layer (see diff_transformer.ops; "triton" opts in); not saved
+    # attention backend of every layer (see diff_transformer.ops; "triton" opts in); not saved
+    attn_backend: str = "auto"
     parallel: str = "ddp"  # under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard per block)
     tensorboard: bool = True  # also write TensorBoard event files in out_dir/tensorboard
     progress: bool = True  # tqdm progress bar (rank 0)
@@ -473,7 +474,8 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        raise ConfigError(f"config {str(name_or_path)!r}: a directory; give a YAML file or the name of a shipped config")
+        raise ConfigError(f"config {str(name_or_path)!r}: a directory; "
+                          "give a YAML file or the name of a shipped config")
     shipped = shipped_configs()
     if str(name_or_path) in shipped:
         return shipped[str(name_or_path)]

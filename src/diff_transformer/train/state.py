@@ -393,7 +393,8 @@ def weights_problem(path: Path, model_config) -> str | None:
     except (SafetensorError, OSError) as exc:
         return f"{path}: truncated or corrupted safetensors file ({exc})"
     expected = {name: tuple(t.shape) for name, t in LanguageModel(model_config, device="meta").state_dict().items()}
-    wrong = sorted(set(shapes) ^ set(expected)) + sorted(n for n in set(shapes) & set(expected) if shapes[n] != expected[n])
+    wrong = sorted(set(shapes) ^ set(expected)) + sorted(n for n in set(shapes) & set(expected)
+                                                         if shapes[n] != expected[n])
     if wrong:
         return f"{path}: its tensors do not fit the model ({', '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''})"
     return None
@@ -456,7 +457,8 @@ def load_training_checkpoint(
     try:
         set_optimizer_state_dict(model, optimizer, state["optimizer"] if read_here else {}, options=options)
     except (RuntimeError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"{directory / TRAINING_STATE_FILE}: optimizer state does not fit the model ({exc})") from exc
+        raise CheckpointError(f"{directory / TRAINING_STATE_FILE}: optimizer state does not fit the model "
+                              f"({exc})") from exc
     schedule.load_state_dict(state["schedule"])
     set_rng_states(state["rng"])
     return Progress(**state["progress"])

@@ -105,7 +105,8 @@ class TrainResult:
     checkpoint: str | None
     message: str = ""
     stopped_by: str | None = None  # "SIGINT" or "SIGTERM" when a signal interrupted the run
-    grad_norm_spikes: int = 0  # steps whose gradient norm exceeded 5x the median of the previous 50 (metrics.jsonl names them)
+    # steps whose gradient norm exceeded 5x the median of the previous 50 (metrics.jsonl names them)
+    grad_norm_spikes: int = 0
     init_from: str | None = None  # the checkpoint whose weights started the run (run.init_from), if any
     resumed_from: int | None = None  # the checkpoint step this invocation went on from; None: it started the run
 
@@ -145,7 +146,8 @@ class DataPlan:
             )
         self.accumulation = self.per_process // self.micro_batch_size
         if data.eval_sequences % env.world_size:
-            raise ConfigError(f"data.eval_sequences={data.eval_sequences} must be divisible by the {env.world_size} processes")
+            raise ConfigError(f"data.eval_sequences={data.eval_sequences} must be divisible by the "
+                              f"{env.world_size} processes")
         self.eval_sequences = data.eval_sequences
         self.eval_per_process = data.eval_sequences // env.world_size
         self.rank = env.rank
@@ -807,8 +809,9 @@ def _report_spike(run: _Run, spike: dict[str, float]) -> None:
     run.log.write(dict(kind="grad_spike", step=spike["step"], tokens=run.progress.tokens, grad_norm=spike["grad_norm"],
                        median=spike["median"], ratio=ratio))
     if run.env.is_main:
-        print(f"step {spike['step']}: gradient norm {spike['grad_norm']:.4g} is {ratio:.1f}x the median of the previous "
-              f"{spike['window']} steps ({spike['median']:.4g}): a spike ({run.spikes.count} so far)", file=sys.stderr)
+        print(f"step {spike['step']}: gradient norm {spike['grad_norm']:.4g} is {ratio:.1f}x the median of the "
+              f"previous {spike['window']} steps ({spike['median']:.4g}): a spike ({run.spikes.count} so far)",
+              file=sys.stderr)
 
 
 def _loop(run: _Run) -> tuple[str, str, float | None]:
@@ -861,7 +864,8 @@ def _loop(run: _Run) -> tuple[str, str, float | None]:
                                    **run.diagnose(maps=eval_now), grad_norm=grad_norm,
                                    grad_norm_median=run.spikes.median, grad_norm_spikes=run.spikes.count))
             if bar is not None:
-                postfix = {"loss": f"{step_loss:.3f}", "tok/s": f"{meter.tokens_per_s:,.0f}" if meter.train_seconds else "-"}
+                postfix = {"loss": f"{step_loss:.3f}",
+                           "tok/s": f"{meter.tokens_per_s:,.0f}" if meter.train_seconds else "-"}
                 if final_val is not None:
                     postfix["val"] = f"{final_val:.3f}"
                 bar.set_postfix(postfix, refresh=False)
@@ -877,7 +881,8 @@ def _loop(run: _Run) -> tuple[str, str, float | None]:
                 status = "paused"
                 message = f"stopped at step {progress.step} (run.stop_at_step); continue with --resume"
                 break
-            if settings.checkpoint_every and progress.step % settings.checkpoint_every == 0 and progress.step < settings.steps:
+            if (settings.checkpoint_every and progress.step % settings.checkpoint_every == 0
+                    and progress.step < settings.steps):
                 run.save()
         if bar is not None:
             bar.close()
