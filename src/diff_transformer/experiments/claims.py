@@ -358,8 +358,7 @@ def evaluation_figures(config: ExperimentConfig, lm: LanguageModelling, names: S
         spread = per_seed("icl", _icl_spread)
         if spread:
             rows.append(EvaluationFigures("ICL robustness", "accuracy spread over demonstration orders", "lower",
-                                          spread,
-                                          "smaller spread (Fig. 7)", -1, note, testable))
+                                          spread, "smaller spread (Fig. 7)", -1, note, testable))
     return rows
 
 
