@@ -8,10 +8,11 @@ import statistics
 
 import pytest
 
-from diff_transformer.evaluation.stats import bootstrap_interval, fit_power_law
+from diff_transformer.evaluation.stats import MeanStd, bootstrap_interval, fit_power_law
 from diff_transformer.experiments import compare, load_experiment
 from diff_transformer.experiments.scaling import (
-    matching, non_embedding_parameters, scaling_keys, size_trend, sized_train, training_flops, trend_words,
+    ScalingPoint, matching, non_embedding_parameters, scaling_keys, size_trend, sized_train, training_flops,
+    trend_words,
 )
 from diff_transformer.experiments.study import RunKey
 from diff_transformer.model import LanguageModel
@@ -178,3 +179,15 @@ def test_the_study_runs_end_to_end_and_reports_the_gap_trend_and_fraction(byte_d
         assert (out / plot).read_bytes()[:4] == b"\x89PNG", plot
     again = compare(config, out, resume=True, progress=False)  # every run reused
     assert again.points[0].final_val_loss == metrics.points[0].final_val_loss
+
+
+@pytest.mark.parametrize("best, grid, edge", [
+    (4e-3, [2e-3, 4e-3, 8e-3], False),
+    (2e-3, [2e-3, 4e-3, 8e-3], True),
+    (8e-3, [2e-3, 4e-3, 8e-3], True),
+    (4e-3, [4e-3], False),  # one lr is no search: nothing to be at the edge of
+])
+def test_a_point_best_at_either_end_of_its_grid_is_marked(best, grid, edge):
+    loss = MeanStd.of([2.0, 2.1])
+    point = ScalingPoint("diff", "s", 10, 100, 50, 40, best, None, loss, dict.fromkeys(grid, loss), loss)
+    assert point.at_grid_edge is edge

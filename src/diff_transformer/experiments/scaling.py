@@ -139,6 +139,11 @@ class ScalingPoint:
     def tokens_per_parameter(self) -> float:
         return self.tokens / self.non_embedding
 
+    @property
+    def at_grid_edge(self) -> bool:
+        """Best at the smallest or the largest lr of a grid of several: the optimum may lie outside it."""
+        return len(self.grid) > 1 and self.lr in (min(self.grid), max(self.grid))
+
 
 def point_of(config: ExperimentConfig, sweep: Sweep[TrainingRun], size: str, steps: int) -> ScalingPoint:
     runs = sweep.chosen
@@ -556,8 +561,13 @@ def render_report(metrics: ScalingMetrics) -> str:
               "|---|---|---:|---:|---:|---:|---|---:|"]
     for p in sorted(metrics.points, key=lambda p: (names.index(p.model), sizes.index(p.size), p.steps)):
         grid = "; ".join(f"{lr:g}: {s.mean:.4f}" if s.mean is not None else f"{lr:g}: –" for lr, s in p.grid.items())
-        lines.append(f"| {labels[p.model]} | {p.size} | {p.steps} | {tokens_text(p.tokens)} | {p.lr:g} | "
-                     f"{stats_cell(p.final_val_loss)} | {grid} | {stats_cell(p.tokens_per_s, 0)} |")
+        lines.append(f"| {labels[p.model]} | {p.size} | {p.steps} | {tokens_text(p.tokens)} | {p.lr:g}"
+                     f"{' (edge)' if p.at_grid_edge else ''} | {stats_cell(p.final_val_loss)} | {grid} | "
+                     f"{stats_cell(p.tokens_per_s, 0)} |")
+    edge = [p for p in metrics.points if p.at_grid_edge]
+    if edge:
+        lines += ["", f"{len(edge)} of {len(metrics.points)} points are best at the edge of their lr grid (marked "
+                  "edge): their best lr may lie outside it, and their loss is an upper bound on their best."]
     lines += ["", "## How to read this", "",
               f"- The paper ({metrics.paper['source']}): {metrics.paper['claim']}. Its models are 830M–13.1B "
               "parameters at 10B tokens; these are tiny, so only the direction and the trend can be compared, and a "
