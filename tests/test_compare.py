@@ -66,6 +66,8 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
     assert "| Transformer | standard |" in report and "| DIFF | diff |" in report
     assert "3.087" in report and "3.062" in report  # the paper's Table 6 figures beside ours
     assert "The search" in report and "| Init recipe | lr 0.001 | lr 0.01 |" in report
+    edge = next(line for line in report.splitlines() if line.startswith("Best at an end of the grid"))
+    assert all(f"{m.label} ({m.lr:g})" in edge for m in metrics.models.values())  # of two lrs, either is an end
     assert "The paper's claims at this scale" in report and "| Language modelling |" in report
     assert "training throughput" in report and "peak RSS" in report
     assert "DIFF vs Transformer, parameters**: +192 (" in report

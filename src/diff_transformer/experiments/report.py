@@ -451,9 +451,15 @@ def _sweep_lines(lm: LanguageModelling) -> list[str]:
                 cell += f" ({diverged} diverged)"
             cells.append(f"**{cell}**" if lr == s.lr and recipe == s.best_recipe else cell)
         lines.append(f"| {models[name].label} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
-    return lines + ["", "Every model ran every learning rate of its grid under every recipe with the same warmup, "
-                    "schedule, data and seeds; each is reported at its own best. A grid of one lr per model is the "
-                    "shipped result of a sweep (`--lr-grid` reruns it).", ""]
+    lines += ["", "Every model ran every learning rate of its grid under every recipe with the same warmup, "
+              "schedule, data and seeds; each is reported at its own best. A grid of one lr per model is the "
+              "shipped result of a sweep (`--lr-grid` reruns it)."]
+    edge = [f"{models[name].label} ({s.lr:g})" for name, s in lm.sweeps.items()
+            if len(tried := s.scores[s.best_recipe]) > 1 and s.lr in (min(tried), max(tried))]
+    if edge:
+        lines.append(f"Best at an end of the grid: {', '.join(edge)}. Their optimum may lie outside it, and their "
+                     "loss is an upper bound on their best.")
+    return lines + [""]
 
 
 def sensitivity_lines(metrics: CompareMetrics) -> list[str]:
