@@ -18,11 +18,12 @@ from diff_transformer.data import prepare
 from diff_transformer.evaluation.stats import mean_interval
 from diff_transformer.experiments import compare, load_experiment
 from diff_transformer.experiments.conversion import (
-    CONTINUED, Recovery, conversion_plan, recovery_tokens, validation_windows, versus,
+    CONTINUED, Recovery, check_given_source, conversion_plan, given_source, recovery_tokens, validation_windows, versus,
 )
 from diff_transformer.model import LanguageModel
 from diff_transformer.train.distributed import Environment
 from diff_transformer.train.trainer import DataPlan
+from test_convert import llama_directory
 from test_train import byte_dataset, debug_experiment  # noqa: F401  (byte_dataset is a fixture)
 
 MODELS = {"standard": {"attention": "standard", "label": "Transformer"}, "diff": {"attention": "diff", "label": "DIFF"}}
@@ -88,6 +89,8 @@ def test_a_final_loss_is_above_below_or_level_with_the_continued_transformer_by_
     # A figure where higher is better (MQAR accuracy) turns the words, not the interval.
     assert versus([0.3, 0.31, 0.32], [0.2, 0.21, 0.22], "higher").words == "above the continued Transformer (better)"
     assert versus([6.1], [6.0], "lower").words == "no interval (one seed)"
+    assert versus(ours, continued, "lower", against="DIFF, from scratch").words == words.replace(
+        "the continued Transformer", "DIFF, from scratch")
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +186,37 @@ def test_the_command_refuses_what_the_study_does_not_take_in_one_line_before_any
     assert not (tmp_path / "out").exists()
 
 
+LLAMA_SHAPE = {"attention": "standard", "vocab_size": 300, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+               "ffn_hidden": 160, "max_seq_len": 128, "norm_eps": 1e-6, "label": "Llama"}
+
+
+def llama_experiment(dataset, out, llama, **fields):
+    """The study from a transformers Llama directory (test_convert's: 2 layers, 4 heads over 2 key/value
+    heads), one seed, its two DIFF conversions, no from-scratch reference."""
+    return debug_experiment(dataset, out, models={"standard": {**LLAMA_SHAPE, **fields}},
+                            model={"preset": None}, run={"steps": 1, "eval_every": 2},
+                            compare={"seeds": 1, "evaluations": []},
+                            convert={**CONVERT, "lr_grid": [3e-3], "source": str(llama), "scratch_model": None,
+                                     "diff_v2": False})
+
+
+def test_a_transformers_llama_source_is_checked_against_its_model_entry_and_imported_once(byte_dataset, tmp_path,  # noqa: F811
+                                                                                        capsys):
+    llama_directory(tmp_path / "llama", 2, tokenizer=True)
+    check_given_source(llama_experiment(byte_dataset, tmp_path, tmp_path / "llama"))  # its shape: accepted
+    with pytest.raises(ConfigError, match=r"convert.source: .*llama holds another model than models.standard "
+                                          r"describes \(n_kv_heads: 2 in the source, 4 in models.standard\)"):
+        check_given_source(llama_experiment(byte_dataset, tmp_path, tmp_path / "llama", n_kv_heads=4))
+    imported = given_source(str(tmp_path / "llama"), tmp_path / "imported", resume=False, progress=False)
+    assert imported == tmp_path / "imported" and LanguageModel.from_pretrained(imported).config.n_kv_heads == 2
+    marker = (imported / "config.json").stat().st_mtime_ns
+    assert given_source(str(tmp_path / "llama"), tmp_path / "imported", resume=True, progress=False) == imported
+    assert (imported / "config.json").stat().st_mtime_ns == marker  # reused, not imported again
+    checkpoint = tmp_path / "checkpoint"
+    LanguageModel.from_pretrained(imported).save_pretrained(checkpoint)  # one of this project's: used as it is
+    assert given_source(str(checkpoint), tmp_path / "unused", resume=False, progress=False) == checkpoint
+
+
 # --- end to end -------------------------------------------------------------------------------------
 
 
@@ -224,6 +258,7 @@ def test_the_study_converts_fine_tunes_and_reports_and_resume_reuses_every_run(b
     reference = metrics.scratch
     assert reference.tokens == (4 + 4) * 8 * 32 and reference.final_versus.difference.delta == pytest.approx(
         reference.final.mean - continued.final.mean)
+    assert reference.conversions["split"].difference.delta == pytest.approx(split.final.mean - reference.final.mean)
     # The retrieval figure of each checkpoint is the suite's, in OUT/retrieval.
     saved = json.loads((out / "retrieval" / "ar-hit.json").read_text())["models"]
     assert continued.retrieval_before.per_seed[0] == saved["source s0"]["ar_hit"]
@@ -241,3 +276,20 @@ def test_the_study_converts_fine_tunes_and_reports_and_resume_reuses_every_run(b
     assert "training ->" not in err and "resuming" not in err and err.count("already done, reusing") == 2 + 4 + 12 + 2
     assert [a.final.per_seed for a in again.arms] == [a.final.per_seed for a in metrics.arms]
     assert again.arms[2].recovery == split.recovery
+
+
+@pytest.mark.slow  # a transformers Llama imported, converted twice, three models fine-tuned: one seed
+def test_the_study_runs_from_a_transformers_llama(byte_dataset, tmp_path):  # noqa: F811
+    llama_directory(tmp_path / "llama", 2, tokenizer=True)
+    config = llama_experiment(byte_dataset, tmp_path / "unused", tmp_path / "llama")
+    out = tmp_path / "study"
+    metrics = compare(config, out, progress=False)
+    imported = out / "source" / "imported"
+    assert metrics.source.given == str(tmp_path / "llama")
+    assert metrics.source.parameters == LanguageModel.from_pretrained(imported).num_parameters()
+    continued, exact, split = metrics.arms
+    assert exact.start.per_seed == pytest.approx(metrics.source.loss.per_seed, abs=1e-5)
+    summary = json.loads((out / "finetune" / "runs" / CONTINUED / "lr-0.003" / "seed-0" / "summary.json").read_text())
+    assert summary["init_from"] == str(imported)
+    assert exact.final_versus.words == "no interval (one seed)" and metrics.scratch is None
+    assert "## What converting costs and gains" in (out / "report.md").read_text()

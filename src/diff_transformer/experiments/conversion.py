@@ -320,18 +320,18 @@ class Versus:
     words: str
 
 
-def versus(ours: Sequence[float], base: Sequence[float], better: str) -> Versus:
-    """mean(ours) − mean(base) with Welch's interval; "below" / "above" the continued Transformer when
+def versus(ours: Sequence[float], base: Sequence[float], better: str,
+           against: str = "the continued Transformer") -> Versus:
+    """mean(ours) − mean(base) with Welch's interval; "below" / "above" ``against`` (the base) when
     the interval excludes 0 on that side (better or worse as ``better`` says), else "level"."""
     difference = welch_difference(ours, base)
     if difference.sign is None:
         return Versus(difference, "no interval (one seed)")
     if difference.sign == 0:
-        return Versus(difference, "level with the continued Transformer (the interval holds 0)")
+        return Versus(difference, f"level with {against} (the interval holds 0)")
     lower = difference.sign < 0
     good = lower == (better == "lower")
-    return Versus(difference, f"{'below' if lower else 'above'} the continued Transformer "
-                              f"({'better' if good else 'worse'})")
+    return Versus(difference, f"{'below' if lower else 'above'} {against} ({'better' if good else 'worse'})")
 
 
 @dataclass
@@ -397,6 +397,7 @@ class ScratchResult:
     final: MeanStd
     curve: Curve  # over its whole run
     final_versus: Versus
+    conversions: dict[str, Versus]  # each conversion's final loss − this reference's, by arm
     tokens_per_s: MeanStd
     retrieval_after: MeanStd | None
     retrieval_versus: Versus | None
@@ -494,19 +495,23 @@ def arm_result(arm: Arm, sweep: Sweep[TrainingRun], starts: Sequence[float], tar
     )
 
 
-def scratch_result(config: ExperimentConfig, sweep: Sweep[TrainingRun], continued: ArmResult,
+def scratch_result(config: ExperimentConfig, sweep: Sweep[TrainingRun], arms: Sequence[ArmResult],
                    after: list[float] | None, better: str) -> ScratchResult:
-    """The from-scratch reference against the continued Transformer (final loss; retrieval ``after``)."""
+    """The from-scratch reference against the continued Transformer (``arms[0]``; final loss and
+    retrieval ``after``), and each conversion's final loss against it."""
     runs = sweep.chosen
     finals = final_losses(runs)
+    continued = arms[0]
+    label = f"{config.model_name(sweep.model)}, from scratch"
     retrieval_vs = None
     if after is not None and continued.retrieval_after is not None:
         retrieval_vs = versus(after, continued.retrieval_after.per_seed, better)
     return ScratchResult(
-        name=sweep.model, label=f"{config.model_name(sweep.model)}, from scratch", lr=sweep.lr,
+        name=sweep.model, label=label, lr=sweep.lr,
         grid=dict(sweep.scores[None]), parameters=runs[0].summary.parameters, tokens=runs[0].summary.tokens,
         final=MeanStd.of(finals), curve=run_curve(runs, None),
         final_versus=versus(finals, continued.final.per_seed, "lower"),
+        conversions={arm.name: versus(arm.final.per_seed, finals, "lower", against=label) for arm in arms[1:]},
         tokens_per_s=MeanStd.of(run.summary.tokens_per_s for run in runs),
         retrieval_after=None if after is None else MeanStd.of(after), retrieval_versus=retrieval_vs)
 
@@ -581,7 +586,7 @@ def analyse(config: ExperimentConfig, plan: ConversionPlan, seeds: Sequence[int]
         arms.append(result)
     reference = None
     if scratch is not None:
-        reference = scratch_result(config, scratch, arms[0], per_seed(retrieval, [f"scratch s{s}" for s in seeds]),
+        reference = scratch_result(config, scratch, arms, per_seed(retrieval, [f"scratch s{s}" for s in seeds]),
                                    better)
     return ConversionMetrics(config.name, config.train.description, config.compare.budget_note, seeds, source,
                              settings.steps, plan.finetune_tokens, settings.warmup_steps, settings.data_seed, arms,
@@ -802,6 +807,10 @@ def render_report(metrics: ConversionMetrics) -> str:
         lines.append(f"| {reference.label} ({tokens_text(reference.tokens)} tokens) | {reference.parameters:,} | – "
                      f"| – | {stats_cell(reference.final)} | {_interval(reference.final_versus.difference)} | "
                      f"**{reference.final_versus.words}** |")
+    if reference is not None:
+        lines += ["", f"Each conversion against {reference.label} (final loss, Welch's 95% interval): "
+                  + "; ".join(f"{a.label} {_interval(reference.conversions[a.name].difference)}, "
+                              f"{reference.conversions[a.name].words}" for a in arms[1:]) + "."]
     recovery_rows = [a for a in arms if a.recovery_versus is not None]
     if recovery_rows:
         lines += ["", "Tokens to recover against the continued Transformer's (Welch's 95% interval): "
