@@ -200,6 +200,7 @@ def llama_experiment(dataset, out, llama, **fields):
                                      "diff_v2": False})
 
 
+@pytest.mark.slow  # transformers builds and saves a Llama
 def test_a_transformers_llama_source_is_checked_against_its_model_entry_and_imported_once(byte_dataset, tmp_path,  # noqa: F811
                                                                                         capsys):
     llama_directory(tmp_path / "llama", 2, tokenizer=True)

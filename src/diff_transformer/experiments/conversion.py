@@ -18,8 +18,9 @@ rather than to keep training the Transformer, and what does it gain? On the engi
    :func:`~diff_transformer.convert.finetune_fields`), ``convert.steps`` steps each on the same data
    (``convert.data_seed``), a fresh warmup and decay, each at its own best lr of ``convert.lr_grid``
    (the lowest mean final validation loss). For reference, ``convert.scratch_model`` (the matched
-   DIFF) trained from scratch on the source's tokens plus the fine-tuning's (its first run.steps
-   read exactly the source's batches), at its best of ``convert.scratch_lr_grid``.
+   DIFF) trained from scratch on as many tokens as the source and the fine-tuning together (its
+   first run.steps read exactly the source's batches, the rest the corpus further in the same
+   order), at its best of ``convert.scratch_lr_grid``.
 4. **Retrieval before and after**: the suite's ``convert.retrieval`` (AR-Hit: the loss on tokens that
    complete a bigram seen earlier in the window) on every source, every converted checkpoint and every
    fine-tuned seed.
@@ -742,7 +743,12 @@ def _interval(d: Difference | None) -> str:
 
 
 def _tokens(x: float) -> str:
-    return f"{x:,.0f}"
+    return f"{round(x):,}"
+
+
+def _token_interval(d: Difference) -> str:
+    """A difference of token counts: "+6,258 [+1,103, +11,413]"."""
+    return f"{round(d.delta):+,}" + (f" [{round(d.low):+,}, {round(d.high):+,}]" if d.low is not None else "")
 
 
 def recovery_text(r: Recovery) -> str:
@@ -776,8 +782,8 @@ def render_report(metrics: ConversionMetrics) -> str:
         f"data order {metrics.data_seed}: the same batches for every model) from its own starting weights, each at its "
         f"own best learning rate; {len(seeds)} seeds ({', '.join(map(str, seeds))}: a seed is a whole replicate, "
         "its source and the conversion's new parameters)"
-        + (f"; for reference {reference.label} on {tokens_text(reference.tokens)} tokens (the source's plus the "
-           "fine-tuning's)" if reference else "")
+        + (f"; for reference {reference.label} on {tokens_text(reference.tokens)} tokens (as many as the source "
+           "and the fine-tuning together, its first steps the source's batches)" if reference else "")
         + f". Wall time {metrics.wall_seconds / 60:.1f} min for this command ("
         + ", ".join(f"{what} {sec / 60:.1f}" for what, sec in metrics.phase_seconds.items()) + " min)"
         + (f", load average at the end {load[0]:.1f} on {env.cpu_count} cores" if load else "")
@@ -814,7 +820,8 @@ def render_report(metrics: ConversionMetrics) -> str:
     recovery_rows = [a for a in arms if a.recovery_versus is not None]
     if recovery_rows:
         lines += ["", "Tokens to recover against the continued Transformer's (Welch's 95% interval): "
-                  + "; ".join(f"{a.label} {_interval(a.recovery_versus.difference)}" for a in recovery_rows) + "."]
+                  + "; ".join(f"{a.label} {_token_interval(a.recovery_versus.difference)}" for a in recovery_rows)
+                  + "."]
     lines += ["", "![validation loss along fine-tuning](conversion_loss.png)", ""]
     lines += _curve_lines(metrics) + _retrieval_lines(metrics) + _conversion_lines(metrics) + _lr_lines(metrics)
     lines += ["## How to read this", "",
@@ -824,8 +831,9 @@ def render_report(metrics: ConversionMetrics) -> str:
               "- The verdicts compare models fine-tuned on the same data for the same tokens, each at its best lr; "
               "they say nothing about longer budgets, larger models or other data, and a model *level* with the "
               "continued Transformer is one whose difference these seeds cannot tell from zero.",
-              "- The from-scratch reference saw the source's tokens and the fine-tuning's in one run with one "
-              "schedule: it says what the same total compute buys without a pretrained start.", ""]
+              "- The from-scratch reference trained on as many tokens as the source and the fine-tuning together, "
+              "in one run with one schedule: it says what the same total compute buys without a pretrained start.",
+              ""]
     return "\n".join(lines)
 
 
