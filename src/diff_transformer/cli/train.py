@@ -75,7 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "A config with a long_context section (--config long-context) runs the long-context experiment instead: "
         "the models trained short, each seed extended (run.init_from) to a longer context and a larger RoPE θ, "
         "cumulative NLL by position and retrieval by length before and after (docs/training.md, "
-        "\"Extending the context\").",
+        "\"Extending the context\"). A config with a convert section (--config convert) runs the conversion study: "
+        "a Transformer (trained here for run.steps, which --steps sets, or convert.source) converted to DIFF, then "
+        "fine-tuned beside the Transformer trained on; the tokens each needs to recover the source's loss and where "
+        "it ends against the Transformer (docs/training.md, \"From a pretrained Transformer\").",
         epilog=COMPARE_EXIT_STATUSES,
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)

@@ -93,6 +93,16 @@ def t_quantile(df: float, level: float = 0.95) -> float:
     return float(t.ppf(0.5 + level / 2, df))
 
 
+def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Student's ``level`` interval of the mean of ``values`` (mean ± t·s/√n on n − 1 degrees of
+    freedom); None with fewer than two values, a point when they do not vary."""
+    if len(values) < 2:
+        return None
+    center = statistics.fmean(values)
+    half = t_quantile(len(values) - 1, level) * statistics.stdev(values) / math.sqrt(len(values))
+    return center - half, center + half
+
+
 def welch_difference(ours: Sequence[float], base: Sequence[float], level: float = 0.95) -> Difference:
     """mean(ours) − mean(base) with Welch's ``level`` interval (unequal variances; the
     Welch–Satterthwaite degrees of freedom); no interval with fewer than two values a side, a point

@@ -1,7 +1,8 @@
 """``diff-transformer compare``: the entry of every study. The config decides which one runs: the
 side-by-side comparison (:mod:`.comparison`, the default), the long-context study
 (:mod:`.long_context`) for a config with a ``long_context`` section, the scaling study
-(:mod:`.scaling`) for one with a ``scaling`` section. Each is a grid of runs on
+(:mod:`.scaling`) for one with a ``scaling`` section, the conversion study (:mod:`.conversion`) for
+one with a ``convert`` section. Each is a grid of runs on
 the same engine (:mod:`.study`, :mod:`.runner`); they share the options below.
 
     from diff_transformer.experiments import compare, load_experiment
@@ -16,12 +17,13 @@ from pathlib import Path
 from ..config import ATTENTION_KINDS, ConfigError
 from .comparison import CompareMetrics, Evaluation, run_comparison
 from .config import ExperimentConfig
+from .conversion import ConversionMetrics, run_conversion
 from .long_context import LongContextMetrics, run_long_context
 from .runner import StudyInterrupted
 from .scaling import ScalingMetrics, run_scaling
 
-__all__ = ["CompareMetrics", "Evaluation", "LongContextMetrics", "ScalingMetrics", "StudyInterrupted", "compare",
-           "select_models"]
+__all__ = ["CompareMetrics", "ConversionMetrics", "Evaluation", "LongContextMetrics", "ScalingMetrics",
+           "StudyInterrupted", "compare", "select_models"]
 
 
 def select_models(config: ExperimentConfig, attention: list[str] | None) -> list[str]:
@@ -66,7 +68,7 @@ def compare(
     jobs: int | None = None,
     evaluation: Evaluation | None = None,
     progress: bool = True,
-) -> CompareMetrics | LongContextMetrics | ScalingMetrics:
+) -> CompareMetrics | LongContextMetrics | ScalingMetrics | ConversionMetrics:
     """Train ``models`` (names in ``config``; default: :func:`select_models`) for ``seeds`` seeds
     under every init recipe (``recipes``, default: compare.recipes and, for language modelling,
     compare.lm_recipes; none: each model as configured) at every learning rate of ``lr_grid``
@@ -75,7 +77,8 @@ def compare(
     and write the report into ``out_dir``; returns the metrics (also DIR/metrics.json). ``jobs`` runs
     train at the same time (default: compare.jobs; 1 when ``nproc`` > 1). A config with a
     long_context section runs that study (its retrieval runs by length; ``evaluation`` on the
-    extended models).
+    extended models); one with a convert section, the conversion study (``evaluation`` on the
+    fine-tuned models).
 
     With ``resume``, runs that finished are reused and interrupted ones continue from their
     checkpoint; without it, earlier runs of the same models in ``out_dir`` are replaced.
@@ -90,6 +93,17 @@ def compare(
                           "one run in several processes; give one of them")
     seed_values = [config.train.run.seed + i for i in range(seeds or config.compare.seeds)]
     grid = list(lr_grid if lr_grid is not None else config.compare.lr_grid)
+    if config.convert.enabled:
+        if retrieval_lr_grid is not None or recipes is not None or lr_grid is not None:
+            raise ConfigError(f"config {config.name!r} runs the conversion study, which takes neither --lr-grid, "
+                              "--retrieval-lr-grid nor --recipes: set convert.lr_grid (--set 'convert.lr_grid=[...]') "
+                              "and convert.scratch_lr_grid")
+        if models is not None and list(models) != select_models(config, None):
+            raise ConfigError(f"config {config.name!r} runs the conversion study, which takes no --attention: its "
+                              "models are convert.source_model, its conversions (convert.inits, convert.diff_v2) and "
+                              "convert.scratch_model")
+        return run_conversion(config, Path(out_dir), seed_values, resume=resume, nproc=nproc, jobs=jobs,
+                              evaluation=evaluation, progress=progress)
     if config.scaling.enabled:
         if retrieval_lr_grid is not None or recipes is not None or lr_grid is not None:
             raise ConfigError(f"config {config.name!r} runs the scaling study, which takes neither --lr-grid, "

@@ -1,7 +1,7 @@
 """The experiments' settings: the sections of a config file beside the trainer's (``compare``,
-``retrieval``, ``long_context``), the init recipes a comparison searches, and the learning rates a
-sweep chose for each model, and the sizes and budgets of a scaling study. :func:`load_experiment`
-reads a whole config file into an
+``retrieval``, ``long_context``, ``scaling``, ``convert``), the init recipes a comparison searches,
+and the learning rates a sweep chose for each model, and the sizes and budgets of a scaling study.
+:func:`load_experiment` reads a whole config file into an
 :class:`ExperimentConfig`: the trainer's part (:class:`~diff_transformer.train.config.TrainConfig`)
 and these sections, every key checked::
 
@@ -10,7 +10,8 @@ and these sections, every key checked::
     retrieval: {steps: 400, lr: 1.0e-3, lr_by_model: {standard: 2.0e-3}}
     long_context: {seq_len: 1024, rope_theta: 226000}
 
-A section that is absent is off (``retrieval``, ``long_context``, ``scaling``) or at its defaults (``compare``).
+A section that is absent is off (``retrieval``, ``long_context``, ``scaling``, ``convert``) or at its
+defaults (``compare``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DIFF_HEAD_KINDS, PRESETS, ConfigError, ModelConfig
+from ..convert import INITS, ConversionError, converted_config
 from ..data.synthetic import SymbolicTask
 from ..evaluation.suite import EVALUATIONS, evaluation_options
 from ..paper import PAPER_TABLE6
@@ -314,6 +316,91 @@ class ScalingConfig:
         return sorted({max(1, round(f * steps)) for f in fractions})
 
 
+# The evaluations of the suite the conversion study reads as its retrieval measurement (convert.retrieval).
+CONVERSION_RETRIEVAL = ("ar-hit", "mqar")
+
+
+@dataclass
+class ConvertConfig:
+    """The conversion study of ``compare`` (the ``convert`` section; absent = off): the Transformer
+    ``source_model`` (trained here for run.steps, one per seed, or read from ``source``) converted to
+    DIFF by each of ``inits`` (and exactly to DIFF V2 with ``diff_v2``); the Transformer continued and
+    every conversion fine-tuned for ``steps`` on the same data, each at its own best lr of
+    ``lr_grid``; for reference ``scratch_model`` trained from scratch on as many tokens as the source and
+    the fine-tuning together. See :mod:`diff_transformer.experiments.conversion`."""
+
+    enabled: bool = True
+    source_model: str = "standard"  # the model entry that describes the source (a Transformer)
+    # A checkpoint of this project or a transformers LlamaForCausalLM directory: the source of every
+    # seed. None: the study trains one source per seed (run.steps of the config's data and optim).
+    source: str | None = None
+    source_tokens: int | None = None  # a given source's pretraining tokens (the from-scratch reference's share)
+    steps: int = 32  # fine-tuning steps of data.batch_size × data.seq_len tokens
+    warmup_steps: int = 4  # the fine-tuning's warmup (a fresh optimizer and schedule)
+    eval_every: int = 4  # fine-tuning steps between evaluations: the resolution of the recovery curve
+    inits: list[str] = field(default_factory=lambda: ["exact", "split"])  # convert --to diff --init ...
+    diff_v2: bool = True  # also convert --to diff_v2 (exact)
+    lr_grid: list[float] = field(default_factory=list)  # every fine-tuned model at each; empty: the source's lr
+    scratch_model: str | None = "diff"  # the model entry trained from scratch for reference; None: none
+    scratch_lr_grid: list[float] = field(default_factory=list)  # empty: the scratch model's own lr
+    # The fine-tuning's data order; the source is trained with run.data_seed, so another seed reads
+    # the corpus in another order rather than the source's first batches again.
+    data_seed: int = 1
+    retrieval: str = "ar-hit"  # the suite's evaluation run before and after (CONVERSION_RETRIEVAL)
+    retrieval_options: dict[str, Any] = field(default_factory=dict)  # its options over its defaults
+
+    def __post_init__(self) -> None:
+        require_finite("convert", self)
+        for name in ("steps", "eval_every"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"convert.{name} must be positive, got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"convert.warmup_steps must not be negative, got {self.warmup_steps}")
+        if self.source_tokens is not None and self.source_tokens <= 0:
+            raise ConfigError(f"convert.source_tokens must be positive, got {self.source_tokens}")
+        if self.source is not None and not self.source.strip():
+            raise ConfigError("convert.source must be a directory path, or null (the study trains the source)")
+        unknown = [init for init in self.inits if init not in INITS]
+        if unknown:
+            raise ConfigError(f"convert.inits: no init {unknown[0]!r}; choose from {', '.join(INITS)}")
+        if len(set(self.inits)) != len(self.inits):
+            raise ConfigError(f"convert.inits names an init twice: {self.inits}")
+        if not self.inits and not self.diff_v2:
+            raise ConfigError("convert: nothing to convert; name convert.inits or set convert.diff_v2: true")
+        for where, lrs in (("lr_grid", self.lr_grid), ("scratch_lr_grid", self.scratch_lr_grid)):
+            if any(not lr > 0 for lr in lrs):
+                raise ConfigError(f"convert.{where}: learning rates must be positive, got {lrs}")
+        require_seeds("convert", self, ("data_seed",))
+        if self.retrieval not in CONVERSION_RETRIEVAL:
+            raise ConfigError(f"convert.retrieval must be one of {', '.join(CONVERSION_RETRIEVAL)}, "
+                              f"got {self.retrieval!r}")
+        try:
+            evaluation_options(self.retrieval, self.retrieval_options)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"convert.retrieval_options: {exc}") from None
+
+    def check_models(self, train: TrainConfig) -> None:
+        """A ConfigError unless the models named exist, the source converts by every init asked, and
+        the budgets and data orders fit together."""
+        for where, name in (("source_model", self.source_model), ("scratch_model", self.scratch_model)):
+            if name is not None and name not in train.models:
+                raise ConfigError(f"convert.{where}: no model named {name!r}; the config has {', '.join(train.models)}")
+        source = train.model(self.source_model).model_config()
+        conversions = [("diff", init) for init in self.inits] + ([("diff_v2", "exact")] if self.diff_v2 else [])
+        for to, init in conversions:
+            try:
+                converted_config(source, to, init)
+            except ConversionError as exc:
+                raise ConfigError(f"convert: models.{self.source_model} --to {to} --init {init}: {exc}") from None
+        if self.source is None and self.data_seed == train.run.data_seed:
+            raise ConfigError(f"convert.data_seed={self.data_seed} is run.data_seed, the source's: the fine-tuning "
+                              "would read the source's own first batches again; choose another seed")
+        if self.source is not None and self.scratch_model is not None and self.source_tokens is None:
+            raise ConfigError("convert.scratch_model: the from-scratch reference trains on the source's tokens plus "
+                              "the fine-tuning's; set convert.source_tokens (the given source's pretraining tokens) "
+                              "or convert.scratch_model: null")
+
+
 def check_learning_rates(where: str, table: dict[str, float]) -> None:
     """A ConfigError naming the first learning rate of ``table`` that is not positive."""
     for name, lr in table.items():
@@ -348,6 +435,7 @@ SECTIONS: dict[str, tuple[type, dict[str, Any]]] = {
     "retrieval": (RetrievalConfig, {"enabled": False}),
     "long_context": (LongContextConfig, {"enabled": False}),
     "scaling": (ScalingConfig, {"enabled": False}),
+    "convert": (ConvertConfig, {"enabled": False}),
 }
 
 
@@ -360,10 +448,14 @@ class ExperimentConfig:
     retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(enabled=False))
     long_context: LongContextConfig = field(default_factory=lambda: LongContextConfig(enabled=False))
     scaling: ScalingConfig = field(default_factory=lambda: ScalingConfig(enabled=False))
+    convert: ConvertConfig = field(default_factory=lambda: ConvertConfig(enabled=False))
 
     def __post_init__(self) -> None:
-        if self.long_context.enabled and self.scaling.enabled:
-            raise ConfigError("long_context and scaling: a config runs one study; remove one of the sections")
+        studies = [name for name in ("long_context", "scaling", "convert") if getattr(self, name).enabled]
+        if len(studies) > 1:
+            raise ConfigError(f"{' and '.join(studies)}: a config runs one study; remove all but one of the sections")
+        if self.convert.enabled:
+            self.convert.check_models(self.train)
         names = self.train.models
         tables = {
             "compare.models": self.compare.models,

@@ -2,8 +2,8 @@
 
 A config file names an experiment: a base ``model`` and named ``models`` (variants merged over
 it), the ``data``, the ``optim``izer and the ``run``; the sections of the experiments beside them
-(``compare``, ``retrieval``, ``long_context``, ``scaling``: :data:`EXPERIMENT_SECTIONS`) are read by
-:mod:`diff_transformer.experiments.config`, not here::
+(``compare``, ``retrieval``, ``long_context``, ``scaling``, ``convert``: :data:`EXPERIMENT_SECTIONS`) are
+read by :mod:`diff_transformer.experiments.config`, not here::
 
     name: tiny
     model: {preset: tiny}                  # a ModelConfig preset plus any ModelConfig field
@@ -42,7 +42,7 @@ from ..ops import BACKEND_NAMES
 T = TypeVar("T")
 # Sections of a config file that the experiments read (diff_transformer.experiments.config); the
 # trainer does not look into them.
-EXPERIMENT_SECTIONS = ("compare", "retrieval", "long_context", "scaling")
+EXPERIMENT_SECTIONS = ("compare", "retrieval", "long_context", "scaling", "convert")
 # Keys a model entry no longer takes, and where their values live now.
 MOVED_MODEL_KEYS = {
     "retrieval_lr": "retrieval.lr_by_model.{name}",
