@@ -115,6 +115,8 @@ CASES = [
     ("prepare-val-fraction-0", ["prepare", "{text}", "--out", "{root}/data", "--val-fraction", "0"],
      "--val-fraction: '0' is not valid (must be more than 0 and less than 1: train needs a validation split)"),
     ("prepare-seed", ["prepare", "{text}", "--out", "{root}/data", "--seed", "x"], "--seed"),
+    ("prepare-workers", ["prepare", "{text}", "--out", "{root}/data", "--workers", "0"],
+     "--workers: '0' is not valid (must be a positive integer)"),
     # export-hf / import-hf
     ("export-checkpoint", ["export-hf", "{root}/none", "{root}/hf"], "not a checkpoint directory"),
     ("export-out", ["export-hf", "{ckpt}", "{file}"], "an output directory is needed"),

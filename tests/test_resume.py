@@ -123,6 +123,7 @@ CHANGES = {
     "data.within_documents": ("true", "data.within_documents: False -> True"),
     "data.long_document_tokens": ("64", "data.long_document_tokens: None -> 64"),
     "data.long_document_weight": ("2.0", "data.long_document_weight: 1.0 -> 2.0"),
+    "data.packing": ("documents", "data.packing: 'none' -> 'documents'"),
     "optim.lr": ("0.01", "optim.lr: 0.003 -> 0.01"),
     "optim.min_lr": ("0.0001", "optim.min_lr: 0.0003 -> 0.0001"),
     "optim.warmup_steps": ("3", "optim.warmup_steps: 2 -> 3"),

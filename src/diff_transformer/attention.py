@@ -45,7 +45,8 @@ def rope_frequencies(positions: Tensor, head_dim: int, theta: float) -> Tensor:
 def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     """Interleaved rotary embedding: rotate each pair (x[2i], x[2i+1]) by the angle of pair i.
 
-    x (B, T, n, d); rope (T, d/2, 2) from :func:`rope_frequencies`. Eagerly a pair is one
+    x (B, T, n, d); rope (T, d/2, 2) from :func:`rope_frequencies`, or (B, T, d/2, 2): positions of
+    their own per sequence (packed documents, each from 0). Eagerly a pair is one
     complex number and the rotation one complex product (few operator calls, which cost about
     half of a small model's decoding step); under torch.compile the same rotation in real
     arithmetic, which inductor fuses (it generates no code for complex tensors).
@@ -53,9 +54,9 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
     pairs = x.float().unflatten(-1, (-1, 2))  # (B, T, n, d/2, 2)
     if torch.compiler.is_compiling():
         re, im = pairs.unbind(-1)
-        cos, sin = rope[:, None].unbind(-1)  # (T, 1, d/2) each
+        cos, sin = rope.unsqueeze(-3).unbind(-1)  # ([B,] T, 1, d/2) each
         return torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2).type_as(x)
-    rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rope)[:, None, :]
+    rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rope).unsqueeze(-2)  # ([B,] T, 1, d/2)
     return torch.view_as_real(rotated).flatten(-2).type_as(x)
 
 
@@ -152,8 +153,9 @@ class Attention(nn.Module):
         attn_mask: Tensor | None = None,
         positions: Tensor | None = None,
     ) -> Tensor:
-        """x (B, T, E) -> (B, T, E). ``rope`` (T, d/2, 2) and, with a cache, ``positions`` (T,) of
-        the new tokens come from the model; standalone, both follow from the cache (or 0 … T − 1)."""
+        """x (B, T, E) -> (B, T, E). ``rope`` (T, d/2, 2) or (B, T, d/2, 2) and, with a cache,
+        ``positions`` (T,) of the new tokens come from the model; standalone, both follow from the
+        cache (or 0 … T − 1)."""
         b, t, _ = x.shape
         d = self.head_dim
         q, k, v = self.project(x)

@@ -26,7 +26,7 @@ from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencie
 from .cache import KVCache, StaticKVCache
 from .config import PRESETS, ModelConfig
 from .loss import IGNORE_INDEX, linear_cross_entropy
-from .ops import BACKEND_NAMES, key_padding_to_attn_mask
+from .ops import BACKEND_NAMES, document_block_mask, key_padding_to_attn_mask
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -44,6 +44,35 @@ def _head_logits(x: Tensor, weight: Tensor) -> Tensor:
     if x.device.type == "cpu" and 1 < rows <= FEW_HEAD_ROWS and not torch.compiler.is_compiling():
         return (weight @ x.reshape(rows, -1).t()).t().contiguous().view(*x.shape[:-1], -1)
     return F.linear(x, weight)
+
+
+def document_ids(tokens: Tensor, separator_id: int) -> Tensor:
+    """tokens (B, T) -> (B, T) int64: which document each token belongs to, for documents packed
+    into one sequence (``data.packing: documents``). A document starts at each ``separator_id``
+    token: the end-of-text token that ends one document opens the next, as a beginning-of-sequence
+    token would, so that every target is predicted from its own document alone."""
+    return (tokens == separator_id).long().cumsum(dim=1)
+
+
+def _document_starts(document_ids: Tensor) -> Tensor:
+    """(B, T) bool: True where a document (a run of equal ids) starts."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return starts
+
+
+def positions_in_documents(document_ids: Tensor) -> Tensor:
+    """(B, T) ids -> (B, T) int64: each token's position counted from its document's first token."""
+    index = torch.arange(document_ids.shape[1], device=document_ids.device).expand_as(document_ids)
+    first = torch.where(_document_starts(document_ids), index, 0).cummax(dim=1).values  # its document's first
+    return index - first
+
+
+def document_attention_mask(document_ids: Tensor) -> Tensor:
+    """(B, T) ids -> (B, 1, T, T) bool: True where query and key lie in the same document (a run of
+    equal ids); with the causal mask the ops add, the block-diagonal causal mask."""
+    runs = _document_starts(document_ids).long().cumsum(dim=1)
+    return (runs[:, :, None] == runs[:, None, :]).unsqueeze(1)
 
 
 class SwiGLU(nn.Module):
@@ -161,6 +190,7 @@ class LanguageModel(nn.Module):
         reduction: str = "mean",
         logits_to_keep: int = 0,
         check_ids: bool = True,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor | None, Tensor | None]:
         """tokens (B, T) int -> logits (B, T, V) and the cross-entropy against targets (B, T).
 
@@ -174,6 +204,13 @@ class LanguageModel(nn.Module):
         real tokens among all S = cached + T positions (False = padding, never attended to; a padded
         query attends to itself only); with a :class:`~diff_transformer.cache.StaticKVCache` it
         covers the new T tokens only.
+
+        ``document_ids`` (B, T) integers pack several documents into each sequence (a document is a
+        run of equal ids, :func:`document_ids` makes them from the end-of-text tokens): attention
+        stays within each document (the causal mask made block-diagonal) and RoPE positions
+        restart at 0 at each document's first token, so that every document's outputs are those
+        it has alone. Not with a cache or a padding mask. With the "flex" backend the mask is a
+        FlexAttention block mask, built once per call; otherwise a (B, 1, T, T) bool mask.
 
         ``logits_to_keep`` N > 0 computes the logits of the last N positions only, (B, N, V), as
         transformers' argument of that name: a prompt's prefill wants one row, not T rows against
@@ -196,7 +233,13 @@ class LanguageModel(nn.Module):
                             f"{self.embed.weight.dtype}: make the cache after converting the model (model.new_cache)")
         b, t = tokens.shape
         table = self._rope_table(tokens.device)
-        if cache is not None and cache.static:  # positions stay on the device: one graph for every step
+        if document_ids is not None:
+            self._check_document_ids(document_ids, tokens, cache, padding_mask)
+            positions = None
+            rope = table[positions_in_documents(document_ids)]  # (B, T, d/2, 2): each document from 0
+            flex = self.attn_backend == "flex" and all(layer.attn.tap is None for layer in self.layers)
+            attn_mask = document_block_mask(document_ids) if flex else document_attention_mask(document_ids)
+        elif cache is not None and cache.static:  # positions stay on the device: one graph for every step
             positions = cache.positions(t)
             rope = table.index_select(0, positions)
             attn_mask = cache.attn_mask(positions, padding_mask)
@@ -263,6 +306,19 @@ class LanguageModel(nn.Module):
             bad = target_bounds[0] if target_bounds[0] < 0 else target_bounds[1]
             raise ValueError(f"targets: id {bad} is out of range [0, vocab_size={vocab}) and is not {IGNORE_INDEX} "
                              "(ignored)")
+
+    def _check_document_ids(self, document_ids: Tensor, tokens: Tensor, cache: KVCache | None,
+                            padding_mask: Tensor | None) -> None:
+        if cache is not None or padding_mask is not None:
+            raise ValueError("document_ids pack documents into the sequences of one forward (training, scoring); "
+                             "not with a cache or a padding_mask")
+        if not isinstance(document_ids, Tensor) or document_ids.shape != tokens.shape or (
+                document_ids.dtype.is_floating_point or document_ids.dtype.is_complex):
+            got = f"{document_ids.dtype} {tuple(document_ids.shape)}" if isinstance(document_ids, Tensor) else (
+                type(document_ids).__name__)
+            raise ValueError(f"document_ids must be integers of the tokens' shape {tuple(tokens.shape)}, got {got}")
+        if tokens.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds max_seq_len={self.config.max_seq_len}")
 
     def _rope_table(self, device: torch.device) -> Tensor:
         """cos, sin of every position < max_seq_len, fp32 (L, d/2, 2): computed once per device and

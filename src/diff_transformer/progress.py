@@ -47,8 +47,11 @@ def progress(iterable: Iterable | None = None, *, total: int | float | None = No
     stream = file if file is not None else sys.stderr
     mode = "off" if disable else _mode(stream)
     if mode == "bar":
-        from tqdm.auto import tqdm
-
+        try:
+            from tqdm.auto import tqdm
+        except ModuleNotFoundError:  # the core without the train extra (bench): plain lines
+            mode = "lines"
+    if mode == "bar":
         return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave, initial=initial, file=stream,
                     **tqdm_options)
     return LineProgress(iterable, total=total, desc=desc, unit=unit, initial=initial, file=stream,

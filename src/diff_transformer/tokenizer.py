@@ -46,8 +46,9 @@ class BPETokenizer:
     """A byte-level BPE from a Hugging Face ``tokenizers`` JSON file with an ``<|endoftext|>`` token."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer as HFTokenizer
+        from .extras import import_optional
 
+        HFTokenizer = import_optional("tokenizers", "a byte-level BPE tokenizer").Tokenizer
         self.path = Path(path)
         try:
             self._tok = HFTokenizer.from_file(str(self.path))

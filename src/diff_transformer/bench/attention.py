@@ -39,6 +39,8 @@ from .measure import describe_machine, memory_budget, peak_memory, time_call
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MODES = ("fwd", "fwd+bwd", "decode")
 DIFF_BACKEND_NAMES = tuple(DIFF_BACKENDS)
+# measured unless named otherwise: "flex" only when asked (no CPU backward; on CUDA one compilation per shape)
+DEFAULT_BACKENDS = tuple(b for b in DIFF_BACKENDS if b != "flex")
 # FLOPs per visible (query, key) pair, per standard head h and per unit of d.
 FLOP_UNITS = {("standard", "fwd"): 4, ("standard", "bwd"): 10, ("diff", "fwd"): 6, ("diff", "bwd"): 10}
 
@@ -59,7 +61,7 @@ class AttentionBenchSettings:
     head_dim: int = 64
     batch: int = 1
     causal: bool = True
-    backends: tuple[str, ...] = DIFF_BACKEND_NAMES
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
     modes: tuple[str, ...] = MODES
     warmup: int = 1
     repeats: int = 3

@@ -7,6 +7,11 @@ Errors are answered here, for every command: a bad option value is refused by th
 ``error: <what> (<why>)`` goes to stderr and the exit status is 2. Anything else is a bug: one
 ``error: unexpected ...`` line and exit status 1. ``--debug`` (or DIFF_TRANSFORMER_DEBUG=1)
 shows the traceback instead.
+
+The command comes with the train extra (:mod:`diff_transformer.extras`): every command but those of
+CORE_COMMANDS checks that the extra's libraries are installed before it starts, and a library of
+another extra found missing later (transformers for ``hf``) is named with the extra that installs
+it; either way exit status 2.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import importlib
 import os
 import sys
 
+from ..extras import MissingExtraError, extra_of, install_command, missing_distributions, missing_extra_message
 from .args import Parser, UsageError
 
 COMMANDS = ["generate", "info", "hf", "convert", "data", "evaluate", "train", "bench"]
 DEBUG_ENV = "DIFF_TRANSFORMER_DEBUG"
+CORE_COMMANDS = ("info", "bench")  # need the core alone (bench's comparison with transformers: where installed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,8 +58,15 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _debugging(argv)
+    command = "diff-transformer"  # and the subcommand, once parsed
     try:
         args = build_parser().parse_args(argv)
+        command = f"diff-transformer {args.command}"
+        missing = [] if args.command in CORE_COMMANDS else missing_distributions("train")
+        if missing:  # before any work: a library met halfway would leave the work half done
+            _error_line(f"{command} needs the train extra, and {', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not installed: {install_command('train')}")
+            return 2
         return int(args.run(args) or 0)
     except UsageError as exc:
         _error_line(str(exc))
@@ -65,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
+        if isinstance(exc, ModuleNotFoundError) and exc.name and extra_of(exc.name):
+            # import_optional's error says what needed the library; a plain import's, the command
+            _error_line(str(exc) if isinstance(exc, MissingExtraError) else missing_extra_message(exc.name, command))
+            return 2
         if isinstance(exc, _input_errors()):
             _error_line(_describe(exc))
             return 2

@@ -8,8 +8,10 @@ import time
 
 from . import args as types
 
-INPUT_HELP = ("a text file, a folder of text files (.txt .text .md .rst .jsonl .json), or a file of records "
-              "(.jsonl: JSON Lines; .json: an object or a list of objects, else JSON Lines)")
+INPUT_HELP = ("a text file, a file of records (.jsonl, .jsonl.gz, .jsonl.xz, .jsonl.zst: JSON Lines; .json: an "
+              "object or a list of objects, else JSON Lines; .parquet; .arrow), or a folder of them (.txt .text .md "
+              ".rst and records; a datasets.save_to_disk folder: its data files in order)")
+TEXT_FIELD_HELP = "field holding the text in records (JSON, Parquet and Arrow columns; default 'text')"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = actions.add_parser(
         "train",
         help="train a byte-level BPE with an <|endoftext|> token",
-        description="Train a byte-level BPE (Hugging Face tokenizers) on text files, folders or JSONL and "
+        description="Train a byte-level BPE (Hugging Face tokenizers) on text files, folders or records (as prepare "
+        "reads them) and "
         "write it as a tokenizers JSON file, usable as `prepare --tokenizer FILE`.",
     )
     train.add_argument("--input", nargs="+", required=True, type=types.existing_path, metavar="PATH",
@@ -31,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="vocabulary size incl. 256 bytes and <|endoftext|> (default 8192)")
     train.add_argument("--out", required=True, type=types.output_file, metavar="FILE",
                        help="tokenizer JSON file to write")
-    train.add_argument("--text-field", default="text", help="field holding the text in JSONL records (default 'text')")
+    train.add_argument("--text-field", default="text", help=TEXT_FIELD_HELP)
     train.add_argument("--min-frequency", type=types.positive_int, default=2,
                        help="merge only pairs seen this often (default 2)")
     train.add_argument("--overwrite", action="store_true",
@@ -41,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare = subparsers.add_parser(
         "prepare",
         help="tokenize text into train/validation token shards",
-        description="Tokenize text files, folders of text files or JSON records into DIR/train.bin and DIR/val.bin "
+        description="Tokenize text files, folders, or records (JSON Lines, plain or compressed; JSON; Parquet; "
+        "Arrow and datasets.save_to_disk folders) into DIR/train.bin and DIR/val.bin "
         "(uint16 or uint32 token ids, each document followed by <|endoftext|>) plus DIR/meta.json and the "
         "tokenizer. The split is by document, deterministic given --seed. DIR is written atomically, by one "
         "process at a time, and never replaced without --overwrite.",
@@ -52,12 +56,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.add_argument("--tokenizer", default="default", type=types.tokenizer_spec,
                          help="'default' (shipped BPE, vocab 8192), 'bytes' (raw UTF-8 bytes, vocab 257), "
                          "or a tokenizers JSON file (default 'default')")
-    prepare.add_argument("--text-field", default="text",
-                         help="field holding the text in JSONL records (default 'text')")
+    prepare.add_argument("--text-field", default="text", help=TEXT_FIELD_HELP)
     prepare.add_argument("--val-fraction", type=types.fraction, default=0.05,
                          help="share of the bytes held out for validation, more than 0 and less than 1: whole "
                          "documents in a seeded order, or the tail of one document if none fits (default 0.05)")
     prepare.add_argument("--seed", type=types.seed, default=0, help="seed of the document split (default 0)")
+    prepare.add_argument("--workers", type=types.positive_int, default=None, metavar="N",
+                         help="tokenizing processes (default: one per core, fewer for a corpus under a few batches "
+                         "of 4M characters); the dataset is the same for any number")
     prepare.add_argument("--overwrite", action="store_true",
                          help="replace DIR if it holds a dataset prepared by this project")
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -68,7 +74,7 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..data.bpe import check_tokenizer_out, save_tokenizer_file, train_bpe
-    from ..data.inputs import iter_texts, scan_documents
+    from ..data.inputs import scan_documents
     from ..files import lock_output
 
     out = check_tokenizer_out(Path(args.out), overwrite=args.overwrite)  # before the work
@@ -76,10 +82,10 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
         documents = scan_documents(args.input, args.text_field)
         start = time.perf_counter()
         # tokenizers draws its bar on a terminal; into a pipe or a file it writes only blank lines
-        tokenizer = train_bpe(iter_texts(documents, args.text_field), args.vocab_size,
+        tokenizer = train_bpe(documents.texts(), args.vocab_size,
                               min_frequency=args.min_frequency, show_progress=sys.stdout.isatty())
         save_tokenizer_file(tokenizer, out, overwrite=args.overwrite)
-    size = sum(d.size for d in documents)
+    size = documents.total_bytes
     print(f"trained a byte-level BPE of {tokenizer.get_vocab_size()} tokens on {len(documents)} documents "
           f"({size:,} bytes) in {time.perf_counter() - start:.1f} s -> {out}")
     return 0
@@ -90,7 +96,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
     meta = prepare(args.inputs, args.out, tokenizer=args.tokenizer, text_field=args.text_field,
                    val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
-                   progress=not args.quiet)
+                   progress=not args.quiet, workers=args.workers)
     tokens = meta["train"]["tokens"] + meta["val"]["tokens"]
     seconds = max(meta["seconds"], 1e-9)
     print(f"{args.out}: {meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}) "

@@ -18,14 +18,20 @@ is cut at a line break and its tail, ``val_fraction`` of all bytes, becomes the 
 
 from __future__ import annotations
 
+import array
+import collections
+import contextlib
+import itertools
 import json
+import multiprocessing
 import os
 import random
 import re
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -33,7 +39,7 @@ from ..checkpoint import write_directory_atomically
 from ..files import check_output_dir, lock_output
 from ..tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 from .bpe import default_tokenizer
-from .inputs import Document, is_jsonl, iter_texts, scan_documents
+from .inputs import Documents, scan_documents
 
 FORMAT = "diff-transformer-tokens"
 FORMAT_VERSION = 1
@@ -41,7 +47,8 @@ META_FILE = "meta.json"
 SPLITS = ("train", "val")
 DOCUMENT_ENDS_SUFFIX = ".document_ends.npy"  # DIR/<split>.document_ends.npy; older datasets have none
 DEFAULT_VAL_FRACTION = 0.05
-ENCODE_BATCH_CHARS = 4 << 20  # text handed to the tokenizer at once (it encodes them in parallel)
+ENCODE_BATCH_CHARS = 4 << 20  # text handed to the tokenizer at once (it encodes them in parallel), or to a process
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # Hugging Face tokenizers' switch of its threads
 ENCODE_PIECE_CHARS = 1 << 14  # documents are encoded in pieces of about this size (faster, parallel)
 
 
@@ -117,83 +124,174 @@ def text_pieces(text: str, max_chars: int = ENCODE_PIECE_CHARS) -> list[str]:
     return pieces
 
 
-class _ShardWriter:
-    """Encodes texts in batches and appends their tokens (each text followed by EOS) to a split file."""
+def default_workers() -> int:
+    """The cores this process may run on: prepare's default number of tokenizing processes."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
-    def __init__(self, tokenizer, directory: Path, dtype: np.dtype) -> None:
-        self.tokenizer, self.dtype, self.directory = tokenizer, dtype, directory
+
+def encode_texts(tokenizer, texts: Sequence[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(the ids of every text one after the other, in ``dtype``; how many ids each text has)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        encoded = [text.encode("utf-8") for text in texts]
+        return np.frombuffer(b"".join(encoded), np.uint8).astype(dtype), np.array([len(e) for e in encoded])
+    pieces = [text_pieces(text) for text in texts]  # at least one per text
+    flat = [piece for of_text in pieces for piece in of_text]
+    if hasattr(tokenizer, "encode_batch"):
+        ids = tokenizer.encode_batch(flat)
+    else:
+        ids = [tokenizer.encode(piece) for piece in flat]
+    piece_lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    first_pieces = np.cumsum([0] + [len(of_text) for of_text in pieces[:-1]])
+    lengths = np.add.reduceat(piece_lengths, first_pieces) if texts else np.zeros(0, np.int64)
+    return np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(piece_lengths.sum())), lengths
+
+
+@dataclass
+class _Batch:
+    """Texts encoded together: each with the split it goes to; their UTF-8 bytes (for the progress)."""
+
+    splits: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    bytes: int = 0
+    chars: int = 0
+
+
+def _split_texts(documents: Documents, plan: SplitPlan) -> Iterator[tuple[str, str, int]]:
+    """(split, text, UTF-8 bytes) of every document in order; the cut document's head and tail."""
+    for index, (size, text) in enumerate(zip(documents.sizes.tolist(), documents.texts())):
+        if index == plan.cut:
+            head, tail = cut_text(text, plan.cut_bytes)
+            head_bytes = len(head.encode("utf-8"))
+            yield "train", head, head_bytes
+            yield "val", tail, size - head_bytes
+        else:
+            yield ("val" if index in plan.val else "train"), text, size
+
+
+def _batches(items: Iterable[tuple[str, str, int]]) -> Iterator[_Batch]:
+    """The texts in batches of about ENCODE_BATCH_CHARS characters, in order."""
+    batch = _Batch()
+    for split, text, size in items:
+        batch.splits.append(split)
+        batch.texts.append(text)
+        batch.bytes += size
+        batch.chars += len(text)
+        if batch.chars >= ENCODE_BATCH_CHARS:
+            yield batch
+            batch = _Batch()
+    if batch.texts:
+        yield batch
+
+
+_worker_encoder: tuple | None = None  # (tokenizer, dtype) in a tokenizing process
+
+
+def _start_worker(tokenizer, dtype: np.dtype) -> None:
+    global _worker_encoder
+    _worker_encoder = tokenizer, dtype
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle: it stops the pool
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    tokenizer, dtype = _worker_encoder
+    return encode_texts(tokenizer, texts, dtype)
+
+
+@contextlib.contextmanager
+def _tokenizers_single_threaded() -> Iterator[None]:
+    """Processes started within take tokenizers' one-thread mode: one process per core already
+    (and no warning from a child forked after the parent's tokenizer used its threads)."""
+    before = os.environ.get(TOKENIZERS_PARALLELISM)
+    os.environ[TOKENIZERS_PARALLELISM] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[TOKENIZERS_PARALLELISM]
+        else:
+            os.environ[TOKENIZERS_PARALLELISM] = before
+
+
+def encoded_batches(batches: Iterable[_Batch], tokenizer, dtype: np.dtype,
+                    workers: int) -> Iterator[tuple[_Batch, np.ndarray, np.ndarray]]:
+    """(batch, ids, ids per text) of each batch, in order: encoded in this process (``workers`` 1),
+    or in ``workers`` processes with at most two batches each in flight, so that memory holds a few
+    batches whatever the corpus size. The result is the same either way, id for id."""
+    if workers <= 1:
+        for batch in batches:
+            yield batch, *encode_texts(tokenizer, batch.texts, dtype)
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")  # fork: no re-import of torch
+    with _tokenizers_single_threaded():
+        pool = context.Pool(workers, _start_worker, (tokenizer, dtype))
+    try:
+        pending: collections.deque = collections.deque()
+        for batch in batches:
+            pending.append((batch, pool.apply_async(_encode_in_worker, (batch.texts,))))
+            if len(pending) >= 2 * workers:
+                done, result = pending.popleft()
+                yield done, *result.get()
+        while pending:
+            done, result = pending.popleft()
+            yield done, *result.get()
+    finally:
+        pool.terminate()  # every result is in, or the work stopped: either way nothing is left to do
+        pool.join()
+
+
+class _ShardWriter:
+    """Appends encoded texts (each followed by EOS) to the split files and records where each ends."""
+
+    def __init__(self, directory: Path, dtype: np.dtype, eos_id: int) -> None:
+        self.directory = directory
+        self.eos = np.array([eos_id], dtype=dtype).tobytes()
         self.files = {split: open(directory / f"{split}.bin", "wb") for split in SPLITS}
         self.tokens = dict.fromkeys(SPLITS, 0)
-        self.documents = dict.fromkeys(SPLITS, 0)
-        self.document_ends: dict[str, list[int]] = {split: [] for split in SPLITS}
-        self.pending: list[tuple[str, str]] = []  # (split, text)
-        self.pending_chars = 0
+        self.document_ends = {split: array.array("Q") for split in SPLITS}
 
-    def add(self, split: str, text: str) -> None:
-        self.pending.append((split, text))
-        self.pending_chars += len(text)
-        if self.pending_chars >= ENCODE_BATCH_CHARS:
-            self.flush()
-
-    def _encode(self, texts: list[str]) -> list[np.ndarray]:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
-        pieces = [text_pieces(t) for t in texts]
-        flat = [p for ps in pieces for p in ps]
-        if hasattr(self.tokenizer, "encode_batch"):
-            ids = self.tokenizer.encode_batch(flat)
-        else:
-            ids = [self.tokenizer.encode(p) for p in flat]
-        out, i = [], 0
-        for ps in pieces:
-            out.append(np.concatenate([np.asarray(x, dtype=np.int64) for x in ids[i:i + len(ps)]]))
-            i += len(ps)
-        return out
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        eos = np.array([self.tokenizer.eos_id], dtype=self.dtype)
-        for (split, _), ids in zip(self.pending, self._encode([t for _, t in self.pending])):
-            self.files[split].write(ids.astype(self.dtype).tobytes())
-            self.files[split].write(eos.tobytes())
-            self.tokens[split] += len(ids) + 1
-            self.documents[split] += 1
+    def write(self, splits: Sequence[str], ids: np.ndarray, lengths: np.ndarray) -> None:
+        offset = 0
+        for split, length in zip(splits, lengths.tolist()):
+            self.files[split].write(ids[offset:offset + length].tobytes())
+            self.files[split].write(self.eos)
+            offset += length
+            self.tokens[split] += length + 1
             self.document_ends[split].append(self.tokens[split])
-        self.pending, self.pending_chars = [], 0
 
     def close(self) -> None:
-        self.flush()
         for f in self.files.values():
             f.close()
         for split, ends in self.document_ends.items():
-            np.save(self.directory / f"{split}{DOCUMENT_ENDS_SUFFIX}", np.asarray(ends, dtype=np.uint64))
+            np.save(self.directory / f"{split}{DOCUMENT_ENDS_SUFFIX}", np.frombuffer(ends, dtype=np.uint64))
 
 
-def write_shards(documents: Sequence[Document], directory: Path, tokenizer, *, tokenizer_source: str,
-                 sources: list[dict], text_field: str = "text", val_fraction: float = DEFAULT_VAL_FRACTION,
-                 seed: int = 0, progress: bool = True) -> dict:
-    """Tokenize ``documents`` into an existing empty ``directory``; returns the meta.json dict."""
+def write_shards(documents: Documents, directory: Path, tokenizer, *, tokenizer_source: str, sources: list[dict],
+                 val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, progress: bool = True,
+                 workers: int = 1) -> dict:
+    """Tokenize ``documents`` into an existing empty ``directory`` in ``workers`` processes (fewer
+    for a corpus of fewer batches); returns the meta.json dict."""
     from ..progress import progress as progress_bar
 
     dtype = token_dtype(tokenizer.vocab_size)
-    plan = plan_split([d.size for d in documents], val_fraction, seed)
+    plan = plan_split(documents.sizes.tolist(), val_fraction, seed)
     start = time.perf_counter()
-    writer = _ShardWriter(tokenizer, directory, dtype)
-    total_bytes = sum(d.size for d in documents)
+    total_bytes = documents.total_bytes
+    workers = max(1, min(workers, -(-total_bytes // ENCODE_BATCH_CHARS)))  # at most one per batch
+    writer = _ShardWriter(directory, dtype, tokenizer.eos_id)
     with progress_bar(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=not progress) as bar:
-        for index, (doc, text) in enumerate(zip(documents, iter_texts(documents, text_field))):
-            if index == plan.cut:
-                head, tail = cut_text(text, plan.cut_bytes)
-                writer.add("train", head)
-                writer.add("val", tail)
-            else:
-                writer.add("val" if index in plan.val else "train", text)
-            bar.update(doc.size)
+        batches = _batches(_split_texts(documents, plan))
+        for batch, ids, lengths in encoded_batches(batches, tokenizer, dtype, workers):
+            writer.write(batch.splits, ids, lengths)
+            tokens = sum(writer.tokens.values())
+            bar.set_postfix_str(f"{tokens:,} tokens, {tokens / (time.perf_counter() - start):,.0f} tokens/s")
+            bar.update(batch.bytes)  # as the tokens are written: the rate is the tokenizing's
         writer.close()
     tokenizer.save(directory)
     seconds = time.perf_counter() - start
-    val_names = [documents[i].name for i in sorted(plan.val)]
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -201,8 +299,9 @@ def write_shards(documents: Sequence[Document], directory: Path, tokenizer, *, t
         "vocab_size": tokenizer.vocab_size,
         "eos_id": tokenizer.eos_id,
         "tokenizer": tokenizer_source,
-        **{split: {"file": f"{split}.bin", "tokens": writer.tokens[split], "documents": writer.documents[split],
-                   "document_ends": f"{split}{DOCUMENT_ENDS_SUFFIX}"} for split in SPLITS},
+        **{split: {"file": f"{split}.bin", "tokens": writer.tokens[split],
+                   "documents": len(writer.document_ends[split]), "document_ends": f"{split}{DOCUMENT_ENDS_SUFFIX}"}
+           for split in SPLITS},
         "documents": len(documents),
         "bytes": total_bytes,
         "split": {
@@ -210,8 +309,9 @@ def write_shards(documents: Sequence[Document], directory: Path, tokenizer, *, t
             "seed": seed,
             "val_fraction": val_fraction,
             # validation document names, listed when there are not too many to read
-            "val_documents": val_names if len(val_names) <= 1000 else f"{len(val_names)} documents",
-            "cut_document": None if plan.cut is None else documents[plan.cut].name,
+            "val_documents": ([documents.name(i) for i in sorted(plan.val)] if len(plan.val) <= 1000
+                              else f"{len(plan.val)} documents"),
+            "cut_document": None if plan.cut is None else documents.name(plan.cut),
         },
         "sources": sources,
         "seconds": round(seconds, 3),
@@ -220,27 +320,18 @@ def write_shards(documents: Sequence[Document], directory: Path, tokenizer, *, t
     return meta
 
 
-def describe_sources(documents: Sequence[Document]) -> list[dict]:
-    """One entry per input file: path, kind, documents, bytes."""
-    by_file: dict[Path, dict] = {}
-    for doc in documents:
-        entry = by_file.setdefault(doc.path, {
-            "path": str(doc.path), "kind": "jsonl" if is_jsonl(doc.path) else "text", "documents": 0, "bytes": 0,
-        })
-        entry["documents"] += 1
-        entry["bytes"] += doc.size
-    return list(by_file.values())
-
-
 def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default", text_field: str = "text",
             val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, overwrite: bool = False,
-            progress: bool = True) -> dict:
-    """Tokenize text files, folders or JSONL files into token shards in ``out`` (see the module
-    docstring); returns the meta.json dict. ``out`` must be new or empty, or with ``overwrite`` a
+            progress: bool = True, workers: int | None = None) -> dict:
+    """Tokenize text files, folders or files of records into token shards in ``out`` (see the module
+    docstring) in ``workers`` processes (None: one per core; the dataset is the same for any
+    number); returns the meta.json dict. ``out`` must be new or empty, or with ``overwrite`` a
     dataset of this project (never one of the inputs or a directory containing them)."""
     out = check_output_dir(out, "dataset", overwrite=overwrite, reading=inputs)  # before the work
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"--workers must be a positive integer, got {workers!r}")
     meta: dict = {}
     with lock_output(out):  # one writer per dataset: a second prepare to ``out`` is refused with this one's pid
         tok, source = resolve_tokenizer(tokenizer)
@@ -248,8 +339,9 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default
 
         def write(tmp: Path) -> None:
             os.chmod(tmp, 0o755)  # a temporary directory is private; the result need not be
-            meta.update(write_shards(documents, tmp, tok, tokenizer_source=source, sources=describe_sources(documents),
-                                     text_field=text_field, val_fraction=val_fraction, seed=seed, progress=progress))
+            meta.update(write_shards(documents, tmp, tok, tokenizer_source=source,
+                                     sources=documents.describe_sources(), val_fraction=val_fraction, seed=seed,
+                                     progress=progress, workers=workers or default_workers()))
 
         write_directory_atomically(out, write, kind="dataset", overwrite=overwrite, reading=inputs)
     return meta

@@ -23,6 +23,9 @@ Backends of ``diff_attention``:
                   and compiled for sm_90, not yet measured on a GPU (``diff-transformer bench gpu``
                   checks and times it on yours)
     "decode"      one query per sequence (T = 1) against a KV cache, K1/K2/V read once (decode.py)
+    "flex"        FlexAttention with block masks (flex.py): the tiles a mask leaves empty are
+                  skipped, documents packed into one sequence most of all. Opt-in only: on CUDA
+                  compiled, not yet measured on a GPU; on the CPU unfused and forward only
     "auto"        (:func:`choose_backend`) "decode" for a single query; on CUDA "sdpa" (PyTorch
                   picks flash / cuDNN / memory-efficient), never "triton"; on CPU "math" for
                   fp32 up to MATH_MAX_KEYS keys (measured faster than "sdpa_split" there,
@@ -43,6 +46,7 @@ from torch import Tensor
 
 from .limits import TRITON_HEAD_DIMS
 from .decode import decode_diff_attention, decode_diff_attention_packed
+from .flex import BlockMask, document_block_mask, flex_attention_op, flex_diff_attention
 from .materialized import materialized_diff_attention, materialized_diff_attention_grouped
 from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
 from .reference import check_diff_inputs as _check_diff_inputs
@@ -61,6 +65,7 @@ __all__ = [
     "choose_backend",
     "diff_attention",
     "diff_attention_packed",
+    "document_block_mask",
     "key_padding_to_attn_mask",
     "reference_attention",
     "reference_diff_attention",
@@ -118,9 +123,10 @@ DIFF_BACKENDS: dict[str, Callable[..., Tensor]] = {
     "math": materialized_diff_attention,
     "triton": _triton_diff_attention,
     "decode": decode_diff_attention,
+    "flex": flex_diff_attention,
 }
 BACKEND_NAMES = ("auto", *DIFF_BACKENDS)
-STANDARD_BACKENDS = ("auto", "reference", "sdpa")  # what attention() (standard softmax attention) runs
+STANDARD_BACKENDS = ("auto", "reference", "sdpa", "flex")  # what attention() (standard softmax attention) runs
 
 
 def choose_backend(
@@ -133,9 +139,9 @@ def choose_backend(
     """What "auto" means, as a pure function (testable without CUDA).
 
     device_type "cuda"/"cpu"/...; dtype of q; queries T (1 = decoding); keys S (None = not known).
-    "auto" never picks "triton", whose kernel has not been measured on a GPU yet (it is opt-in,
-    ``backend="triton"``); on CUDA it picks "sdpa", where PyTorch chooses flash, cuDNN or
-    memory-efficient attention.
+    "auto" never picks "triton" or "flex", whose kernels have not been measured on a GPU yet (they
+    are opt-in, ``backend="triton"``, ``backend="flex"``); on CUDA it picks "sdpa", where PyTorch
+    chooses flash, cuDNN or memory-efficient attention.
     """
     if queries == 1:
         return "decode"
@@ -161,8 +167,12 @@ def resolve_backend(
     return backend
 
 
-def _check_mask(attn_mask: Tensor | None, b: int, h: int, t: int, s: int) -> None:
+def _check_mask(attn_mask: Tensor | BlockMask | None, b: int, h: int, t: int, s: int, backend: str) -> None:
     if attn_mask is None:
+        return
+    if isinstance(attn_mask, BlockMask):
+        if backend != "flex":
+            raise TypeError(f"attn_mask is a FlexAttention BlockMask, which only backend 'flex' takes, not {backend!r}")
         return
     if attn_mask.dtype != torch.bool:
         raise TypeError(f"attn_mask must be a bool tensor (True = may attend), got {attn_mask.dtype}")
@@ -224,7 +234,7 @@ def diff_attention(
     lam: Tensor,
     *,
     causal: bool = True,
-    attn_mask: Tensor | None = None,
+    attn_mask: Tensor | BlockMask | None = None,
     backend: str = "auto",
     scale: float | None = None,
     check: bool = True,
@@ -241,9 +251,11 @@ def diff_attention(
         causal: mask future keys. With S > T the mask is aligned to the end (KV cache):
             query i sits at position S − T + i.
         attn_mask: optional bool mask broadcastable to (B, H, T, S), True = may attend;
-            combined with the causal mask. Every query must keep at least one visible key.
-        backend: "auto", "reference", "sdpa", "sdpa_split", "math", "triton" or "decode" (see the
-            module docstring).
+            combined with the causal mask. Every query must keep at least one visible key. With
+            backend "flex", a FlexAttention BlockMask instead, the whole mask (causality included:
+            :func:`document_block_mask`).
+        backend: "auto", "reference", "sdpa", "sdpa_split", "math", "triton", "decode" or "flex"
+            (see the module docstring).
         scale: softmax scale, default 1/√d with d the width of ONE group.
         check: validate shapes, dtypes and the mask. Modules whose tensors are right by
             construction pass False to save the checks' overhead on every decoding step.
@@ -257,12 +269,16 @@ def diff_attention(
     """
     if check:
         _check_diff_inputs(q1, q2, k1, k2, v, lam, causal)
-        _check_mask(attn_mask, q1.shape[0], q1.shape[1], q1.shape[2], k1.shape[2])
-        _check_key_padding(key_padding_mask, q1.shape[0], k1.shape[2])
-        if attn_mask is not None:
-            check_every_query_sees_a_key(attn_mask, q1.shape[2], k1.shape[2], causal=causal)
     t = q1.shape[2]
     name = resolve_backend(backend, q1.device, queries=t, keys=k1.shape[2], dtype=q1.dtype)
+    if check:
+        _check_mask(attn_mask, q1.shape[0], q1.shape[1], q1.shape[2], k1.shape[2], name)
+        _check_key_padding(key_padding_mask, q1.shape[0], k1.shape[2])
+        if isinstance(attn_mask, BlockMask) and key_padding_mask is not None:
+            raise ValueError("a BlockMask attn_mask is the whole mask: give the key padding inside it, not as "
+                             "key_padding_mask")
+        if isinstance(attn_mask, Tensor):
+            check_every_query_sees_a_key(attn_mask, q1.shape[2], k1.shape[2], causal=causal)
     if key_padding_mask is not None and name == "triton":
         return _triton_diff_attention(
             q1, q2, k1, k2, v, lam, causal=causal, attn_mask=attn_mask, scale=scale, key_padding_mask=key_padding_mask
@@ -280,7 +296,7 @@ def diff_attention_packed(
     lam: Tensor,
     *,
     causal: bool = True,
-    attn_mask: Tensor | None = None,
+    attn_mask: Tensor | BlockMask | None = None,
     backend: str = "auto",
     scale: float | None = None,
 ) -> Tensor:
@@ -310,7 +326,7 @@ def attention(
     v: Tensor,
     *,
     causal: bool = True,
-    attn_mask: Tensor | None = None,
+    attn_mask: Tensor | BlockMask | None = None,
     backend: str = "auto",
     scale: float | None = None,
     check: bool = True,
@@ -318,10 +334,11 @@ def attention(
     """Standard softmax attention with the same conventions as :func:`diff_attention`.
 
     q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, dv) -> (B, H, T, dv). Backends: "reference",
-    or "auto" / "sdpa": PyTorch SDPA (it picks flash / memory-efficient itself); the others are DIFF
-    kernels (:func:`diff_attention`) and are refused here. For the maps, call :func:`reference_attention`.
-    (The model's layers of standard attention pass their model's backend with ``check=False``: SDPA
-    for every one of them but "reference".)
+    q (B, H, T, d), k (B, Hkv, S, d), v (B, Hkv, S, dv) -> (B, H, T, dv). Backends: "reference",
+    "flex" (FlexAttention), or "auto" / "sdpa": PyTorch SDPA (it picks flash / memory-efficient
+    itself); the others are DIFF kernels (:func:`diff_attention`) and are refused here. For the maps,
+    call :func:`reference_attention`. (The model's layers of standard attention pass their model's
+    backend with ``check=False``: SDPA for every one of them but "reference" and "flex".)
     """
     if check:
         for name, x in {"q": q, "k": k, "v": v}.items():
@@ -331,8 +348,9 @@ def attention(
             raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
         if causal and q.shape[2] > k.shape[2]:
             raise ValueError(f"causal attention needs T <= S, got T={q.shape[2]} and S={k.shape[2]}")
-        _check_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        if attn_mask is not None:
+        resolve_backend(backend, q.device)
+        _check_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2], backend)
+        if isinstance(attn_mask, Tensor):
             check_every_query_sees_a_key(attn_mask, q.shape[2], k.shape[2], causal=causal)
     if check and backend not in STANDARD_BACKENDS:
         raise ValueError(f"backend {backend!r} is a kernel of differential attention (diff_attention), which "
@@ -340,4 +358,6 @@ def attention(
                          f"{', '.join(STANDARD_BACKENDS)}")
     if backend == "reference":
         return reference_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)[0]
+    if backend == "flex":
+        return flex_attention_op(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
     return sdpa(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)

@@ -127,6 +127,9 @@ class ModelEntry:
         return {**out, **self.fields}
 
 
+PACKINGS = ("none", "documents")  # data.packing
+
+
 @dataclass
 class DataConfig:
     """What the model reads. Batches are counted in sequences of ``seq_len`` tokens."""
@@ -146,8 +149,20 @@ class DataConfig:
     within_documents: bool = False
     long_document_tokens: int | None = None  # documents of at least this many tokens are "long"
     long_document_weight: float = 1.0  # a long document's windows are drawn this many times as often (> 1: up-sampled)
+    # "documents": the windows as above, with attention confined to each document they hold (whole or
+    # split at the window's ends; a document starts at each end-of-text token) and positions from 0 in
+    # each; "none": attention across the documents of a window
+    packing: str = "none"
 
     def __post_init__(self) -> None:
+        if self.packing not in PACKINGS:
+            raise ConfigError(f"data.packing must be one of {', '.join(PACKINGS)}, got {self.packing!r}")
+        if self.packing == "documents" and self.within_documents:
+            raise ConfigError("data.packing=documents packs the documents a window runs across, and "
+                              "data.within_documents takes windows that run across none: choose one")
+        if self.packing == "documents" and self.mix:
+            raise ConfigError("data.packing=documents cuts each sequence at its end-of-text tokens, and the examples "
+                              "data.mix generates hold them inside (their filler is corpus text): choose one")
         if self.long_document_tokens is not None and self.long_document_tokens <= 0:
             raise ConfigError(f"data.long_document_tokens must be positive, got {self.long_document_tokens}")
         if not self.long_document_weight > 0:

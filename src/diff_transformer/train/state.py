@@ -222,6 +222,7 @@ RESUME_RULES: dict[str, str | dict[str, str]] = {
         "mix": SAME,
         "eval_sequences": SAME,  # the validation windows every "val" record measures: the run keeps one curve
         "within_documents": SAME, "long_document_tokens": SAME, "long_document_weight": SAME,
+        "packing": SAME,  # the attention masks and positions of every sequence
     },
     "optim": {
         "recipe": FREE,  # a name for the values below, which are compared

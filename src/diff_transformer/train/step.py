@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..loss import IGNORE_INDEX
+from ..model import document_ids
 from .config import OptimConfig
 from .distributed import Environment, all_reduce_sum
 from .optim import WarmupLinearSchedule, build_optimizer
@@ -28,10 +29,15 @@ from .optim import WarmupLinearSchedule, build_optimizer
 Batch = tuple[Tensor, Tensor]  # (inputs, targets), each (b, T); targets -100 where not counted
 
 
-def token_loss_sum(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
+def token_loss_sum(model: nn.Module, inputs: Tensor, targets: Tensor, separator: int | None = None) -> Tensor:
     """Sum of the cross-entropy over the counted targets (those not -100), in fp32, without the
-    logits (the model's fused head and loss; called through DDP / FSDP / compile wrappers)."""
-    return model(inputs, targets, return_logits=False, reduction="sum")[1]
+    logits (the model's fused head and loss; called through DDP / FSDP / compile wrappers). With
+    ``separator`` (data.packing: documents), a document starts at each such token of ``inputs``
+    and attention stays within each (:func:`~diff_transformer.model.document_ids`)."""
+    if separator is None:
+        return model(inputs, targets, return_logits=False, reduction="sum")[1]
+    documents = document_ids(inputs, separator)
+    return model(inputs, targets, return_logits=False, reduction="sum", document_ids=documents)[1]
 
 
 def _no_gradient_sync(model: nn.Module, parallel: str, last_micro_batch: bool):
@@ -44,15 +50,16 @@ def _no_gradient_sync(model: nn.Module, parallel: str, last_micro_batch: bool):
 
 
 def forward_backward(model: nn.Module, forward_model: nn.Module, batches: Sequence[Batch], env: Environment,
-                     parallel: str = "ddp", autocast: AbstractContextManager | None = None) -> tuple[float, int]:
+                     parallel: str = "ddp", autocast: AbstractContextManager | None = None,
+                     separator: int | None = None) -> tuple[float, int]:
     """Accumulate the gradient of the global batch's mean loss over this process's micro-batches.
 
     The targets of the whole global batch are counted first (one all-reduce) and each micro-batch's
     loss sum is divided by that count, so the step's loss is the mean over every counted target of
     the global batch, however it is cut (with one micro-batch in one process, exactly the model's
     own mean). ``model`` is what gradients are synchronised through (DDP / FSDP), ``forward_model``
-    what is called (``model`` or its compiled form). Returns (this process's loss sum, the global
-    count).
+    what is called (``model`` or its compiled form). ``separator``: packed documents, as in
+    :func:`token_loss_sum`. Returns (this process's loss sum, the global count).
     """
     autocast = autocast if autocast is not None else contextlib.nullcontext()
     local_count = sum(int((t != IGNORE_INDEX).sum()) for _, t in batches)
@@ -63,7 +70,7 @@ def forward_backward(model: nn.Module, forward_model: nn.Module, batches: Sequen
         inputs, targets = inputs.to(env.device, non_blocking=True), targets.to(env.device, non_blocking=True)
         with _no_gradient_sync(model, parallel, last_micro_batch=m == len(batches) - 1):
             with autocast:
-                micro_sum = token_loss_sum(forward_model, inputs, targets)
+                micro_sum = token_loss_sum(forward_model, inputs, targets, separator)
             # DDP and FSDP average the gradients over processes: × world_size makes that a sum.
             # A global batch with no counted target contributes no gradient.
             (micro_sum * env.world_size / max(global_count, 1)).backward()

@@ -131,6 +131,8 @@ class DataPlan:
             raise ConfigError(f"data.dataset: {exc}") from None
         self.directory = directory
         self.train = MixedBatches(shards, data.mix) if data.mix else shards
+        # data.packing=documents: a document starts at each end-of-text token (model.document_ids)
+        self.separator = shards.eos_id if data.packing == "documents" else None
         self.tokenizer = shards.tokenizer
         self.vocab_size = shards.vocab_size
         self.seq_len, self.seed = seq_len, config.run.data_seed
@@ -278,14 +280,15 @@ def _autocast(env: Environment, precision: str):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches, env: Environment, autocast) -> float:
-    """Mean validation loss per counted target token over all processes' batches."""
+def evaluate(model: nn.Module, batches, env: Environment, autocast, separator: int | None = None) -> float:
+    """Mean validation loss per counted target token over all processes' batches (``separator``:
+    packed documents, as in training)."""
     model.eval()
     loss_sum, count = 0.0, 0
     for inputs, targets in batches:
         inputs, targets = inputs.to(env.device), targets.to(env.device)
         with autocast:
-            loss_sum += float(token_loss_sum(model, inputs, targets))
+            loss_sum += float(token_loss_sum(model, inputs, targets, separator))
         count += int((targets != IGNORE_INDEX).sum())
     model.train()
     loss_sum, count = all_reduce_sum([loss_sum, count], env)
@@ -412,7 +415,7 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
     seq_len = data.seq_len or model_config.max_seq_len
     if seq_len > model_config.max_seq_len:
         raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
-    problem = backend_problem(run.attn_backend, env.device, model_config, seq_len)
+    problem = backend_problem(run.attn_backend, env.device, model_config, seq_len, packing=data.packing)
     if problem is not None:
         raise ConfigError(problem)
     # A resumed run continues from its own checkpoint: run.init_from only starts a new one.
@@ -441,12 +444,20 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
                         resume=None)
 
 
-def backend_problem(backend: str, device: torch.device, model_config: ModelConfig, seq_len: int) -> str | None:
+def backend_problem(backend: str, device: torch.device, model_config: ModelConfig, seq_len: int, *,
+                    packing: str = "none") -> str | None:
     """Why run.attn_backend ``backend`` cannot train ``model_config`` on ``device`` at ``seq_len``
-    tokens, or None. The attention kinds without DIFF heads call SDPA (or the reference) whatever
-    the name (diff_transformer.ops.attention); the others dispatch to the backend."""
+    tokens (with data.packing ``packing``), or None. The attention kinds without DIFF heads call
+    SDPA (or the reference, or FlexAttention) whatever the name (diff_transformer.ops.attention);
+    the others dispatch to the backend."""
+    if backend == "flex" and device.type != "cuda":
+        return (f"run.attn_backend=flex trains on CUDA only (FlexAttention has no backward on the {device.type}); "
+                "choose another backend (auto)")
     if model_config.attention not in DIFF_HEAD_KINDS:
         return None
+    if backend == "triton" and packing == "documents":
+        return ("run.attn_backend=triton takes no attention mask, and data.packing=documents confines attention to "
+                "each document with one; choose another backend (auto, or flex on CUDA)")
     if backend == "decode" and seq_len > 1:
         return ("run.attn_backend=decode takes one query per sequence (decoding with a KV cache), not training "
                 f"windows of {seq_len} tokens; choose another backend (auto)")
@@ -742,7 +753,7 @@ class _Run:
             ) from exc
 
     def evaluate(self) -> float:
-        return evaluate(self.forward_model, self.validation, self.env, self.autocast)
+        return evaluate(self.forward_model, self.validation, self.env, self.autocast, self.plan.separator)
 
     def diagnose(self, *, maps: bool) -> dict[str, list[float]]:
         """λ and the attention-branch RMS per layer, and with ``maps`` the negative map share (diagnostics.py);
@@ -754,7 +765,8 @@ class _Run:
         (mean loss per target token, gradient norm before clipping, processes asking to stop)."""
         batches = list(self.plan.micro_batches(self.progress.step))
         local_loss_sum, global_count = forward_backward(
-            self.model, self.forward_model, batches, self.env, self.config.run.parallel, self.autocast
+            self.model, self.forward_model, batches, self.env, self.config.run.parallel, self.autocast,
+            self.plan.separator,
         )
         grad_norm = clip_gradients(self.raw_model, self.optim.grad_clip)
         step_loss_sum, stop_votes = all_reduce_sum([local_loss_sum, float(stop_requested)], self.env)
