@@ -219,9 +219,9 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(byte_dataset,
     real = step_module.token_loss_sum
     calls = {"n": 0}
 
-    def poisoned(model, inputs, targets):
+    def poisoned(model, inputs, targets, separator=None):
         calls["n"] += 1
-        loss = real(model, inputs, targets)
+        loss = real(model, inputs, targets, separator)
         return loss * float("nan") if calls["n"] == 3 else loss  # the third training forward: step 3
 
     monkeypatch.setattr(step_module, "token_loss_sum", poisoned)
