@@ -41,9 +41,9 @@ def test_resume_replays_the_random_streams_bit_for_bit(byte_dataset, tmp_path, m
     a run paused at step 3 and resumed logs exactly the losses of a straight run."""
     real = step_module.token_loss_sum
 
-    def noisy(model, inputs, targets):
+    def noisy(model, inputs, targets, separator=None):
         noise = torch.rand(()) + random.random()  # in [0, 2): changes the loss by up to 2e-3 of itself
-        return real(model, inputs, targets) * (1 + 1e-3 * noise)
+        return real(model, inputs, targets, separator) * (1 + 1e-3 * noise)
 
     monkeypatch.setattr(step_module, "token_loss_sum", noisy)
     def seed_all(seed):  # the streams a fresh process would start from (the trainer seeds only torch's)
