@@ -84,14 +84,15 @@ def test_compare_sweeps_the_learning_rates_and_reports_each_model_at_its_best(by
 
 
 @pytest.mark.slow  # both experiments, every seed, the evaluations
-def test_compare_runs_the_evaluations_on_every_seed_into_the_report(byte_dataset, tmp_path):  # noqa: F811
+def test_compare_runs_the_evaluations_on_every_seed_into_the_report(byte_dataset, tmp_path, capfd):  # noqa: F811
     """What the CLI wires: the config's evaluations on every seed's model, a report section each,
-    and the claims table fed by their figures."""
+    and the claims table fed by their figures; with progress=False, no run prints its summary line."""
     config = debug_experiment(byte_dataset, tmp_path / "unused", models=MODELS, run={"steps": 2, "eval_every": 2})
     out = tmp_path / "compare"
     names = ["outliers", "quantization", "ar-hit"]
     metrics = compare(config, out, seeds=2, evaluation=partial(run_suite, quick=True, evaluations=names),
                       progress=False)
+    assert "tokens/s; checkpoint" not in capfd.readouterr().err  # the runs' processes write to fd 2
     report = (out / "report.md").read_text()
     assert "## Evaluations of the paper" in report
     labels = {"Transformer s0", "Transformer s1", "DIFF s0", "DIFF s1"}

@@ -227,6 +227,17 @@ def test_a_diverging_learning_rate_stops_with_the_step_and_keeps_the_last_good_c
     assert all(torch.isfinite(t).all() for t in LanguageModel.from_pretrained(good).state_dict().values())
 
 
+def test_quiet_drops_only_the_summary_line_of_a_completed_run(dataset, tmp_path, capsys):
+    for name, quiet in (("loud", []), ("quiet", ["--quiet"])):
+        config = write_config(dataset, tmp_path / name, steps=2, progress=False)
+        assert main(["train", "--config", str(config), *quiet]) == 0
+        err = capsys.readouterr().err.strip().splitlines()
+        if quiet:
+            assert err == []
+        else:
+            assert len(err) == 1 and err[0].startswith("diff: 2 steps, ") and "final validation loss" in err[0]
+
+
 @pytest.mark.parametrize(
     "override, named",
     [("model.n_layers=3", "model.n_layers: 2 -> 3"), ("data.seq_len=16", "data.seq_len: 32 -> 16"),

@@ -218,6 +218,41 @@ def test_generate_stops_at_stop_tokens():
     assert stopped == free[: free.index(stop)]
 
 
+def test_vocab_limit_never_draws_an_id_past_it_and_changes_nothing_below():
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=512)).eval()  # random: every id likely
+    free = generate(model, [[1, 2]], 60, generator=torch.Generator().manual_seed(1))[0]
+    assert max(free) >= 257  # without the limit, ids a 257-token tokenizer has no text for
+    limited = generate(model, [[1, 2]], 60, generator=torch.Generator().manual_seed(1), vocab_limit=257)[0]
+    assert len(limited) == 60 and max(limited) < 257
+    # greedy decoding whose argmax is already below the limit is the same with it
+    greedy = generate(model, [[1, 2]], 8, temperature=0)[0]
+    assert generate(model, [[1, 2]], 8, temperature=0, vocab_limit=max(greedy) + 1)[0] == greedy
+    for bad in (0, 513, 2.5):
+        with pytest.raises(ValueError, match=r"vocab_limit must be an integer in \[1, vocab_size=512\]"):
+            generate(model, [[1]], 2, vocab_limit=bad)
+
+
+def test_the_generate_command_draws_only_ids_its_tokenizer_has(tmp_path, capsys, monkeypatch):
+    from diff_transformer import generation
+    from diff_transformer.cli import main
+    from diff_transformer.tokenizer import ByteTokenizer
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig.from_preset("debug", vocab_size=512, max_seq_len=64))
+    checkpoint = model.save_pretrained(tmp_path / "ckpt", ByteTokenizer())  # 257 ids for a 512-id model
+    drawn, real = [], generation.stream
+
+    def recording(*args, **kwargs):
+        for step in real(*args, **kwargs):
+            drawn.append(int(step[0]))
+            yield step
+
+    monkeypatch.setattr(generation, "stream", recording)
+    assert main(["generate", str(checkpoint), "--max-new-tokens", "50", "--device", "cpu", "--seed", "1"]) == 0
+    assert drawn and max(drawn) < 257
+
+
 def test_generate_errors():
     model = LanguageModel(ModelConfig.from_preset("debug"))
     with pytest.raises(ValueError, match="exceeds max_seq_len=128"):

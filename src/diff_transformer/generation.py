@@ -135,20 +135,31 @@ def stream(
     stop_tokens: Sequence[int] = (),
     generator: torch.Generator | None = None,
     compile: bool = False,
+    vocab_limit: int | None = None,
 ) -> Iterator[Tensor]:
     """Yield the next token of every row, (B,), until all rows stopped or max_new_tokens.
 
-    A row that produced a stop token keeps being padded with that token in later steps. Every
-    argument is checked first (:func:`check_generation_arguments`), when ``stream`` is called:
-    the prompt and the new tokens must fit in the model's context (``max_seq_len``).
+    A row that produced a stop token keeps being padded with that token in later steps. With
+    ``vocab_limit``, only ids below it are sampled: a tokenizer of fewer ids than the model's
+    vocabulary (padded, or trained on a smaller one) has no text for the others. Every argument is
+    checked first (:func:`check_generation_arguments`), when ``stream`` is called: the prompt and
+    the new tokens must fit in the model's context (``max_seq_len``).
     """
     stop_tokens = check_generation_arguments(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens)
-    return _stream(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator, compile)
+    _check_vocab_limit(model, vocab_limit)
+    return _stream(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator, compile,
+                   vocab_limit)
+
+
+def _check_vocab_limit(model, vocab_limit) -> None:
+    vocab = model.config.vocab_size
+    if vocab_limit is not None and (not _is_int(vocab_limit) or not 1 <= vocab_limit <= vocab):
+        raise ValueError(f"vocab_limit must be an integer in [1, vocab_size={vocab}], got {vocab_limit!r}")
 
 
 @torch.no_grad()
 def _stream(
-    model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator, compile
+    model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, generator, compile, vocab_limit
 ) -> Iterator[Tensor]:
     """:func:`stream` on checked arguments."""
     if max_new_tokens == 0:
@@ -168,7 +179,11 @@ def _stream(
     else:
         one_token_step = model
     for step in range(max_new_tokens):
-        nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        last = logits[:, -1]  # (B, V)
+        if vocab_limit is not None and vocab_limit < last.shape[-1]:
+            last = last.clone()
+            last[:, vocab_limit:] = float("-inf")  # ids the tokenizer has no text for are never drawn
+        nxt = sample_next(last, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         nxt = torch.where(done, tokens[:, -1], nxt)
         done |= torch.isin(nxt, stops)
         yield nxt
@@ -191,8 +206,10 @@ def generate(
     stop_tokens: Sequence[int] = (),
     generator: torch.Generator | None = None,
     compile: bool = False,
+    vocab_limit: int | None = None,
 ) -> list[list[int]]:
-    """New tokens for each prompt (a list of token ids), stop token excluded."""
+    """New tokens for each prompt (a list of token ids), stop token excluded; ``vocab_limit`` as
+    for :func:`stream`."""
     stop_tokens = check_generation_arguments(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens)
     was_training = model.training
     model.eval()
@@ -202,7 +219,7 @@ def generate(
     try:
         for step in stream(
             model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            stop_tokens=stop_tokens, generator=generator, compile=compile,
+            stop_tokens=stop_tokens, generator=generator, compile=compile, vocab_limit=vocab_limit,
         ):
             for i, tok in enumerate(step.tolist()):
                 if finished[i]:

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     for step in stream(
         model, [prompt], new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, stop_tokens=[tokenizer.eos_id], generator=generator, compile=args.compile,
+        vocab_limit=tokenizer.vocab_size,  # ids past the tokenizer's (a padded vocabulary) have no text
     ):
         token = int(step[0])
         if token == tokenizer.eos_id:

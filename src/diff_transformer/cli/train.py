@@ -58,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="start a new run from this checkpoint's weights (a fresh optimizer, schedule and step count; "
                    "sets run.init_from). The model must be the checkpoint's but for model.max_seq_len and "
                    "model.rope_theta; data, optim and run settings are free. Not with --resume")
+    p.add_argument("--quiet", action="store_true",
+                   help="no summary line when the run completes (errors and notes still print; compare passes it "
+                   "to its runs where it prints its own line for each)")
     p.set_defaults(run=run_train)
 
     c = subparsers.add_parser(
@@ -143,6 +146,8 @@ def run_train(args: argparse.Namespace) -> int:
     if result.status in ("interrupted", "paused"):  # a checkpoint was saved: --resume continues
         print(result.message, file=sys.stderr)
         return code
+    if args.quiet:
+        return 0
     val = f"{result.final_val_loss:.4f}" if result.final_val_loss is not None else "-"
     print(
         f"{result.model}: {result.steps} steps, {result.tokens:,} tokens, final validation loss {val}, "

@@ -221,6 +221,8 @@ class _Runner:
     def _start(self, job: Job) -> None:
         if isinstance(job, TrainingJob):
             command = job.command(self.resume, self.nproc)
+            if not self.progress or self.describe is not None:  # the run's own summary line would repeat ours
+                command.append("--quiet")
             env = None
             if self.at_once > 1:
                 threads = str(threads_per_job(self.at_once))
