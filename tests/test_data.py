@@ -418,3 +418,16 @@ def test_default_dataset_is_built_once_even_by_racing_processes(tmp_path, monkey
     assert shards.vocab_size == 8192 and shards.num_tokens > 0
     monkeypatch.setenv("DIFF_TRANSFORMER_CACHE", str(tmp_path))
     assert corpus_module.default_dataset() == built
+
+
+@pytest.mark.parametrize("seconds, rate", [(0.001, "in under a second"), (2.0, "500 tokens/s (0.00 MB/s)")])
+def test_prepare_gives_a_rate_only_over_a_second_or_more(seconds, rate, tmp_path, capsys, monkeypatch):
+    import importlib
+
+    prepare_module = importlib.import_module("diff_transformer.data.prepare")  # the package's name is the function
+    meta = {"train": {"tokens": 900}, "val": {"tokens": 100}, "dtype": "uint16", "documents": 2, "bytes": 4000,
+            "seconds": seconds}
+    monkeypatch.setattr(prepare_module, "prepare", lambda *args, **kwargs: meta)
+    (tmp_path / "a.txt").write_text("text")
+    assert main(["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"4.00 bytes/token, {rate}")  # 1,000 tokens over 2 s

@@ -287,3 +287,10 @@ def test_cuda_training_uses_bf16_autocast_and_reports_allocated_memory(byte_data
     assert all(math.isfinite(loss) for loss in losses(tmp_path).values())
     model = LanguageModel.from_pretrained(tmp_path / "checkpoint")
     assert model.embed.weight.dtype == torch.float32  # autocast leaves the weights in fp32
+
+
+def test_a_dataset_vocabulary_larger_than_the_model_is_refused_naming_the_model(byte_dataset, tmp_path):  # noqa: F811
+    models = {"diff": {"attention": "diff", "vocab_size": 100}}  # the byte dataset has 257 ids
+    with pytest.raises(ConfigError, match=r"vocabulary of 257 tokens, more than model 'diff''s vocab_size=100"):
+        train(debug_config(byte_dataset, tmp_path / "run", models=models))
+    assert not (tmp_path / "run").exists()

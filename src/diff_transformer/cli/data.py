@@ -98,9 +98,10 @@ def run_prepare(args: argparse.Namespace) -> int:
                    val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
                    progress=not args.quiet, workers=args.workers)
     tokens = meta["train"]["tokens"] + meta["val"]["tokens"]
-    seconds = max(meta["seconds"], 1e-9)
+    seconds = meta["seconds"]  # to the millisecond: a rate over less than a second says nothing
+    rate = (f"{tokens / seconds:,.0f} tokens/s ({meta['bytes'] / seconds / 1e6:.2f} MB/s)" if seconds >= 1
+            else "in under a second")
     print(f"{args.out}: {meta['train']['tokens']:,} train + {meta['val']['tokens']:,} val tokens ({meta['dtype']}) "
           f"from {meta['documents']} documents, {meta['bytes']:,} bytes; "
-          f"{meta['bytes'] / tokens:.2f} bytes/token, {tokens / seconds:,.0f} tokens/s "
-          f"({meta['bytes'] / seconds / 1e6:.2f} MB/s)")
+          f"{meta['bytes'] / tokens:.2f} bytes/token, {rate}")
     return 0

@@ -430,8 +430,8 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
     plan = DataPlan(config, seq_len, env)
     if plan.vocab_size > model_config.vocab_size:
         raise ConfigError(
-            f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than the model's "
-            f"vocab_size={model_config.vocab_size}"
+            f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than model "
+            f"{entry.name!r}'s vocab_size={model_config.vocab_size}"
         )
     try:
         validation = plan.validation_batches()
