@@ -101,8 +101,10 @@ def test_the_axes_train_every_model_at_every_size_and_the_token_axis_where_asked
     config = load_experiment("scaling")
     keys = scaling_keys(config, ["standard", "diff"], [0, 1])
     steps = config.train.run.steps
-    # 4 sizes × 3 lrs at the full budget, plus 2 more budgets at size s; 2 models, 2 seeds.
-    assert len(keys) == 2 * 2 * 3 * (4 + 2)
+    # 3 lrs at xs and s, 2 at m and l, at the full budget; 2 more budgets at s (3 lrs); 2 models, 2 seeds.
+    assert len(keys) == 2 * 2 * (3 + 3 + 2 + 2 + 3 * 2)
+    assert {k.lr for k in keys if k.size == "l"} == {2e-3, 4e-3} and {k.lr for k in keys if k.size == "xs"} == {
+        2e-3, 4e-3, 8e-3}
     assert {k.steps for k in keys if k.size == "s"} == {steps // 4, steps // 2, steps}
     assert {k.steps for k in keys if k.size != "s"} == {steps}
     assert [k.seed for k in keys] == sorted(k.seed for k in keys)  # seeds outermost
