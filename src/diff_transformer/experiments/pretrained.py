@@ -256,7 +256,8 @@ def read_texts(settings: PretrainedConfig) -> StudyText:
             return StudyText(f"the validation documents of the prepared dataset {where}",
                              first_chars(_dataset_documents(path), limit))
         documents = scan_documents([path], settings.text_field)
-        return StudyText(f"{where} ({len(documents):,} documents)", first_chars(documents.texts(), limit))
+        count = f"{len(documents):,} document{'s' if len(documents) > 1 else ''}"
+        return StudyText(f"{where} ({count})", first_chars(documents.texts(), limit))
     except (ValueError, OSError) as exc:
         raise ConfigError(f"pretrained.texts: {exc}") from None
 
