@@ -81,7 +81,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "\"Extending the context\"). A config with a convert section (--config convert) runs the conversion study: "
         "a Transformer (trained here for run.steps, which --steps sets, or convert.source) converted to DIFF, then "
         "fine-tuned beside the Transformer trained on; the tokens each needs to recover the source's loss and where "
-        "it ends against the Transformer (docs/training.md, \"From a pretrained Transformer\").",
+        "it ends against the Transformer (docs/training.md, \"From a pretrained Transformer\"). A config with a "
+        "pretrained section (--config pretrained) trains nothing: it runs compare.evaluations on the checkpoints "
+        "pretrained.models names (trained here, converted, or imported with import-hf), each labelled DIFF family "
+        "or Transformer, on the same text, and reports every effect as DIFF family − Transformer with its 95% "
+        "interval over windows (docs/pretrained.md); it takes --set, --out, --resume and --jobs.",
         epilog=COMPARE_EXIT_STATUSES,
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)
@@ -131,7 +135,11 @@ def run_train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.init_from:  # YAML-quoted: a path is a string whatever it looks like
         overrides.append(f"run.init_from={json.dumps(args.init_from)}")
-    config = load_experiment(args.config, overrides).train  # the whole file checked, its trainer's part trained
+    experiment = load_experiment(args.config, overrides)  # the whole file checked, its trainer's part trained
+    if experiment.pretrained.enabled:
+        raise types.UsageError(f"config {experiment.name!r} names pretrained checkpoints to evaluate, not a model to "
+                               f"train: run diff-transformer compare --config {args.config}")
+    config = experiment.train
     # An explicit --set run.steps=N may lengthen a resumed run; a run.steps that only the config file
     # changed is a difference like any other.
     lengthen = any(item.partition("=")[0].strip() == "run.steps" for item in args.overrides)
@@ -169,6 +177,13 @@ def run_compare(args: argparse.Namespace) -> int:
     if _changes_the_budget(args) and not any(item.startswith("compare.budget_note=") for item in overrides):
         overrides.append("compare.budget_note=''")  # the config's note describes its own budget, not this run's
     config = load_experiment(args.config, overrides)
+    if config.pretrained.enabled:  # what compare() cannot see: the flags that became overrides, the evaluation's
+        given = [flag for flag, value in (("--steps", args.steps), ("--retrieval-steps", args.retrieval_steps),
+                                          ("--no-eval", args.no_eval), ("--quick-eval", args.quick_eval)) if value]
+        if given:
+            raise types.UsageError(f"config {config.name!r} runs the pretrained-models study, which trains nothing "
+                                   f"and takes no {', '.join(given)}: its work is compare.evaluations, their budgets "
+                                   "compare.evaluation_options (--set compare.evaluation_options.NAME.OPTION=VALUE)")
     kinds = [k.strip() for k in args.attention.split(",") if k.strip()] if args.attention else None
     models = select_models(config, kinds)
     evaluation = None

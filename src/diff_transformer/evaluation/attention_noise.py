@@ -18,6 +18,8 @@ sum, which is 1 for softmax, 1 − λ for DIFF and the head mean of 1 − σ(λ�
 three groups of a row add up to 1 for every kind of attention. A DIFF layer whose row sum is
 below 0.05 (λ ≥ 0.95) makes this ratio meaningless; such layers are left out and counted in
 ``layers_left_out``. The reported mass is the average over layers, rows and documents.
+Each document's own (``per_document``, in depth-major order): the mean over the layers kept for
+it of its answer rows' mean mass per group; None for a document with no layer kept.
 """
 
 from __future__ import annotations
@@ -98,10 +100,20 @@ class GroupMassTap(AttentionTap):
         self.groups = torch.stack([torch.stack([g[k] for k in GROUPS]) for g in groups]).float()  # (B, 3, S)
         self.mass = torch.zeros(n_layers, len(GROUPS))  # summed over rows
         self.count = torch.zeros(n_layers)
+        self.document_mass = torch.zeros(len(rows), n_layers, len(GROUPS))  # the same, per document
+        self.document_count = torch.zeros(len(rows), n_layers)
         self.left_out = [0] * n_layers
         # Per document: its first answer row, normalised, summed over the layers that were kept.
         self.profile: list[Tensor | None] = [None] * len(rows)
         self.profile_layers = [0] * len(rows)
+
+    def per_document(self) -> list[list[float] | None]:
+        """Per document: the mean over its kept layers of its rows' mean mass per group (3,), or None."""
+        out = []
+        for mass, count in zip(self.document_mass, self.document_count):
+            kept = count > 0
+            out.append((mass[kept] / count[kept, None]).mean(dim=0).tolist() if kept.any() else None)
+        return out
 
     def record(self, layer_index: int, maps: AttentionMaps) -> None:
         combined = maps.combined.float().mean(dim=1).cpu()  # (B, T, S), head mean
@@ -113,8 +125,11 @@ class GroupMassTap(AttentionTap):
             if not usable.any():
                 continue
             normalised = picked[usable] / sums[usable]
-            self.mass[layer_index] += (normalised @ self.groups[b].T).sum(dim=0)  # (3,)
+            mass = (normalised @ self.groups[b].T).sum(dim=0)  # (3,)
+            self.mass[layer_index] += mass
             self.count[layer_index] += int(usable.sum())
+            self.document_mass[b, layer_index] += mass
+            self.document_count[b, layer_index] += int(usable.sum())
             if usable[0]:
                 first = normalised[0]
                 self.profile[b] = first if self.profile[b] is None else self.profile[b] + first
@@ -130,6 +145,7 @@ def run(mut: ModelUnderTest, options: AttentionNoiseOptions, text: EvalText, *,
     filler = text.filler(mut.tokenizer, min_tokens=4 * length)
     n_layers = mut.model.config.n_layers
     by_depth = []
+    per_document: list[list[float] | None] = []  # (3,) per document, depth-major
     profile_example = None
     for depth in progress_bar(options.depths, desc=f"attention-noise {mut.label}", disable=not progress, leave=False):
         examples = [
@@ -150,6 +166,7 @@ def run(mut: ModelUnderTest, options: AttentionNoiseOptions, text: EvalText, *,
                 mut.model(tokens)
             mass += tap.mass
             count += tap.count
+            per_document += tap.per_document()
             left_out = [a + b for a, b in zip(left_out, tap.left_out)]
             middle = options.depths[len(options.depths) // 2]
             if profile_example is None and depth == middle and tap.profile[0] is not None:
@@ -176,6 +193,7 @@ def run(mut: ModelUnderTest, options: AttentionNoiseOptions, text: EvalText, *,
         "noise": [d["noise"] for d in by_depth],
         "other": [d["other"] for d in by_depth],
         "by_depth": by_depth,
+        "per_document": {g: [None if d is None else d[i] for d in per_document] for i, g in enumerate(GROUPS)},
         "profile": profile_example,
     }
 

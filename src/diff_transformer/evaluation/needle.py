@@ -10,6 +10,8 @@ of the same document are given (teacher forcing), so queries are scored independ
 Two grids, a fixed number of documents per cell:
 - the table: every N:R setting at the longest context length, accuracy averaged over depths;
 - the heatmap: one N:R setting, accuracy per depth x context length.
+Each document's own accuracy (the share of its R queries answered exactly) is kept too,
+``per_document``: every cell's documents in the order of ``cells``.
 
 Small models cannot do this zero-shot: train with the "needle" generator in the data mixture
 (``data.mix: {needle: 0.1}``), which produces documents in exactly this format.
@@ -91,7 +93,8 @@ def decoded_number(text: str) -> str:
 
 
 def _documents(mut: ModelUnderTest, options: NeedleOptions, filler, cell: tuple[str, float, int]):
-    """(prompt, answer) per query of the cell's documents, or the reason the cell cannot be built."""
+    """(prompt, answer, document) per query of the cell's documents (document: its sample number), or
+    the reason the cell cannot be built."""
     setting, depth, length = cell
     n_needles, n_queries = parse_setting(setting)
     queries = []
@@ -102,7 +105,7 @@ def _documents(mut: ModelUnderTest, options: NeedleOptions, filler, cell: tuple[
                 rng, mut.tokenizer, filler, length=length, n_needles=n_needles, n_queries=n_queries,
                 depth=depth, digits=options.digits,
             )
-            queries += [(example.tokens[:start], answer)
+            queries += [(example.tokens[:start], answer, sample)
                         for (start, _), answer in zip(example.answer_spans, example.answers)]
     except ValueError as exc:  # the context is too short for this many needles
         return str(exc)
@@ -119,18 +122,21 @@ def run(mut: ModelUnderTest, options: NeedleOptions, text: EvalText, *, progress
     cells = list(dict.fromkeys(cells))  # the table and the heatmap share the longest length
     built = {cell: _documents(mut, options, filler, cell) for cell in cells}
     # Every query of every cell, decoded in batches of similar prompt length (little padding).
-    queue = sorted(((len(p), cell, p, a) for cell, qs in built.items() if isinstance(qs, list) for p, a in qs),
-                   key=lambda q: q[0])
+    queue = sorted(((len(p), (cell, d), p, a) for cell, qs in built.items() if isinstance(qs, list)
+                    for p, a, d in qs), key=lambda q: q[0])
     max_new = len(mut.tokenizer.encode(" " + "9" * options.digits)) + 1
     correct = dict.fromkeys(cells, 0)
+    document_correct: dict[tuple, int] = {}  # (cell, document) -> its queries answered exactly
     batches = range(0, len(queue), options.batch_size)
     for start in progress_bar(batches, desc=f"needle {mut.label}", disable=not progress, leave=False):
         batch = queue[start : start + options.batch_size]
         # the last answer of a full-length document ends at the context's end
         room = mut.max_seq_len - max(n for n, _, _, _ in batch)
         decoded = greedy_decode(mut.model, [p for _, _, p, _ in batch], min(max_new, room))
-        for (_, cell, _, answer), new_tokens in zip(batch, decoded):
-            correct[cell] += decoded_number(mut.tokenizer.decode(new_tokens)) == answer
+        for (_, (cell, document), _, answer), new_tokens in zip(batch, decoded):
+            right = decoded_number(mut.tokenizer.decode(new_tokens)) == answer
+            correct[cell] += right
+            document_correct[cell, document] = document_correct.get((cell, document), 0) + right
     done = {}
     for cell, qs in built.items():
         if isinstance(qs, str):
@@ -148,12 +154,17 @@ def run(mut: ModelUnderTest, options: NeedleOptions, text: EvalText, *, progress
             **({"skipped": per_depth[0]["skipped"]} if not n else {}),
         }
     heatmap = [[done[(options.heatmap, d, n)]["accuracy"] for d in options.depths] for n in lengths]
+    built_cells = [cell for cell, qs in built.items() if isinstance(qs, list)]
+    per_document = [document_correct.get((cell, d), 0) / parse_setting(cell[0])[1]
+                    for cell in built_cells for d in range(options.samples)]
     return {
         "model": mut.describe(),
         "length": lengths[-1],
         "table": table,
         "heatmap": {"setting": options.heatmap, "depths": list(options.depths), "lengths": lengths,
                     "accuracy": heatmap},
+        "cells": [list(cell) for cell in built_cells],  # (setting, depth, length) of each built cell
+        "per_document": per_document,
     }
 
 

@@ -10,7 +10,9 @@ value. Top values are exact; the median is exact while the values fit in ``media
 otherwise it is the median of a uniform random subsample (with replacement) of about that many.
 Per layer, as Sun et al. 2024 ("Massive activations in large language models") read the residual
 stream: the largest absolute value, the median absolute value (of that layer's share of the
-subsample) and their ratio, top-1 / median.
+subsample) and their ratio, top-1 / median. Per window and layer, the window's own largest
+absolute value (``per_window_layer_top1``, (windows, layers); ``per_window_top1`` its largest over
+layers): what varies from one window of text to the next.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ class MagnitudeStats:
         self.samples: dict[int, list[Tensor]] = {}  # per layer
         self.count = 0
         self.layer_top1: dict[int, float] = {}
+        self.window_top1: dict[int, list[Tensor]] = {}  # per layer: each batch's (B,) largest |value| per window
+
+    def record_windows(self, top1: Tensor, layer_index: int) -> None:
+        """The largest |value| of each window (B,) of one batch in one layer (batches in order)."""
+        self.window_top1.setdefault(layer_index, []).append(top1.detach().float().cpu())
 
     def update(self, values: Tensor, layer_index: int) -> None:
         values = values.detach().float().abs().flatten()
@@ -114,7 +121,18 @@ class MagnitudeStats:
         out["per_layer_median"] = medians
         out["per_layer_ratio"] = [top / median if median > 0 else None
                                   for top, median in zip(out["per_layer_top1"], medians)]
+        if self.window_top1:
+            windows = torch.stack([torch.cat(self.window_top1[i]) for i in layers], dim=1)  # (windows, layers)
+            out["per_window_layer_top1"] = windows.tolist()
+            out["per_window_top1"] = windows.amax(dim=1).tolist()
         return out
+
+
+def window_top1(values: Tensor) -> Tensor:
+    """The largest |value| of each window (B,) of ``values`` (B, ...), ignoring the masked (-inf) ones."""
+    magnitude = values.detach().float().abs()
+    return magnitude.masked_fill(~torch.isfinite(magnitude), 0.0).flatten(1).amax(dim=1)
+
 
 class LogitTap(AttentionTap):
     def __init__(self, stats: MagnitudeStats) -> None:
@@ -123,6 +141,14 @@ class LogitTap(AttentionTap):
     def record(self, layer_index: int, maps: AttentionMaps) -> None:
         for logits in maps.logits:
             self.stats.update(logits[torch.isfinite(logits)], layer_index)
+        self.stats.record_windows(torch.stack([window_top1(logits) for logits in maps.logits]).amax(dim=0),
+                                  layer_index)
+
+
+def _record_hidden(stats: MagnitudeStats, hidden: Tensor, layer_index: int) -> None:
+    """A block's output (B, T, D): every value, and each window's largest."""
+    stats.update(hidden, layer_index)
+    stats.record_windows(window_top1(hidden), layer_index)
 
 
 @torch.no_grad()
@@ -140,7 +166,7 @@ def run(mut: ModelUnderTest, options: OutlierOptions, text: EvalText, *, progres
     logit_stats = MagnitudeStats(min(1.0, options.median_sample / n_logits), options.seed)
     hidden_stats = MagnitudeStats(min(1.0, options.median_sample / n_hidden), options.seed + 1)
     hooks = [
-        layer.register_forward_hook(lambda _m, _inp, out, i=i: hidden_stats.update(out, i))
+        layer.register_forward_hook(lambda _m, _inp, out, i=i: _record_hidden(hidden_stats, out, i))
         for i, layer in enumerate(mut.model.layers)
     ]
     try:

@@ -10,7 +10,7 @@ quantisation) or per head (each (sequence, head) map). The scale is computed afr
 forward pass (dynamic). Everything else stays in fp32.
 
 Per bit width (and unquantised, "fp32", through the same reference attention path) it measures:
-- validation loss on held-out windows;
+- validation loss on held-out windows (and each window's own, ``per_window_loss``);
 - cloze accuracy: a multiple-choice task in the style of HellaSwag made from held-out text: a
   context, its true continuation and continuations taken from elsewhere, chosen by the sum of
   log-probabilities (chance = 1 / choices);
@@ -172,11 +172,11 @@ def run(mut: ModelUnderTest, options: QuantizationOptions, text: EvalText, *, pr
     rows = []
     for bits in progress_bar(settings, desc=f"quantization {mut.label}", disable=not progress, leave=False):
         with mut.model.tap_attention(QuantizeTap(bits, options.granularity)):
-            loss = float(token_nll(mut.model, windows, options.batch_size).mean())
+            nll = token_nll(mut.model, windows, options.batch_size)  # (windows, T)
             cloze = _cloze_correct(mut, items, 4 * options.batch_size)  # cloze sequences are short
             needle = _needle_accuracy(mut, documents, options.batch_size) if documents else None
-        rows.append({"bits": bits, "loss": loss, "cloze_accuracy": sum(cloze) / len(cloze), "needle_accuracy": needle,
-                     "cloze_correct": cloze})
+        rows.append({"bits": bits, "loss": float(nll.mean()), "cloze_accuracy": sum(cloze) / len(cloze),
+                     "needle_accuracy": needle, "cloze_correct": cloze, "per_window_loss": nll.mean(dim=1).tolist()})
     return {
         "model": mut.describe(),
         "granularity": options.granularity,

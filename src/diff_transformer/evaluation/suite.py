@@ -107,19 +107,39 @@ def run_evaluation(
         text = text or EvalText()
         results, errors, seconds = {}, {}, {}
         for mut in models:
-            start = time.perf_counter()
-            try:
-                with torch.no_grad():
-                    results[mut.label] = spec.run(mut, options, text, progress=progress)
-            except ValueError as exc:
+            result, error, seconds[mut.label] = measure(spec, mut, options, text, progress=progress)
+            if error is not None:
                 if strict:
-                    raise EvaluationError(f"{spec.name} cannot run on {mut.label}: {exc}; nothing written") from None
-                errors[mut.label] = str(exc)
-            seconds[mut.label] = round(time.perf_counter() - start, 2)
-        data = {"evaluation": spec.name, "title": spec.title, "options": options_dict(options), "models": results,
-                "errors": errors, "seconds": seconds}
-        plot = (lambda path: spec.plot(results, options, path)) if results else None
-        files = write_evaluation_result(out_dir, spec.name, data, plot, reading)
+                    raise EvaluationError(f"{spec.name} cannot run on {mut.label}: {error}; nothing written")
+                errors[mut.label] = error
+            else:
+                results[mut.label] = result
+        return write_evaluation(spec, options, results, errors, seconds, out_dir, reading)
+
+
+def measure(spec: Evaluation, mut: ModelUnderTest, options: Any, text: EvalText, *,
+            progress: bool = True) -> tuple[dict[str, Any] | None, str | None, float]:
+    """One evaluation on one model: (its result, None), or (None, why it cannot run) when it raises a
+    ValueError (a context too short for its documents, say); and the seconds it took."""
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            result, error = spec.run(mut, options, text, progress=progress), None
+    except ValueError as exc:
+        result, error = None, str(exc)
+    return result, error, round(time.perf_counter() - start, 2)
+
+
+def write_evaluation(spec: Evaluation, options: Any, results: dict[str, dict], errors: dict[str, str],
+                     seconds: dict[str, float], out_dir: Path, reading: Sequence[str | Path]
+                     ) -> tuple[dict[str, Any], str, list[Path]]:
+    """One evaluation's results on several models (by label; ``errors``: the models it could not run
+    on, and why) written as OUT/NAME.json and OUT/NAME.png (:func:`write_evaluation_result`); returns
+    the JSON data, the Markdown section and the files written."""
+    data = {"evaluation": spec.name, "title": spec.title, "options": options_dict(options), "models": results,
+            "errors": errors, "seconds": seconds}
+    plot = (lambda path: spec.plot(results, options, path)) if results else None
+    files = write_evaluation_result(out_dir, spec.name, data, plot, reading)
     lines = [spec.report(results, options)] if results else []
     lines += [f"Not run on {label}: {message}" for label, message in errors.items()]
     return data, "\n\n".join(lines), files

@@ -4,7 +4,7 @@ tokenized per tokenizer into streams, windows and filler."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -25,6 +25,17 @@ def corpus_validation_texts() -> list[str]:
     return texts
 
 
+def first_chars(texts: Iterable[str], max_chars: int) -> list[str]:
+    """The documents of ``texts`` in order up to ``max_chars`` characters in all, the last one cut."""
+    out, chars = [], 0
+    for text in texts:
+        if chars >= max_chars:
+            break
+        out.append(text[: max_chars - chars])
+        chars += len(out[-1])
+    return out
+
+
 class EvalText:
     """Held-out text (the corpus' validation documents by default), tokenized per tokenizer on demand.
 
@@ -40,13 +51,7 @@ class EvalText:
 
     def _load_texts(self) -> list[str]:
         if self._texts is None:
-            texts, chars = [], 0
-            for text in corpus_validation_texts():
-                texts.append(text[: self.max_chars - chars])
-                chars += len(texts[-1])
-                if chars >= self.max_chars:
-                    break
-            self._texts = texts
+            self._texts = first_chars(corpus_validation_texts(), self.max_chars)
         if not self._texts or not any(t.strip() for t in self._texts):
             raise ValueError("evaluation text is empty")
         return self._texts

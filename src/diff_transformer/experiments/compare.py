@@ -2,7 +2,8 @@
 side-by-side comparison (:mod:`.comparison`, the default), the long-context study
 (:mod:`.long_context`) for a config with a ``long_context`` section, the scaling study
 (:mod:`.scaling`) for one with a ``scaling`` section, the conversion study (:mod:`.conversion`) for
-one with a ``convert`` section. Each is a grid of runs on
+one with a ``convert`` section, the pretrained-models study (:mod:`.pretrained`, no training) for one
+with a ``pretrained`` section. Each is a grid of runs on
 the same engine (:mod:`.study`, :mod:`.runner`); they share the options below.
 
     from diff_transformer.experiments import compare, load_experiment
@@ -19,11 +20,12 @@ from .comparison import CompareMetrics, Evaluation, run_comparison
 from .config import ExperimentConfig
 from .conversion import ConversionMetrics, run_conversion
 from .long_context import LongContextMetrics, run_long_context
+from .pretrained import PretrainedMetrics, run_pretrained
 from .runner import StudyInterrupted
 from .scaling import ScalingMetrics, run_scaling
 
-__all__ = ["CompareMetrics", "ConversionMetrics", "Evaluation", "LongContextMetrics", "ScalingMetrics",
-           "StudyInterrupted", "compare", "select_models"]
+__all__ = ["CompareMetrics", "ConversionMetrics", "Evaluation", "LongContextMetrics", "PretrainedMetrics",
+           "ScalingMetrics", "StudyInterrupted", "compare", "select_models"]
 
 
 def select_models(config: ExperimentConfig, attention: list[str] | None) -> list[str]:
@@ -68,7 +70,7 @@ def compare(
     jobs: int | None = None,
     evaluation: Evaluation | None = None,
     progress: bool = True,
-) -> CompareMetrics | LongContextMetrics | ScalingMetrics | ConversionMetrics:
+) -> CompareMetrics | LongContextMetrics | ScalingMetrics | ConversionMetrics | PretrainedMetrics:
     """Train ``models`` (names in ``config``; default: :func:`select_models`) for ``seeds`` seeds
     under every init recipe (``recipes``, default: compare.recipes and, for language modelling,
     compare.lm_recipes; none: each model as configured) at every learning rate of ``lr_grid``
@@ -78,7 +80,9 @@ def compare(
     train at the same time (default: compare.jobs; 1 when ``nproc`` > 1). A config with a
     long_context section runs that study (its retrieval runs by length; ``evaluation`` on the
     extended models); one with a convert section, the conversion study (``evaluation`` on the
-    fine-tuned models).
+    fine-tuned models); one with a pretrained section, the pretrained-models study, which trains
+    nothing: its work is compare.evaluations on the given checkpoints (``evaluation`` is not used;
+    ``jobs`` models are measured at a time).
 
     With ``resume``, runs that finished are reused and interrupted ones continue from their
     checkpoint; without it, earlier runs of the same models in ``out_dir`` are replaced.
@@ -91,6 +95,18 @@ def compare(
     if jobs > 1 and nproc > 1:
         raise ConfigError(f"compare: --jobs {jobs} trains several single-process runs at once and --nproc {nproc} "
                           "one run in several processes; give one of them")
+    if config.pretrained.enabled:
+        given = [flag for flag, value in (("--seeds", seeds), ("--lr-grid", lr_grid),
+                                          ("--retrieval-lr-grid", retrieval_lr_grid), ("--recipes", recipes))
+                 if value is not None]
+        given += ["--no-retrieval"] * (retrieval is not None) + ["--nproc"] * (nproc > 1)
+        given += ["--attention"] * (models is not None and list(models) != select_models(config, None))
+        if given:
+            raise ConfigError(f"config {config.name!r} runs the pretrained-models study, which trains nothing and "
+                              f"takes no {', '.join(given)}: its models are pretrained.models (--set "
+                              "pretrained.models.NAME.checkpoint=DIR), its budget the evaluations' options (--set "
+                              "compare.evaluation_options.NAME.OPTION=VALUE)")
+        return run_pretrained(config, Path(out_dir), resume=resume, jobs=jobs, progress=progress)
     seed_values = [config.train.run.seed + i for i in range(seeds or config.compare.seeds)]
     grid = list(lr_grid if lr_grid is not None else config.compare.lr_grid)
     if config.convert.enabled:

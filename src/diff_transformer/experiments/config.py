@@ -1,6 +1,6 @@
 """The experiments' settings: the sections of a config file beside the trainer's (``compare``,
-``retrieval``, ``long_context``, ``scaling``, ``convert``), the init recipes a comparison searches,
-and the learning rates a sweep chose for each model, and the sizes and budgets of a scaling study.
+``retrieval``, ``long_context``, ``scaling``, ``convert``, ``pretrained``), the init recipes a comparison
+searches, and the learning rates a sweep chose for each model, and the sizes and budgets of a scaling study.
 :func:`load_experiment` reads a whole config file into an
 :class:`ExperimentConfig`: the trainer's part (:class:`~diff_transformer.train.config.TrainConfig`)
 and these sections, every key checked::
@@ -10,13 +10,14 @@ and these sections, every key checked::
     retrieval: {steps: 400, lr: 1.0e-3, lr_by_model: {standard: 2.0e-3}}
     long_context: {seq_len: 1024, rope_theta: 226000}
 
-A section that is absent is off (``retrieval``, ``long_context``, ``scaling``, ``convert``) or at its
-defaults (``compare``).
+A section that is absent is off (``retrieval``, ``long_context``, ``scaling``, ``convert``,
+``pretrained``) or at its defaults (``compare``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -401,6 +402,75 @@ class ConvertConfig:
                               "or convert.scratch_model: null")
 
 
+# The families a pretrained model belongs to (pretrained.models.NAME.family): the study reports every
+# DIFF-family model against every Transformer.
+DIFF_FAMILY, TRANSFORMER_FAMILY = "DIFF family", "Transformer"
+FAMILIES = (DIFF_FAMILY, TRANSFORMER_FAMILY)
+
+
+@dataclass
+class PretrainedModel:
+    """One given model of the pretrained-models study: a checkpoint of this project (trained here,
+    converted, or imported with ``import-hf``) and the family it belongs to."""
+
+    checkpoint: str
+    family: str
+    label: str | None = None  # how the report names it; None: its name in pretrained.models
+
+
+@dataclass
+class PretrainedConfig:
+    """The pretrained-models study of ``compare`` (the ``pretrained`` section; absent = off): no
+    training; compare.evaluations run on every model of ``models`` with the same texts, every
+    effect reported as DIFF family − Transformer. See :mod:`diff_transformer.experiments.pretrained`."""
+
+    enabled: bool = True
+    models: dict[str, PretrainedModel] = field(default_factory=dict)  # name -> its checkpoint and family
+    # The held-out text every model reads (each tokenising it itself): "default" (the embedded corpus'
+    # validation documents), a prepared dataset (its validation documents, decoded with its tokenizer),
+    # or what `prepare` reads (a text file, a JSON Lines file of {text_field: ...} records, a folder).
+    texts: str = "default"
+    text_field: str = "text"
+    max_chars: int = 4_000_000  # the text read, at most (the documents in order, the last one cut)
+    # The context every model is read at, in its own tokens (the evaluations' windows and documents);
+    # None: the shortest of the models' own contexts. Longer than a model's own is refused.
+    seq_len: int | None = None
+    device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            return
+        for name, entry in self.models.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+                raise ConfigError(f"pretrained.models.{name}: a model's name is a file name of the study's output "
+                                  "(letters, digits, '.', '_', '-'); give a label for anything else")
+            if not entry.checkpoint.strip():
+                raise ConfigError(f"pretrained.models.{name}.checkpoint must be a checkpoint directory")
+            if entry.family not in FAMILIES:
+                raise ConfigError(f"pretrained.models.{name}.family must be one of {', '.join(map(repr, FAMILIES))}, "
+                                  f"got {entry.family!r}")
+        families = {entry.family for entry in self.models.values()}
+        if set(FAMILIES) - families:
+            given = ", ".join(f"{name} ({entry.family})" for name, entry in self.models.items()) or "none"
+            raise ConfigError(f"pretrained.models: the study compares the families {' and '.join(FAMILIES)}: give at "
+                              f"least one model of each (got {given})")
+        labels = [entry.label or name for name, entry in self.models.items()]
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"pretrained.models: two models have the same label ({', '.join(labels)})")
+        if not self.texts.strip():
+            raise ConfigError("pretrained.texts must be 'default' or a path")
+        for name in ("max_chars", "seq_len"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"pretrained.{name} must be positive, got {value}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"pretrained.device must be one of auto, cpu, cuda, got {self.device!r}")
+
+    def label(self, name: str) -> str:
+        """How reports name model ``name``."""
+        return self.models[name].label or name
+
+
 def check_learning_rates(where: str, table: dict[str, float]) -> None:
     """A ConfigError naming the first learning rate of ``table`` that is not positive."""
     for name, lr in table.items():
@@ -436,6 +506,7 @@ SECTIONS: dict[str, tuple[type, dict[str, Any]]] = {
     "long_context": (LongContextConfig, {"enabled": False}),
     "scaling": (ScalingConfig, {"enabled": False}),
     "convert": (ConvertConfig, {"enabled": False}),
+    "pretrained": (PretrainedConfig, {"enabled": False}),
 }
 
 
@@ -449,9 +520,10 @@ class ExperimentConfig:
     long_context: LongContextConfig = field(default_factory=lambda: LongContextConfig(enabled=False))
     scaling: ScalingConfig = field(default_factory=lambda: ScalingConfig(enabled=False))
     convert: ConvertConfig = field(default_factory=lambda: ConvertConfig(enabled=False))
+    pretrained: PretrainedConfig = field(default_factory=lambda: PretrainedConfig(enabled=False))
 
     def __post_init__(self) -> None:
-        studies = [name for name in ("long_context", "scaling", "convert") if getattr(self, name).enabled]
+        studies = [name for name in ("long_context", "scaling", "convert", "pretrained") if getattr(self, name).enabled]
         if len(studies) > 1:
             raise ConfigError(f"{' and '.join(studies)}: a config runs one study; remove all but one of the sections")
         if self.convert.enabled:

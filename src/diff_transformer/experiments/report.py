@@ -234,10 +234,12 @@ def evaluation_intro() -> str:
             "1.4B: only the direction of a difference can be compared. JSON and plots: eval/.")
 
 
-def write_study(out_dir: Path, metrics: Any, report: str, suite: SuiteResult | None = None) -> None:
-    """A study's metrics.json and report.md (the evaluation suite's sections appended when it ran)."""
+def write_study(out_dir: Path, metrics: Any, report: str, suite: SuiteResult | None = None,
+                intro: str | None = None) -> None:
+    """A study's metrics.json and report.md (the evaluation suite's sections appended when it ran,
+    under ``intro``, by default :func:`evaluation_intro`)."""
     if suite is not None:
-        report += "\n" + evaluation_intro() + "\n\n" + suite.markdown(relative_to=out_dir, heading="###")
+        report += "\n" + (intro or evaluation_intro()) + "\n\n" + suite.markdown(relative_to=out_dir, heading="###")
     write_text_atomically(out_dir / "metrics.json", json_text(metrics))
     write_text_atomically(out_dir / "report.md", report)
 

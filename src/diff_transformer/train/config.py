@@ -2,8 +2,9 @@
 
 A config file names an experiment: a base ``model`` and named ``models`` (variants merged over
 it), the ``data``, the ``optim``izer and the ``run``; the sections of the experiments beside them
-(``compare``, ``retrieval``, ``long_context``, ``scaling``, ``convert``: :data:`EXPERIMENT_SECTIONS`) are
-read by :mod:`diff_transformer.experiments.config`, not here::
+(``compare``, ``retrieval``, ``long_context``, ``scaling``, ``convert``, ``pretrained``:
+:data:`EXPERIMENT_SECTIONS`) are read by :mod:`diff_transformer.experiments.config`, not here (a
+config with a ``pretrained`` section, whose models are given checkpoints, needs no ``model``)::
 
     name: tiny
     model: {preset: tiny}                  # a ModelConfig preset plus any ModelConfig field
@@ -42,7 +43,7 @@ from ..ops import BACKEND_NAMES
 T = TypeVar("T")
 # Sections of a config file that the experiments read (diff_transformer.experiments.config); the
 # trainer does not look into them.
-EXPERIMENT_SECTIONS = ("compare", "retrieval", "long_context", "scaling", "convert")
+EXPERIMENT_SECTIONS = ("compare", "retrieval", "long_context", "scaling", "convert", "pretrained")
 # Keys a model entry no longer takes, and where their values live now.
 MOVED_MODEL_KEYS = {
     "retrieval_lr": "retrieval.lr_by_model.{name}",
@@ -369,6 +370,8 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
         raise ConfigError(errors[0])
     if annotation is Any:
         return value
+    if dataclasses.is_dataclass(annotation):  # a nested section, e.g. each model of pretrained.models
+        return section_from_dict(annotation, value, where)
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation is float and isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
@@ -556,7 +559,7 @@ def read_config_data(name_or_path: str | Path, overrides: list[str] | None, pars
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     overrides = list(overrides or [])
     merged = apply_overrides(data, overrides)
-    if "model" not in merged and "models" not in merged:
+    if "model" not in merged and "models" not in merged and "pretrained" not in merged:  # pretrained: its checkpoints
         raise ConfigError(f"{path}: no model; set model (e.g. model: {{preset: tiny}}) or models")
     try:
         return parse(merged, str(path))
