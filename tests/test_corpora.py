@@ -187,6 +187,18 @@ def bad_parquet(kind: str):
     return write
 
 
+def string_column(values: list[bytes]) -> pa.Array:
+    """A string column holding exactly these bytes: pyarrow does not check that they are UTF-8 (a
+    writer that does not check either makes such files)."""
+    data = pa.array(values, pa.binary())
+    return pa.Array.from_buffers(pa.string(), len(data), data.buffers())
+
+
+def not_text_arrow(path: Path) -> None:
+    with pa.ipc.new_stream(path, pa.schema([("text", pa.string())])) as writer:
+        writer.write_table(pa.table({"text": string_column([b"fine", b"fine", b"a\x00b"])}))
+
+
 def corrupt_gzip(path: Path) -> None:
     path.write_bytes(gzip.compress(jsonl_bytes())[:60])
 
@@ -210,8 +222,22 @@ def corrupt_arrow(path: Path) -> None:
      "{path}:2: field 'text' is int, not a string"),
     ("x.jsonl.gz", lambda p: p.write_bytes(gzip.compress(b'{"text": "a"}\n{"text": "\xe9"}\n')),
      "{path}:2: not UTF-8 text (invalid byte at offset 24); give UTF-8 text"),
+    # issue 43: "'utf-8' codec can't decode byte 0xff in position 4", naming no file, row or field
+    ("x.parquet", lambda p: pq.write_table(pa.table({"text": string_column([b"good", b"bad \xff text"])}), p),
+     "{path}:2: field 'text': not UTF-8 text (invalid byte at offset 4); give UTF-8 text"),
+    ("x.parquet", lambda p: pq.write_table(pa.table({"text": string_column([b"good", b"x\x00y"])}), p),
+     "{path}:2: field 'text': binary data (a NUL byte at offset 1), not text; give UTF-8 text"),
+    ("x.arrow", not_text_arrow, "{path}:3: field 'text': binary data (a NUL byte at offset 1), not text"),
+    ("x.jsonl", lambda p: p.write_bytes(b'{"text": "a"}\n{"text": "a\\u0000b"}\n'),
+     "{path}:2: field 'text': binary data (a NUL character at byte 1), not text; give UTF-8 text"),
+    ("x.jsonl", lambda p: p.write_bytes(b'{"text": "a"}\n{"t": 1, "text": "ok\x00"}\n'),
+     "{path}:2: binary data (a NUL byte at offset 34), not text; give UTF-8 text"),  # 14 + 20 bytes before it
+    ("x.json", lambda p: p.write_bytes(b'[{"text": "a"}, {"text": "half \\ud800 a pair"}]'),
+     "{path}: record 2: field 'text': not UTF-8 text (an unpaired surrogate, U+D800, at character 5); give UTF-8 "
+     "text"),
 ], ids=["empty-shard", "no-field", "not-a-string", "null", "corrupt-parquet", "corrupt-gzip", "corrupt-xz",
-        "corrupt-zstd", "corrupt-arrow", "gzip-non-string", "gzip-not-utf8"])
+        "corrupt-zstd", "corrupt-arrow", "gzip-non-string", "gzip-not-utf8", "parquet-not-utf8", "parquet-nul",
+        "arrow-nul", "jsonl-escaped-nul", "jsonl-nul-byte", "json-surrogate"])
 def test_a_bad_file_in_a_folder_of_good_ones_is_one_error_line_naming_it(name, write, message, tmp_path, capsys):
     folder = tmp_path / "corpus"
     folder.mkdir()

@@ -75,7 +75,7 @@ def decode_text(data: bytes, where: str | Path, start: int = 0) -> str:
     nul = text.find("\x00")
     if nul >= 0:
         offset = start + len(text[:nul].encode("utf-8"))
-        raise InputError(f"{where}: binary file (NUL byte at offset {offset}); {GIVE_TEXT}")
+        raise InputError(f"{where}: binary data (a NUL byte at offset {offset}), not text; {GIVE_TEXT}")
     return text
 
 
@@ -90,7 +90,7 @@ def checked_text(text: str, where: str) -> bytes:
                          f"{exc.start}); {GIVE_TEXT}") from None
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise InputError(f"{where}: binary content (a NUL character at byte {nul}); {GIVE_TEXT}")
+        raise InputError(f"{where}: binary data (a NUL character at byte {nul}), not text; {GIVE_TEXT}")
     return data
 
 
