@@ -505,6 +505,10 @@ NOT_TEXT_CASES = [  # (case id, argv, the whole error line after "error: ")
      "icl cannot run on diff:ckpt: {fifo}: a FIFO, not a file; nothing written"),
     ("eval-text-device", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "/dev/zero"],
      "diff-transformer eval position-nll: argument --text: '/dev/zero' is not valid (a character device, not a file)"),
+    ("train-config-fifo", ["train", "--config", "{fifo}"],
+     "config '{fifo}': a FIFO, not a file; give a YAML file or the name of a shipped config"),
+    ("prepare-tokenizer-fifo", ["prepare", "{text}", "--out", "{root}/out", "--tokenizer", "{fifo}"],
+     "tokenizer {fifo}: a FIFO, not a file (give 'bytes', a JSON file or a directory)"),
 ]
 
 
