@@ -835,12 +835,10 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize("signum, workers", [
-    (signal.SIGTERM, 2),
-    pytest.param(signal.SIGINT, 2, marks=pytest.mark.slow),
-    pytest.param(signal.SIGTERM, 1, marks=pytest.mark.slow),
-    pytest.param(signal.SIGINT, 1, marks=pytest.mark.slow),
-], ids=["SIGTERM-2-workers", "SIGINT-2-workers", "SIGTERM-1-worker", "SIGINT-1-worker"])
+@pytest.mark.slow  # a subprocess each (its imports: several seconds on a shared machine)
+@pytest.mark.parametrize("signum, workers", [(signal.SIGTERM, 2), (signal.SIGINT, 2), (signal.SIGTERM, 1),
+                                             (signal.SIGINT, 1)],
+                         ids=["SIGTERM-2-workers", "SIGINT-2-workers", "SIGTERM-1-worker", "SIGINT-1-worker"])
 def test_prepare_stops_on_a_signal_with_its_workers_ended_and_nothing_left(signum, workers, tmp_path):
     """Issue 43: `prepare --workers 2` and SIGTERM to its pid left .NAME.lock and a .NAME.tmp-*
     folder, and two orphaned workers printing BrokenPipeError tracebacks. A real signal to a real
