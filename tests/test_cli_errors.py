@@ -459,3 +459,75 @@ def test_no_traceback_from_the_console_command(argv, expected, files):
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and expected in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+# --- text that is not text, and paths that are not files (issue 43) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def not_text(tmp_path_factory) -> dict[str, Path]:
+    """40,000 NUL bytes and a few words (the issue's file), a JSONL task with a NUL escaped in a
+    text, a FIFO, and a Transformer checkpoint to convert."""
+    root = tmp_path_factory.mktemp("not-text")
+    (root / "nuls.txt").write_bytes(b"\x00" * 40_000 + b"a few words of text\n" * 3)
+    (root / "task.jsonl").write_text('{"text": "a b", "label": "x"}\n{"text": "c\\u0000d", "label": "y"}\n')
+    os.mkfifo(root / "fifo")
+    LanguageModel(ModelConfig.from_preset("debug", vocab_size=257, attention="standard")).save_pretrained(
+        root / "standard", ByteTokenizer())
+    return {"root": root, "nuls": root / "nuls.txt", "task": root / "task.jsonl", "fifo": root / "fifo",
+            "standard": root / "standard"}
+
+
+NUL_TEXT = "binary data (a NUL byte at offset 0), not text; give UTF-8 text"
+NOT_TEXT_CASES = [  # (case id, argv, the whole error line after "error: ")
+    # issue 43: 40,000 NUL bytes and a few words scored as text, exit 0, a figure that means nothing
+    ("eval-text-nul", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "{nuls}", "--out", "{root}/out"],
+     f"--text {{nuls}}: {NUL_TEXT}"),
+    ("convert-text-nul", ["convert", "{standard}", "{root}/out", "--text", "{nuls}"], f"--text {{nuls}}: {NUL_TEXT}"),
+    ("prepare-nul", ["prepare", "{nuls}", "--out", "{root}/out"], f"{{nuls}}: {NUL_TEXT}"),
+    ("tokenizer-nul", ["tokenizer", "train", "--input", "{nuls}", "--out", "{root}/out.json"], f"{{nuls}}: {NUL_TEXT}"),
+    ("icl-data-nul", ["eval", "icl", "--checkpoint", "{ckpt}", "--data", "{nuls}", "--out", "{root}/out", "--quick"],
+     f"icl cannot run on diff:ckpt: {{nuls}}: {NUL_TEXT}; nothing written"),
+    ("icl-data-escaped-nul", ["eval", "icl", "--checkpoint", "{ckpt}", "--data", "{task}", "--out", "{root}/out",
+                              "--quick"],
+     "icl cannot run on diff:ckpt: {task}:2: field 'text': binary data (a NUL character at byte 1), not text; give "
+     "UTF-8 text; nothing written"),
+    # issue 43: a FIFO named as input was "no such file or folder" (and --text's said "a directory")
+    ("eval-text-fifo", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "{fifo}", "--out", "{root}/out"],
+     "diff-transformer eval position-nll: argument --text: '{fifo}' is not valid (a FIFO, not a file)"),
+    ("convert-text-fifo", ["convert", "{standard}", "{root}/out", "--text", "{fifo}"],
+     "diff-transformer convert: argument --text: '{fifo}' is not valid (a FIFO, not a file)"),
+    ("prepare-fifo", ["prepare", "{fifo}", "--out", "{root}/out"],
+     "diff-transformer prepare: argument INPUT: '{fifo}' is not valid (a FIFO, not a file or directory)"),
+    ("tokenizer-fifo", ["tokenizer", "train", "--input", "{fifo}", "--out", "{root}/out.json"],
+     "diff-transformer tokenizer train: argument --input: '{fifo}' is not valid (a FIFO, not a file or directory)"),
+    ("icl-data-fifo", ["eval", "icl", "--checkpoint", "{ckpt}", "--data", "{fifo}", "--out", "{root}/out", "--quick"],
+     "icl cannot run on diff:ckpt: {fifo}: a FIFO, not a file; nothing written"),
+    ("eval-text-device", ["eval", "position-nll", "--checkpoint", "{ckpt}", "--text", "/dev/zero"],
+     "diff-transformer eval position-nll: argument --text: '/dev/zero' is not valid (a character device, not a file)"),
+    ("train-config-fifo", ["train", "--config", "{fifo}"],
+     "config '{fifo}': a FIFO, not a file; give a YAML file or the name of a shipped config"),
+    ("prepare-tokenizer-fifo", ["prepare", "{text}", "--out", "{root}/out", "--tokenizer", "{fifo}"],
+     "tokenizer {fifo}: a FIFO, not a file (give 'bytes', a JSON file or a directory)"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", [c[1:] for c in NOT_TEXT_CASES], ids=[c[0] for c in NOT_TEXT_CASES])
+def test_text_that_is_not_text_and_paths_that_are_not_files_are_refused_by_name(argv, expected, files, not_text,
+                                                                                 capsys):
+    """Wherever the commands read a text (prepare, tokenizer train, eval --text, convert --text, an
+    ICL --data file): binary data is refused by the one check (user_text) naming the file and the
+    offset, a FIFO or a device as what it is; one line, exit status 2, nothing written."""
+    names = {**files, **not_text}
+    assert main([a.format(**names) for a in argv] + (["--no-progress"] if argv[0] == "eval" else [])) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {expected.format(**names)}\n" and captured.out == ""
+    assert sorted(p.name for p in not_text["root"].iterdir()) == ["fifo", "nuls.txt", "standard", "task.jsonl"]
+
+
+def test_evaluation_texts_given_in_python_are_checked_too():
+    from diff_transformer.evaluation import EvalText
+    from diff_transformer.user_text import InputError
+
+    with pytest.raises(InputError, match=r"^evaluation text 2: binary data \(a NUL character at byte 4\), not text"):
+        EvalText(["fine", "some\x00thing"])

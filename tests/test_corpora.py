@@ -5,6 +5,7 @@ texts streamed; tokenizing in several processes giving the dataset of one, byte 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib
 import json
 import lzma
@@ -26,6 +27,7 @@ from diff_transformer.extras import MissingExtraError
 from diff_transformer.tokenizer import ByteTokenizer
 
 prepare_module = importlib.import_module("diff_transformer.data.prepare")  # the package's `prepare` is the function
+inputs_module = importlib.import_module("diff_transformer.data.inputs")
 
 # Documents of varied lengths, with characters a byte-level BPE splits in many ways (accents, a dash,
 # a line separator that str.splitlines would cut a JSON line at, an emoji), and one record of
@@ -185,6 +187,18 @@ def bad_parquet(kind: str):
     return write
 
 
+def string_column(values: list[bytes]) -> pa.Array:
+    """A string column holding exactly these bytes: pyarrow does not check that they are UTF-8 (a
+    writer that does not check either makes such files)."""
+    data = pa.array(values, pa.binary())
+    return pa.Array.from_buffers(pa.string(), len(data), data.buffers())
+
+
+def not_text_arrow(path: Path) -> None:
+    with pa.ipc.new_stream(path, pa.schema([("text", pa.string())])) as writer:
+        writer.write_table(pa.table({"text": string_column([b"fine", b"fine", b"a\x00b"])}))
+
+
 def corrupt_gzip(path: Path) -> None:
     path.write_bytes(gzip.compress(jsonl_bytes())[:60])
 
@@ -207,9 +221,23 @@ def corrupt_arrow(path: Path) -> None:
     ("x.jsonl.gz", lambda p: p.write_bytes(gzip.compress(b'{"text": "a"}\n{"text": 3}\n')),
      "{path}:2: field 'text' is int, not a string"),
     ("x.jsonl.gz", lambda p: p.write_bytes(gzip.compress(b'{"text": "a"}\n{"text": "\xe9"}\n')),
-     "{path}: not UTF-8 text (invalid byte at offset 24); give UTF-8 text"),
+     "{path}:2: not UTF-8 text (invalid byte at offset 24); give UTF-8 text"),
+    # issue 43: "'utf-8' codec can't decode byte 0xff in position 4", naming no file, row or field
+    ("x.parquet", lambda p: pq.write_table(pa.table({"text": string_column([b"good", b"bad \xff text"])}), p),
+     "{path}:2: field 'text': not UTF-8 text (invalid byte at offset 4); give UTF-8 text"),
+    ("x.parquet", lambda p: pq.write_table(pa.table({"text": string_column([b"good", b"x\x00y"])}), p),
+     "{path}:2: field 'text': binary data (a NUL byte at offset 1), not text; give UTF-8 text"),
+    ("x.arrow", not_text_arrow, "{path}:3: field 'text': binary data (a NUL byte at offset 1), not text"),
+    ("x.jsonl", lambda p: p.write_bytes(b'{"text": "a"}\n{"text": "a\\u0000b"}\n'),
+     "{path}:2: field 'text': binary data (a NUL character at byte 1), not text; give UTF-8 text"),
+    ("x.jsonl", lambda p: p.write_bytes(b'{"text": "a"}\n{"t": 1, "text": "ok\x00"}\n'),
+     "{path}:2: binary data (a NUL byte at offset 34), not text; give UTF-8 text"),  # 14 + 20 bytes before it
+    ("x.json", lambda p: p.write_bytes(b'[{"text": "a"}, {"text": "half \\ud800 a pair"}]'),
+     "{path}: record 2: field 'text': not UTF-8 text (an unpaired surrogate, U+D800, at character 5); give UTF-8 "
+     "text"),
 ], ids=["empty-shard", "no-field", "not-a-string", "null", "corrupt-parquet", "corrupt-gzip", "corrupt-xz",
-        "corrupt-zstd", "corrupt-arrow", "gzip-non-string", "gzip-not-utf8"])
+        "corrupt-zstd", "corrupt-arrow", "gzip-non-string", "gzip-not-utf8", "parquet-not-utf8", "parquet-nul",
+        "arrow-nul", "jsonl-escaped-nul", "jsonl-nul-byte", "json-surrogate"])
 def test_a_bad_file_in_a_folder_of_good_ones_is_one_error_line_naming_it(name, write, message, tmp_path, capsys):
     folder = tmp_path / "corpus"
     folder.mkdir()
@@ -240,13 +268,216 @@ def test_zstd_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     assert len(scan_documents([tmp_path / "c.jsonl.gz"])) == len(TEXTS)
 
 
-def test_a_file_changed_between_the_check_and_the_tokenizing_is_named(tmp_path):
-    (tmp_path / "c.jsonl").write_bytes(jsonl_bytes())
-    documents = scan_documents([tmp_path / "c.jsonl"])
-    (tmp_path / "c.jsonl").write_bytes(jsonl_bytes(RECORDS[:7]))
-    with pytest.raises(InputError, match=r"c\.jsonl: changed while it was being prepared \(24 documents when it was "
-                                         r"checked, 6 now\)"):
-        list(documents.texts())
+# --- every input read once, as it was checked -----------------------------------------------------
+
+
+def checksums(root: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``root`` (links not followed), by relative path."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def left_beside(out: Path) -> list[str]:
+    """What a prepare into ``out`` left beside it: the dataset, its lock, its temporary folders."""
+    return sorted(p.name for p in out.parent.iterdir() if p.name == out.name or p.name.startswith(f".{out.name}."))
+
+
+def grow(path: Path) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("a line added while prepare reads the file\n")
+
+
+def add_record(path: Path) -> None:
+    with open(path, "ab") as f:
+        f.write(jsonl_bytes(["a record added while prepare reads the file"]))
+
+
+def rewrite_same_size_and_time(path: Path) -> None:
+    """Other text of the same size, in place, with the modification time put back: only the
+    content tells the change."""
+    before = path.stat()
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"words", b"WORDS"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+
+
+def read_once_tree(root: Path) -> Path:
+    """in/one.parquet, in/sub/two.txt: 24 + 1 documents."""
+    folder = root / "in"
+    (folder / "sub").mkdir(parents=True)
+    pq.write_table(table(), folder / "one.parquet")
+    (folder / "sub" / "two.txt").write_text(TEXTS[0])
+    return folder
+
+
+REFUSED_TWICE = [  # (case id, inputs relative to tmp_path, the error line after "error: ")
+    ("same-file-twice", ["in/one.parquet", "in/one.parquet"], "in/one.parquet: given twice; give each input once"),
+    ("same-file-by-dotdot", ["in/one.parquet", "in/sub/../one.parquet"],
+     "in/sub/../one.parquet: the same file as in/one.parquet, given before; give each input once"),
+    ("same-file-by-link", ["in/one.parquet", "link.parquet"],
+     "link.parquet: the same file as in/one.parquet, given before; give each input once"),
+    ("same-file-by-hard-link", ["in/one.parquet", "hard.parquet"],
+     "hard.parquet: the same file as in/one.parquet, given before; give each input once"),
+    ("same-folder-twice", ["in", "in/"], "in: given twice; give each input once"),
+    ("folder-and-a-file-inside", ["in", "in/one.parquet"],
+     "in/one.parquet: inside the input folder in, which is also given (its files would be read twice); give each "
+     "input once"),
+    ("file-inside-then-folder", ["in/sub/two.txt", "in"],
+     "in/sub/two.txt: inside the input folder in, which is also given (its files would be read twice); give each "
+     "input once"),
+    ("folder-and-a-folder-inside-by-link", ["in", "sublink"],
+     "sublink: inside the input folder in, which is also given (its files would be read twice); give each input "
+     "once"),
+]
+
+
+@pytest.mark.parametrize("inputs, message", [c[1:] for c in REFUSED_TWICE], ids=[c[0] for c in REFUSED_TWICE])
+def test_an_input_given_twice_is_refused_by_name(inputs, message, tmp_path, monkeypatch, capsys):
+    """Issue 43: `prepare in/one.parquet in/one.parquet` stored every text twice, a document's copy
+    in train and in val; a folder and a file inside it: that file twice. Each way of naming one
+    file or folder twice is one error line, nothing written, the inputs as they were."""
+    folder = read_once_tree(tmp_path)
+    (tmp_path / "link.parquet").symlink_to(folder / "one.parquet")
+    os.link(folder / "one.parquet", tmp_path / "hard.parquet")
+    (tmp_path / "sublink").symlink_to(folder / "sub")
+    monkeypatch.chdir(tmp_path)
+    before = checksums(tmp_path)
+    assert main(["prepare", *inputs, "--out", "ds", "--tokenizer", "bytes", "--quiet"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert left_beside(tmp_path / "ds") == [] and checksums(tmp_path) == before
+
+
+def test_a_link_loop_or_a_second_link_in_a_folder_is_read_once_with_one_warning(tmp_path, monkeypatch, capsys):
+    """Issue 43: a symbolic link loop (a/up -> ..) was followed 40 levels, one file ingested 41
+    times. Within a folder a second way to what was already found (a loop, a link to a file or
+    folder found before, a link to a given input) is skipped, all of them in one warning line,
+    and every document is stored once."""
+    folder = read_once_tree(tmp_path)
+    (folder / "a").mkdir()
+    (folder / "a" / "up").symlink_to("..")  # the loop
+    (folder / "zz-latest.txt").symlink_to("sub/two.txt")  # a second name of a file, found after it
+    (folder / "sub2").symlink_to("sub")  # a second name of a folder
+    (tmp_path / "extra.txt").write_text(TEXTS[1])
+    (folder / "x-extra.txt").symlink_to(tmp_path / "extra.txt")  # a link to another input
+    monkeypatch.chdir(tmp_path)
+    before = checksums(tmp_path)
+    assert main(["prepare", "in", "extra.txt", "--out", "ds", "--tokenizer", "bytes", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("warning: 4 paths lead to a file or folder already found, skipped (each is read once): in/a/up -> "
+                   "in, in/sub2 -> in/sub, in/x-extra.txt -> extra.txt and 1 more\n"), err
+    meta = json.loads((tmp_path / "ds" / "meta.json").read_text())
+    assert [s["path"] for s in meta["sources"]] == ["in/one.parquet", "in/sub/two.txt", "extra.txt"]
+    assert meta["documents"] == 24 + 1 + 1 and meta["bytes"] == sum(len(t.encode()) for t in TEXTS + TEXTS[:2])
+    assert checksums(tmp_path / "in") == {k[3:]: v for k, v in before.items() if k.startswith("in/")}
+
+
+def test_a_fifo_socket_device_or_broken_link_is_named_as_what_it_is(tmp_path, monkeypatch, capsys):
+    """Issue 43: a FIFO named as input was "no such file or folder". Given, or in a folder under a
+    name prepare reads (where a FIFO would block the read and a broken link would drop a file
+    unsaid), each is refused as what it is; under other names they are left out, as any file is."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("fifo.txt")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("sock.jsonl")
+    Path("broken.txt").symlink_to("nowhere.txt")
+    Path("loop.txt").symlink_to("loop.txt")
+    try:
+        for given, what in (("fifo.txt", "a FIFO"), ("sock.jsonl", "a socket"), ("/dev/null", "a character device"),
+                            ("broken.txt", "a broken link (to nowhere.txt, which does not exist)"),
+                            ("loop.txt", "a link loop (a symbolic link that leads back to itself)")):
+            assert main(["prepare", given, "--out", "ds", "--tokenizer", "bytes"]) == 2
+            assert capsys.readouterr().err == (f"error: diff-transformer prepare: argument INPUT: '{given}' is not "
+                                               f"valid ({what}, not a file or directory)\n")
+            folder = Path(f"in-{Path(given).name}")
+            folder.mkdir()
+            (folder / "good.txt").write_text(TEXTS[0])
+            Path(given).rename(folder / Path(given).name) if given != "/dev/null" else \
+                (folder / "null.txt").symlink_to("/dev/null")
+            inside = folder / (Path(given).name if given != "/dev/null" else "null.txt")
+            assert main(["prepare", str(folder), "--out", "ds", "--tokenizer", "bytes"]) == 2
+            assert capsys.readouterr().err.startswith(f"error: {inside}: {what}, not a file (in the input folder "
+                                                      f"{folder})\n")
+            inside.rename(folder / "left-out.csv")  # a name prepare does not read: left out, like any such file
+            assert main(["prepare", str(folder), "--out", f"ds-{folder}", "--tokenizer", "bytes", "--quiet"]) == 0
+            assert json.loads(Path(f"ds-{folder}", "meta.json").read_text())["documents"] == 1
+        assert not Path("ds").exists()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]], ids=["new", "overwrite"])
+def test_an_output_inside_an_input_folder_is_refused_the_first_time(overwrite, tmp_path, monkeypatch, capsys):
+    """Issue 43: `prepare in --out in/shards/ds` was accepted, and the same command with --overwrite
+    then refused (the dataset had become an input). Refused at once, with or without
+    --overwrite, also through a link; nothing is created; and a tokenizer likewise."""
+    folder = read_once_tree(tmp_path)
+    (tmp_path / "in-link").symlink_to("in")
+    monkeypatch.chdir(tmp_path)
+    before = checksums(tmp_path)
+    for out in ("in/shards/ds", "in-link/ds", "in/sub/ds"):
+        assert main(["prepare", "in", "--out", out, "--tokenizer", "bytes", "--quiet", *overwrite]) == 2
+        assert capsys.readouterr().err == (
+            f"error: {out}: inside the input folder in, which this command reads (the next run on that folder would "
+            "read the dataset as input); write the dataset outside it\n")
+    assert main(["tokenizer", "train", "--input", "in", "--vocab-size", "300", "--out", "in/bpe.json",
+                 *overwrite]) == 2
+    assert capsys.readouterr().err.startswith("error: in/bpe.json: inside the input folder in, which this command "
+                                              "reads (the next run on that folder would read the tokenizer as input)")
+    assert checksums(tmp_path) == before and sorted(os.listdir(folder)) == ["one.parquet", "sub"]
+    assert main(["prepare", "in", "--out", "ds", "--tokenizer", "bytes", "--quiet", *overwrite]) == 0  # outside: fine
+
+
+CHANGES = [  # (case id, the input changed, the change, when: after the check, or after the tokenizing)
+    ("txt-grows", "b.txt", grow, "check"),
+    ("jsonl-gains-a-record", "c.jsonl", add_record, "check"),
+    ("txt-rewritten-same-size-and-time", "b.txt", rewrite_same_size_and_time, "check"),
+    ("jsonl-rewritten-same-size-and-time", "c.jsonl", rewrite_same_size_and_time, "check"),
+    ("txt-grows-after-it-was-tokenized", "b.txt", grow, "tokenizing"),
+]
+
+
+@pytest.mark.parametrize("name, change, when", [c[1:] for c in CHANGES], ids=[c[0] for c in CHANGES])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_file_that_changes_while_prepare_reads_it_is_named_and_nothing_is_written(name, change, when, workers,
+                                                                                     tmp_path, monkeypatch, capsys):
+    """Issue 43: a .txt that grows, a .jsonl that gains a record, a file rewritten at the same size
+    (and, here, the same mtime), between the check and the tokenizing or after the tokenizing:
+    named, exit status 2, no dataset (meta.json never disagrees with the shards), no lock, no
+    temporary folder; the other inputs untouched."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.txt").write_text(TEXTS[0] * 40)
+    (folder / "b.txt").write_text(TEXTS[1] * 40)
+    (folder / "c.jsonl").write_bytes(jsonl_bytes())
+    monkeypatch.setattr(prepare_module, "ENCODE_BATCH_CHARS", 3000)  # several batches: both workers busy
+    if when == "check":
+        real = prepare_module.scan_documents
+        monkeypatch.setattr(prepare_module, "scan_documents", lambda *a: [real(*a), change(folder / name)][0])
+    else:
+        real = prepare_module.write_shards
+        monkeypatch.setattr(prepare_module, "write_shards", lambda *a, **k: [real(*a, **k), change(folder / name)][0])
+    others = {k: v for k, v in checksums(folder).items() if k != name}
+    out = tmp_path / "ds"
+    code = main(["prepare", str(folder), "--out", str(out), "--tokenizer", "bytes", "--quiet", "--workers",
+                 str(workers)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {folder / name}: changed while it was being read (") and \
+        err.endswith("), so nothing was written; run again once it no longer changes\n") and err.count("\n") == 1, err
+    assert left_beside(out) == []
+    assert {k: v for k, v in checksums(folder).items() if k != name} == others
+
+
+def test_a_file_that_changes_during_the_check_itself_is_named(tmp_path, monkeypatch):
+    """The state taken before the first read and after it differ: named by the check."""
+    (tmp_path / "a.txt").write_text(TEXTS[0])
+    real = inputs_module.decode_text
+    monkeypatch.setattr(inputs_module, "decode_text", lambda data, where, *a: [grow(tmp_path / "a.txt"),
+                                                                               real(data, where, *a)][1])
+    with pytest.raises(InputError, match=r"a\.txt: changed while it was being read \(size \d[\d,]* -> \d[\d,]* bytes"):
+        scan_documents([tmp_path / "a.txt"])
 
 
 # --- several processes, bounded memory ------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from diff_transformer.data import (
 )
 from diff_transformer.data import corpus as corpus_module
 from diff_transformer.data.bpe import ASSETS
-from diff_transformer.data.prepare import plan_split, text_pieces
+from diff_transformer.data.prepare import dataset_fingerprint, plan_split, text_pieces
 from diff_transformer.data.shards import permute
 from diff_transformer.tokenizer import BPETokenizer, ByteTokenizer
 
@@ -206,7 +208,8 @@ def test_prepare_refuses_an_output_of_the_project_as_its_input_by_name(tmp_path,
     folder, or holding an input file, it is refused by name, and nothing is written."""
     texts = write_docs(tmp_path / "texts", dict(list(DOCS.items())[:3]))
     dataset = texts / "shards"
-    assert main(["prepare", str(texts), "--out", str(dataset), "--tokenizer", "bytes", "--quiet"]) == 0
+    assert main(["prepare", str(texts), "--out", str(tmp_path / "shards"), "--tokenizer", "bytes", "--quiet"]) == 0
+    (tmp_path / "shards").rename(dataset)  # moved in by hand: prepare refuses to write it there
     capsys.readouterr()
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     for inputs, message in (
@@ -223,7 +226,8 @@ def test_prepare_refuses_an_output_of_the_project_as_its_input_by_name(tmp_path,
 
 @pytest.mark.parametrize(
     "content, message",
-    [(b"some text\x00more", "binary file"), ("café".encode("latin-1"), "not UTF-8"), (b" \n\t\n", "empty input")],
+    [(b"some text\x00more", "binary data (a NUL byte at offset 9), not text"), ("café".encode("latin-1"), "not UTF-8"),
+     (b" \n\t\n", "empty input")],
 )
 def test_prepare_rejects_binary_and_empty_input_by_name(tmp_path, capsys, content, message):
     bad = tmp_path / "docs" / "bad.txt"
@@ -251,6 +255,29 @@ def test_prepare_never_overwrites_silently(tmp_path, capsys):
     assert main(args) == 2  # a dataset of the project: replaced only when asked
     assert "already holds a diff-transformer dataset; pass --overwrite" in capsys.readouterr().err
     assert main(args + ["--overwrite"]) == 0 and (tmp_path / "shards" / "meta.json").is_file()
+
+
+def test_the_fingerprint_is_a_sha256_of_the_shards_and_their_document_ends(byte_dataset, tmp_path):
+    """meta.json's fingerprint, computed as the shards are written, is the SHA-256 the module
+    docstring states, computed here from the files; a dataset from before fingerprints (none in its
+    meta.json) gets the same from its files, and one token changed gives another."""
+    meta = json.loads((byte_dataset / "meta.json").read_text())
+    parts = []
+    for split in ("train", "val"):
+        data = (byte_dataset / f"{split}.bin").read_bytes()
+        data += np.load(byte_dataset / f"{split}.document_ends.npy").astype("<u8").tobytes()
+        parts.append(f"{split} {meta[split]['tokens']} {meta[split]['documents']} {hashlib.sha256(data).hexdigest()}")
+    expected = "sha256:" + hashlib.sha256((" ".join(["uint16", *parts]) + "\n").encode()).hexdigest()
+    assert meta["fingerprint"] == expected
+    old = tmp_path / "old"
+    shutil.copytree(byte_dataset, old)
+    del meta["fingerprint"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    assert dataset_fingerprint(old) == expected
+    tokens = bytearray((old / "train.bin").read_bytes())
+    tokens[10] ^= 1
+    (old / "train.bin").write_bytes(bytes(tokens))
+    assert dataset_fingerprint(old) not in (expected, None)
 
 
 def test_split_is_deterministic_and_seeded(tmp_path, byte_dataset):

@@ -255,6 +255,78 @@ def test_resuming_with_a_changed_model_or_data_is_refused_by_name(override, name
     assert named in err[0]
 
 
+def prepare_text(directory: Path, text: str) -> Path:
+    """``text`` prepared byte by byte into directory/shards (replacing what is there)."""
+    (directory / "text.txt").write_text(text)
+    prepare([directory / "text.txt"], directory / "shards", tokenizer="bytes", progress=False, overwrite=True)
+    return directory / "shards"
+
+
+FAULT_TEXT = "".join(text for _, text in corpus_documents()[:2])[:30_000]
+PREPARED_AGAIN = [  # (case id, the text prepared again, what differs: "sizes", "tokens", None: nothing)
+    ("other-text", FAULT_TEXT[:20_000], "sizes"),
+    ("other-text-same-sizes", FAULT_TEXT.swapcase(), "tokens"),
+    ("the-same-text", FAULT_TEXT, None),
+]
+
+
+@pytest.mark.parametrize("text, differs", [c[1:] for c in PREPARED_AGAIN], ids=[c[0] for c in PREPARED_AGAIN])
+@pytest.mark.parametrize("legacy", [False, True], ids=["fingerprinted", "dataset-without-fingerprint"])
+def test_resuming_on_a_dataset_prepared_again_is_refused_naming_it(text, differs, legacy, tmp_path, capsys):
+    """Issue 43: `train --resume` after the run's dataset was prepared again from other text went on
+    silently on the new data. The checkpoint records the dataset's fingerprint and sizes; another
+    text (other sizes, or the same sizes and other tokens) is refused naming the dataset and what
+    differs, and the run's files stay as they were; the same text prepared again goes on. A
+    dataset prepared before meta.json carried a fingerprint gets one computed from its files."""
+    shards = prepare_text(tmp_path, FAULT_TEXT)
+    if legacy:  # as an earlier version wrote it
+        meta = json.loads((shards / "meta.json").read_text())
+        del meta["fingerprint"]
+        (shards / "meta.json").write_text(json.dumps(meta))
+    out = tmp_path / "run"
+    config = write_config(shards, out, stop_at_step=1, progress=False)
+    assert main(["train", "--config", str(config)]) == 0
+    sizes = [json.loads((shards / "meta.json").read_text())]
+    prepare_text(tmp_path, text)
+    sizes.append(json.loads((shards / "meta.json").read_text()))
+    before = snapshot(out)
+    capsys.readouterr()
+    code = main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if differs is None:
+        assert code == 0 and checkpoint_step(out / "checkpoint") == 2, err
+        return
+    if differs == "sizes":  # the two meta.json files' figures
+        named = "; ".join(f"{split} tokens {a[split]['tokens']:,} -> {b[split]['tokens']:,}"
+                          for split, (a, b) in (("train", sizes), ("val", sizes)))
+    else:
+        assert [m[s]["tokens"] for m in sizes for s in ("train", "val")] == [sizes[0]["train"]["tokens"],
+                                                                           sizes[0]["val"]["tokens"]] * 2
+        named = "the same sizes, other tokens (fingerprint sha256:"
+    assert code == 2 and len(err) == 1 and err[0].startswith(
+        f"error: --resume: the dataset {shards} is not the one the run trained on ({named}"), err
+    assert err[0].endswith("): it was prepared again, from other text or with other settings; resume with the data the "
+                           "run started with, or start a new run in another run.out_dir")
+    assert snapshot(out) == before
+
+
+def test_a_checkpoint_from_before_dataset_records_resumes_with_a_note(tmp_path, capsys):
+    """A training state saved before checkpoints recorded their dataset: the run goes on, and says
+    that the data could not be compared."""
+    shards = prepare_text(tmp_path, FAULT_TEXT)
+    out = tmp_path / "run"
+    config = write_config(shards, out, stop_at_step=1, progress=False)
+    assert main(["train", "--config", str(config)]) == 0
+    path = out / "checkpoint" / TRAINING_STATE_FILE
+    state = torch.load(path, weights_only=True)
+    del state["dataset"]
+    torch.save(state, path)
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--resume", "--set", "run.stop_at_step=2"]) == 0
+    assert (f"note: {out / 'checkpoint'} was saved before checkpoints recorded their dataset's fingerprint: whether "
+            f"{shards} still holds the data the run trained on cannot be checked") in capsys.readouterr().err
+
+
 def test_a_full_disk_leaves_the_previous_checkpoint_intact_and_says_so(dataset, tmp_path, monkeypatch, capsys):
     from diff_transformer import checkpoint as checkpoint_module
 
@@ -724,6 +796,80 @@ def test_a_second_prepare_to_the_same_dataset_is_refused_naming_the_first(tmp_pa
     meta = json.loads((out / "meta.json").read_text())
     assert [source["path"] for source in meta["sources"]] == [str(tmp_path / "second.txt")]
     assert sorted(q.name for q in tmp_path.iterdir()) == ["data", "first.txt", "paused", "second.txt"]
+
+
+# A prepare whose tokenizing is slow (0.3 s a batch of 2,000 characters, in whichever process
+# encodes it) and says when it has started: argv[1] is the file it creates then, the rest prepare's.
+PREPARE_SLOWLY = """
+import importlib, pathlib, sys, time
+prepare_module = importlib.import_module("diff_transformer.data.prepare")
+prepare_module.ENCODE_BATCH_CHARS = 2000
+encode = prepare_module.encode_texts
+def slowly(*args):
+    pathlib.Path(sys.argv[1]).touch()
+    time.sleep(0.3)
+    return encode(*args)
+prepare_module.encode_texts = slowly  # the workers are forked after this: theirs too
+from diff_transformer.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow  # a subprocess each (its imports: several seconds on a shared machine)
+@pytest.mark.parametrize("signum, workers", [(signal.SIGTERM, 2), (signal.SIGINT, 2), (signal.SIGTERM, 1),
+                                             (signal.SIGINT, 1)],
+                         ids=["SIGTERM-2-workers", "SIGINT-2-workers", "SIGTERM-1-worker", "SIGINT-1-worker"])
+def test_prepare_stops_on_a_signal_with_its_workers_ended_and_nothing_left(signum, workers, tmp_path):
+    """Issue 43: `prepare --workers 2` and SIGTERM to its pid left .NAME.lock and a .NAME.tmp-*
+    folder, and two orphaned workers printing BrokenPipeError tracebacks. A real signal to a real
+    process, mid-tokenizing: exit 128 + signal, one line saying so, no traceback, every worker
+    ended, nothing beside --out, the input as it was."""
+    (tmp_path / "in").mkdir()
+    text = "".join(text for _, text in corpus_documents()[:3])
+    for i in range(60):  # 60 documents of 2,500 characters: a batch each, 9 s of tokenizing in 2 processes
+        (tmp_path / "in" / f"{i:02d}.txt").write_text(text[i * 2500:(i + 1) * 2500])
+    before = snapshot(tmp_path / "in")
+    out, started = tmp_path / "ds", tmp_path / "started"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-c", PREPARE_SLOWLY, str(started), "prepare", str(tmp_path / "in"),
+                                "--out", str(out), "--tokenizer", "bytes", "--workers", str(workers)],
+                               env=env, stderr=subprocess.PIPE, text=True)
+    wait_for(started.exists, process)
+    time.sleep(0.5)  # well into the tokenizing
+    workers_seen = children(process.pid)
+    assert len([pid for pid in workers_seen if alive(pid)]) == (workers if workers > 1 else 0)
+    process.send_signal(signum)
+    try:
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signum, err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert err.strip().splitlines()[-1] == (f"interrupted by {signal.Signals(signum).name}: prepare stopped, and {out} "
+                                            "is as it was (nothing written)"), err
+    assert [pid for pid in workers_seen if alive(pid)] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "started"]  # no dataset, lock or temporary folder
+    assert snapshot(tmp_path / "in") == before
 
 
 def test_a_second_evaluation_into_the_same_output_is_refused_naming_the_first(tmp_path, capsys):

@@ -92,6 +92,11 @@ def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
         raise FileNotFoundError(f"{path}: no {BPE_FILE} or {BYTES_CONFIG} in this directory")
     if path.is_file():
         return BPETokenizer(path)
+    from .user_text import not_a_file
+
+    what = not_a_file(path)
+    if what != "no such file or folder":  # a FIFO (a read would wait for a writer), a device, a broken link
+        raise ValueError(f"tokenizer {path}: {what}, not a file (give 'bytes', a JSON file or a directory)")
     raise FileNotFoundError(f"tokenizer {path} does not exist (give 'bytes', a JSON file or a directory)")
 
 

@@ -9,6 +9,8 @@ import argparse
 import math
 from pathlib import Path
 
+from ..user_text import not_a_file
+
 __all__ = [
     "UsageError", "positive_int", "nonnegative_int", "seed", "positive_float", "positive_float_list",
     "nonnegative_float", "probability", "unit_interval", "fraction", "device", "existing_file", "existing_dir",
@@ -160,10 +162,14 @@ def device(value: str) -> str:
 
 
 def existing_file(value: str) -> str:
-    path = Path(value)
-    if not path.exists():
+    """A regular file that exists: a FIFO, socket or device (which a read would block on, or never
+    finish), a broken link or a link loop is named as what it is."""
+    what = not_a_file(value)
+    if what == "no such file or folder":
         raise _fail(value, "no such file")
-    if not path.is_file():
+    if what is not None:
+        raise _fail(value, f"{what}, not a file")
+    if Path(value).is_dir():
         raise _fail(value, "a file is needed, this is a directory")
     return value
 
@@ -219,9 +225,12 @@ def output_file(value: str) -> str:
 
 
 def existing_path(value: str) -> str:
-    """A file or directory that exists (an input)."""
-    if not Path(value).exists():
+    """A file or directory that exists (an input); anything else named as what it is (:func:`existing_file`)."""
+    what = not_a_file(value)
+    if what == "no such file or folder":
         raise _fail(value, "no such file or directory")
+    if what is not None:
+        raise _fail(value, f"{what}, not a file or directory")
     return value
 
 

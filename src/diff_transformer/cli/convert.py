@@ -44,14 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     from ..convert import convert_checkpoint
+    from ..user_text import InputError, read_text_file
 
     text = None
     if args.text:
         try:
-            with open(args.text, encoding="utf-8") as fh:
-                text = fh.read()
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"--text {args.text}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            text = read_text_file(args.text)
+        except InputError as exc:
+            raise InputError(f"--text {exc}") from None
     result = convert_checkpoint(args.source, args.out, to=args.to, init=args.init, seed=args.seed,
                                 with_tokenizer=not args.no_tokenizer, windows=args.windows, text=text)
     conversion, start = result.conversion, result.start

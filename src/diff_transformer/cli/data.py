@@ -1,10 +1,19 @@
-"""diff-transformer tokenizer train / diff-transformer prepare: tokenizers and token shards."""
+"""diff-transformer tokenizer train / diff-transformer prepare: tokenizers and token shards.
+
+``prepare`` stops on SIGINT or SIGTERM (exit status 130 or 143): the signal is raised in the main
+process as :class:`Interrupted`, so that every clean-up on the way out runs (the tokenizing
+processes ended, the temporary directory and the lock removed); a second signal during that
+clean-up is ignored.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import time
+from typing import Iterator
 
 from . import args as types
 
@@ -74,10 +83,11 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..data.bpe import check_tokenizer_out, save_tokenizer_file, train_bpe
-    from ..data.inputs import scan_documents
+    from ..data.inputs import check_output_outside_inputs, scan_documents
     from ..files import lock_output
 
     out = check_tokenizer_out(Path(args.out), overwrite=args.overwrite)  # before the work
+    check_output_outside_inputs(out, args.input, "tokenizer")  # a .json there would be read as records
     with lock_output(out):  # one writer: a second `tokenizer train --out` the same file is refused before its work
         documents = scan_documents(args.input, args.text_field)
         start = time.perf_counter()
@@ -91,12 +101,44 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, received by a command that stops on either (:func:`stopping_on_signals`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """Within the block SIGINT and SIGTERM raise :class:`Interrupted` in the main thread; a second
+    signal (while the first one's clean-up runs) is ignored."""
+    received: list[int] = []
+
+    def stop(signum, frame) -> None:
+        if not received:
+            received.append(signum)
+            raise Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run_prepare(args: argparse.Namespace) -> int:
     from ..data.prepare import prepare
 
-    meta = prepare(args.inputs, args.out, tokenizer=args.tokenizer, text_field=args.text_field,
-                   val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
-                   progress=not args.quiet, workers=args.workers)
+    try:
+        with stopping_on_signals():
+            meta = prepare(args.inputs, args.out, tokenizer=args.tokenizer, text_field=args.text_field,
+                           val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
+                           progress=not args.quiet, workers=args.workers)
+    except Interrupted as stop:
+        sys.stderr.write(f"interrupted by {stop}: prepare stopped, and {args.out} is as it was (nothing written)\n")
+        return 128 + stop.signum
     tokens = meta["train"]["tokens"] + meta["val"]["tokens"]
     seconds = meta["seconds"]  # to the millisecond: a rate over less than a second says nothing
     rate = (f"{tokens / seconds:,.0f} tokens/s ({meta['bytes'] / seconds / 1e6:.2f} MB/s)" if seconds >= 1

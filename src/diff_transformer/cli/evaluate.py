@@ -94,6 +94,7 @@ def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> N
 
 def _load(args: argparse.Namespace):
     from ..evaluation import EvalText, load_model
+    from ..user_text import InputError, read_text_file
 
     if args.label and len(args.label) != len(args.checkpoint):
         raise ValueError(f"{len(args.label)} --label for {len(args.checkpoint)} --checkpoint (give one per checkpoint)")
@@ -110,10 +111,9 @@ def _load(args: argparse.Namespace):
     text = None
     if args.text:
         try:
-            with open(args.text, encoding="utf-8") as fh:
-                text = EvalText([fh.read()])
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"--text {args.text}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            text = EvalText([read_text_file(args.text)])
+        except InputError as exc:
+            raise InputError(f"--text {exc}") from None
     return models, text or EvalText()
 
 

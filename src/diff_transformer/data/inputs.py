@@ -24,6 +24,19 @@ binary, empty, corrupt or misnamed file is reported at once, by name. It returns
 - What the project wrote (a prepared dataset, a checkpoint, an export, a run's or an evaluation's
   outputs: :func:`~diff_transformer.files.project_output_kind`) is not text to prepare: given as
   an input, inside an input folder, or holding an input file, it is refused by name.
+- Every file is read once, known by its device and inode (so a symbolic link, a ``..`` or a hard
+  link is the file it leads to): an input named twice, or inside a folder also named, is refused
+  by name (the command line says it twice); within the folders, a second way to a file or folder
+  already found (a link to it, a link back up the tree: a loop) is skipped, all of them in one
+  warning line. A FIFO, socket, device, broken link or link loop given, or in a folder under a
+  text or record suffix, is refused as what it is (:func:`~diff_transformer.user_text.not_a_file`).
+- What is text is :mod:`diff_transformer.user_text`'s one rule (UTF-8, no NUL), applied to a text
+  file's bytes, a JSON Lines line, and each record's text (a JSON string, a Parquet or Arrow
+  value, read as bytes): a refusal names the file, the record and field, and the byte offset.
+- A file that changes while it is read is named, and nothing is written: its state (device,
+  inode, size, mtime_ns) and a SHA-256 of its documents are taken by the check, and compared when
+  it is read again, and its state once more before the output is published
+  (:meth:`Documents.check_unchanged`).
 
 Memory: the texts are streamed (a JSON Lines file line by line, Parquet and Arrow files a batch of
 RECORD_BATCH_ROWS rows at a time); what is kept per document is 16 bytes (its record number and
@@ -34,9 +47,12 @@ from __future__ import annotations
 
 import array
 import gzip
+import hashlib
 import io
 import json
 import lzma
+import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +61,8 @@ from typing import IO, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..extras import import_optional
-from ..files import OUTPUT_NAMES, project_output_kind
+from ..files import OUTPUT_NAMES, OutputPathError, project_output_kind
+from ..user_text import InputError, checked_text, decode_text, not_a_file
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
 RECORD_BATCH_ROWS = 256  # rows of a Parquet or Arrow file converted to Python strings at once
@@ -53,36 +70,16 @@ ARROW_DATASET_STATE = "state.json"  # a `datasets.save_to_disk` folder: {"_data_
 ARROW_DATASET_DICT = "dataset_dict.json"  # a DatasetDict's folder: {"splits": [...]}, a folder per split
 
 
-class InputError(ValueError):
-    """An input file is missing, binary, empty, corrupt or malformed; the message names it."""
-
-
-RecordReader = Callable[[Path, str], Iterator[tuple[int, str]]]  # (path, text field) -> (record number, text)...
+# (path, text field) -> (record number, text, its UTF-8 bytes) of each record, both checked text
+RecordReader = Callable[[Path, str], Iterator[tuple[int, str, bytes]]]
 
 
 # --- text ----------------------------------------------------------------------------------------
 
 
-def decode_text(data: bytes, path: Path, start: int = 0) -> str:
-    """``data`` (bytes of ``path`` from offset ``start``) as text; an InputError naming the file and
-    the offset if it is binary (NUL bytes, not UTF-8)."""
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise InputError(f"{path}: binary file (NUL byte at offset {start + nul}); give UTF-8 text")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (invalid byte at offset {start + exc.start}); give UTF-8 "
-                         "text") from None
-
-
-def decode_text_file(path: Path) -> str:
-    """The file's text; an InputError naming the file if it is binary (NUL bytes, not UTF-8)."""
-    return decode_text(path.read_bytes(), path)
-
-
-def _record_text(record, where: str, text_field: str) -> str:
-    """The ``text_field`` string of one record; ``where`` ("file:line", "file: record N") opens the error."""
+def _record_text(record, where: str, text_field: str) -> tuple[str, bytes]:
+    """The ``text_field`` string of one record and its UTF-8 bytes, checked text; ``where``
+    ("file:line", "file: record N") opens the error."""
     if not isinstance(record, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if text_field not in record:
@@ -91,18 +88,19 @@ def _record_text(record, where: str, text_field: str) -> str:
     text = record[text_field]
     if not isinstance(text, str):
         raise InputError(f"{where}: field {text_field!r} is {type(text).__name__}, not a string")
-    return text
+    return text, checked_text(text, f"{where}: field {text_field!r}")
 
 
 # --- JSON Lines, plain or compressed, and JSON ----------------------------------------------------
 
 
-def _json_lines(path: Path, lines: Iterable[bytes], text_field: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every record of the lines of a JSON Lines file (bytes, each with its
-    newline), checked as they come: binary, not UTF-8, not JSON, not an object with the field."""
+def _json_lines(path: Path, lines: Iterable[bytes], text_field: str) -> Iterator[tuple[int, str, bytes]]:
+    """(line number, text, its bytes) of every record of the lines of a JSON Lines file (bytes, each
+    with its newline), checked as they come: binary, not UTF-8 (named by line and by byte offset
+    in the file, decompressed), not JSON, not an object with the field."""
     offset = 0
     for number, raw in enumerate(lines, start=1):
-        line = decode_text(raw, path, offset)
+        line = decode_text(raw, f"{path}:{number}", offset)
         offset += len(raw)
         if not line.strip():
             continue
@@ -110,7 +108,7 @@ def _json_lines(path: Path, lines: Iterable[bytes], text_field: str) -> Iterator
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        yield number, _record_text(record, f"{path}:{number}", text_field)
+        yield number, *_record_text(record, f"{path}:{number}", text_field)
 
 
 def _zstd_stream(path: Path) -> IO[bytes]:
@@ -128,15 +126,15 @@ JSONL_OPENERS: dict[str, Callable[[Path], IO[bytes]]] = {
 
 
 def _jsonl_reader(suffix: str) -> RecordReader:
-    def read(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
+    def read(path: Path, text_field: str) -> Iterator[tuple[int, str, bytes]]:
         with _read_errors_named(path, f"{suffix} file"), JSONL_OPENERS[suffix](path) as lines:
             yield from _json_lines(path, lines, text_field)
 
     return read
 
 
-def _json_records(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
-    """(record number, text) of a .json file: one JSON document, an object (record 1) or a list of
+def _json_records(path: Path, text_field: str) -> Iterator[tuple[int, str, bytes]]:
+    """(record number, text, its bytes) of a .json file: one JSON document, an object (record 1) or a list of
     objects; a file that is not one JSON document is read as JSON Lines (JSONL saved as .json)."""
     data = path.read_bytes()
     text = decode_text(data, path)
@@ -151,10 +149,10 @@ def _json_records(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
                              f"(line {rest})") from None
         return
     if isinstance(document, dict):
-        yield 1, _record_text(document, str(path), text_field)
+        yield 1, *_record_text(document, str(path), text_field)
     elif isinstance(document, list):
         for number, record in enumerate(document, start=1):
-            yield number, _record_text(record, f"{path}: record {number}", text_field)
+            yield number, *_record_text(record, f"{path}: record {number}", text_field)
     else:
         raise InputError(f"{path}: a JSON {type(document).__name__}; expected an object with a {text_field!r} field, "
                          "or a list of them")
@@ -191,18 +189,25 @@ def _checked_text_column(schema, path: Path, text_field: str) -> None:
         raise InputError(f"{path}: field {text_field!r} is {kind}, not a string")
 
 
-def _column_texts(path: Path, batches: Iterable, text_field: str) -> Iterator[tuple[int, str]]:
-    """(row number, text) of the ``text_field`` column of record batches; a null is an InputError."""
+def _column_texts(path: Path, batches: Iterable, text_field: str) -> Iterator[tuple[int, str, bytes]]:
+    """(row number, text, its bytes) of the ``text_field`` column of record batches, each value
+    read as bytes and checked as text (pyarrow does not check that a string column holds UTF-8);
+    a null is an InputError."""
+    pa = import_optional("pyarrow", f"reading {path.name}")
     number = 0
     for batch in batches:
-        for text in batch.column(batch.schema.get_field_index(text_field)).to_pylist():
+        column = batch.column(batch.schema.get_field_index(text_field))
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        as_bytes = column.cast(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary())
+        for data in as_bytes.to_pylist():
             number += 1
-            if text is None:
+            if data is None:
                 raise InputError(f"{path}:{number}: field {text_field!r} is null, not a string")
-            yield number, text
+            yield number, decode_text(data, f"{path}:{number}: field {text_field!r}"), data
 
 
-def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
+def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[int, str, bytes]]:
     pq = import_optional("pyarrow.parquet", "reading Parquet")
     with _read_errors_named(path, "Parquet file"):
         parquet = pq.ParquetFile(path)
@@ -214,7 +219,7 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
 ARROW_FILE_MAGIC = b"ARROW1"  # an Arrow IPC file; a stream (what `datasets` writes) has none
 
 
-def _arrow_records(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
+def _arrow_records(path: Path, text_field: str) -> Iterator[tuple[int, str, bytes]]:
     pa = import_optional("pyarrow", "reading Arrow files")
     with _read_errors_named(path, "Arrow file"):
         source = pa.memory_map(str(path))  # batches are views of the mapped file: read as they are used
@@ -251,48 +256,126 @@ def record_suffix(path: Path) -> str | None:
 # --- finding the files ----------------------------------------------------------------------------
 
 
+def _identity(path: Path) -> tuple[int, int]:
+    """(device, inode) of the file or folder ``path`` leads to: one thing however it is reached."""
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
+
+
+def _wanted(path: Path) -> bool:
+    """Whether a file of this name in an input folder is read: a text file's suffix, or a record reader's."""
+    return path.suffix.lower() in TEXT_SUFFIXES or record_suffix(path) is not None
+
+
 def find_input_files(inputs: Sequence[str | Path]) -> list[Path]:
-    """The files the inputs name: files as given, folders expanded to their text files and files of
-    records. An output of the project (see the module docstring) among them is an InputError naming it."""
+    """The files the inputs name, each once: files as given, folders expanded to their text files
+    and files of records (see the module docstring for what is refused and what is skipped, with
+    one warning line on stderr). An output of the project among them is an InputError naming it."""
     if not inputs:
         raise InputError("no input given")
+    paths = [Path(item) for item in inputs]
+    given: dict[tuple[int, int], Path] = {}
+    for path in paths:
+        what = not_a_file(path)
+        if what is not None:
+            raise InputError(f"{path}: {what}, not a file or folder to read")
+        first = given.setdefault(_identity(path), path)
+        if first is not path:
+            same = "given twice" if str(first) == str(path) else f"the same {_noun(path)} as {first}, given before"
+            raise InputError(f"{path}: {same}; give each input once")
+    real = [path.resolve() for path in paths]
+    for path, path_real in zip(paths, real):
+        for folder, folder_real in zip(paths, real):
+            if folder_real in path_real.parents:
+                raise InputError(f"{path}: inside the input folder {folder}, which is also given (its files would be "
+                                 "read twice); give each input once")
+    walk = _Walk(given)
     files: list[Path] = []
-    for item in inputs:
-        path = Path(item)
+    for path in paths:
         if path.is_file():
             if (what := _project_output(path.parent)) is not None:
                 raise InputError(f"{path}: part of {what} ({path.parent}), not text to prepare")
             files.append(path)
-        elif path.is_dir():
+        else:
             if (what := _project_output(path)) is not None:
                 raise InputError(f"{path}: {what}, not text to prepare; give the text it was made from")
-            found = _folder_files(path, path)
+            found = walk.folder_files(path, path)
             if not found:
                 suffixes = ", ".join(TEXT_SUFFIXES + tuple(RECORD_READERS))
                 raise InputError(f"{path}: folder holds no text files ({suffixes})")
             files.extend(found)
-        else:
-            raise InputError(f"{path}: no such file or folder")
+    walk.warn()
     return files
 
 
-def _folder_files(folder: Path, top: Path) -> list[Path]:
-    """The input files of ``folder`` (inside the input folder ``top``), depth first, sorted by name."""
-    listed = _arrow_dataset_files(folder)
-    if listed is not None:
-        return listed
-    files: list[Path] = []
-    for path in sorted(folder.iterdir()):
-        if path.name.startswith("."):
-            continue
-        if path.is_dir():
-            if (what := _project_output(path)) is not None:
-                raise InputError(f"{path}: {what} inside the input folder {top}, not text to prepare; move it "
-                                 "out, or give the text files or folders alone")
-            files.extend(_folder_files(path, top))
-        elif path.is_file() and (path.suffix.lower() in TEXT_SUFFIXES or record_suffix(path) is not None):
-            files.append(path)
-    return files
+def _noun(path: Path) -> str:
+    return "folder" if path.is_dir() else "file"
+
+
+class _Walk:
+    """The input files of folders, each file and folder taken once: by identity (device, inode), so
+    that a link to what was already found, or back up the tree (a loop), is skipped and noted."""
+
+    SHOWN = 3  # skipped paths the warning line names
+
+    def __init__(self, given: dict[tuple[int, int], Path]) -> None:
+        self.found = dict(given)  # identity -> the path it was first found under
+        self.skipped: list[str] = []  # "PATH -> what it leads to, already found"
+
+    def _first_time(self, path: Path) -> bool:
+        """Whether ``path`` leads to a file or folder not found before; else it is noted as skipped."""
+        first = self.found.setdefault(_identity(path), path)
+        if first is not path:
+            self.skipped.append(f"{path} -> {first}")
+        return first is path
+
+    def folder_files(self, folder: Path, top: Path) -> list[Path]:
+        """The input files of ``folder`` (inside the input folder ``top``), depth first, sorted by name."""
+        listed = _arrow_dataset_files(folder)
+        if listed is not None:
+            for path in listed:
+                if (what := not_a_file(path)) is not None or not path.is_file():
+                    raise InputError(f"{path}: listed as a data file of the datasets folder {folder}, but "
+                                     f"{what or 'a folder'}")
+            return [path for path in listed if self._first_time(path)]
+        files: list[Path] = []
+        for path in sorted(folder.iterdir()):
+            if path.name.startswith("."):
+                continue
+            what = not_a_file(path)
+            if what is not None:
+                if _wanted(path):  # a FIFO would block the reading, a broken link would drop a file unsaid
+                    raise InputError(f"{path}: {what}, not a file (in the input folder {top})")
+                continue
+            if path.is_dir():
+                if (what := _project_output(path)) is not None:
+                    raise InputError(f"{path}: {what} inside the input folder {top}, not text to prepare; move it "
+                                     "out, or give the text files or folders alone")
+                if self._first_time(path):
+                    files.extend(self.folder_files(path, top))
+            elif _wanted(path) and self._first_time(path):
+                files.append(path)
+        return files
+
+    def warn(self) -> None:
+        """One line on stderr naming what was skipped, if anything was."""
+        if not self.skipped:
+            return
+        count = len(self.skipped)
+        shown = ", ".join(self.skipped[:self.SHOWN]) + (f" and {count - self.SHOWN} more" if count > self.SHOWN else "")
+        print(f"warning: {count} {'path leads' if count == 1 else 'paths lead'} to a file or folder already found, "
+              f"skipped (each is read once): {shown}", file=sys.stderr)
+
+
+def check_output_outside_inputs(out: str | Path, inputs: Sequence[str | Path], what: str) -> None:
+    """Refuse ``out`` (where the ``what`` will be written) inside an input folder: the next run on
+    that folder would find it among the inputs."""
+    target = Path(out).resolve()
+    for item in inputs:
+        folder = Path(item)
+        if folder.is_dir() and folder.resolve() in target.parents:
+            raise OutputPathError(f"{out}: inside the input folder {folder}, which this command reads (the next run on "
+                                  f"that folder would read the {what} as input); write the {what} outside it")
 
 
 def _arrow_dataset_files(folder: Path) -> list[Path] | None:
@@ -333,6 +416,58 @@ def _project_output(directory: Path) -> str | None:
 
 
 @dataclass(frozen=True)
+class FileState:
+    """What tells that a file changed without reading it: which file is under the name (device,
+    inode), its size and its modification time."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> "FileState":
+        found = os.stat(path)
+        return cls(found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
+
+    def changes(self, now: "FileState") -> list[str]:
+        """What differs in ``now``, in words (nothing: the same)."""
+        changes = []
+        if (self.device, self.inode) != (now.device, now.inode):
+            changes.append("another file under its name")
+        if self.size != now.size:
+            changes.append(f"size {self.size:,} -> {now.size:,} bytes")
+        if self.mtime_ns != now.mtime_ns:
+            changes.append("modified")
+        return changes
+
+
+def _documents(path: Path, suffix: str | None, text_field: str) -> Iterator[tuple[int, str, bytes]]:
+    """(record number, text, its UTF-8 bytes) of each document of one input file, checked text: a
+    text file's one (record number 0), or each record whose text is not empty or white space."""
+    if suffix is None:
+        data = path.read_bytes()
+        text = decode_text(data, path)
+        if text.strip():
+            yield 0, text, data
+        return
+    for number, text, data in RECORD_READERS[suffix](path, text_field):
+        if text.strip():
+            yield number, text, data
+
+
+def _add_document(digest, number: int, data: bytes) -> None:
+    """Add one document (its record number, its UTF-8 bytes) to a SHA-256 of a file's documents."""
+    digest.update(number.to_bytes(8, "little") + len(data).to_bytes(8, "little"))
+    digest.update(data)
+
+
+def _changed(path: Path, changes: list[str]) -> InputError:
+    return InputError(f"{path}: changed while it was being read ({'; '.join(changes)}), so nothing was written; run "
+                      "again once it no longer changes")
+
+
+@dataclass(frozen=True)
 class InputFile:
     """One input file and the documents :func:`scan_documents` found in it."""
 
@@ -341,6 +476,8 @@ class InputFile:
     text_field: str
     records: np.ndarray  # (documents,) int64: the record number of each (a text file's one document: 0)
     sizes: np.ndarray  # (documents,) int64: UTF-8 bytes of each document's text
+    state: FileState  # the file's when it was checked
+    digest: str  # SHA-256 of its documents (_add_document) as they were checked
 
     @property
     def kind(self) -> str:
@@ -352,19 +489,29 @@ class InputFile:
         return str(self.path) if self.suffix is None else f"{self.path}:{self.records[index]}"
 
     def texts(self) -> Iterator[str]:
-        """The text of each document, in order, read again (a file changed since the scan is an error)."""
-        if self.suffix is None:
-            yield decode_text_file(self.path)
-            return
-        count = 0
-        for _, text in RECORD_READERS[self.suffix](self.path, self.text_field):
-            if text.strip():
-                count += 1
-                if count <= len(self.records):
-                    yield text
+        """The text of each document, in order, read again: a file whose state, documents or their
+        SHA-256 differ from the check's is an InputError once its last document is read (or at once,
+        if its state already differs)."""
+        self.check_unchanged()
+        digest, count = hashlib.sha256(), 0
+        for number, text, data in _documents(self.path, self.suffix, self.text_field):
+            count += 1
+            _add_document(digest, number, data)
+            if count <= len(self.records):
+                yield text
+        changes = self.state.changes(FileState.of(self.path))
         if count != len(self.records):
-            raise InputError(f"{self.path}: changed while it was being prepared ({len(self.records)} documents when "
-                             f"it was checked, {count} now)")
+            changes.append(f"{len(self.records)} documents when it was checked, {count} now")
+        elif digest.hexdigest() != self.digest:
+            changes.append("its text differs from what was checked")
+        if changes:
+            raise _changed(self.path, changes)
+
+    def check_unchanged(self) -> None:
+        """An InputError naming the file if its state differs from the check's."""
+        changes = self.state.changes(FileState.of(self.path))
+        if changes:
+            raise _changed(self.path, changes)
 
 
 @dataclass(frozen=True)
@@ -381,6 +528,9 @@ class InMemoryTexts:
 
     def texts(self) -> Iterator[str]:
         return iter(self.contents)
+
+    def check_unchanged(self) -> None:
+        """Texts in memory do not change."""
 
 
 class Documents:
@@ -410,6 +560,12 @@ class Documents:
         for source in self.sources:
             yield from source.texts()
 
+    def check_unchanged(self) -> None:
+        """An InputError naming the first input file that changed since the check (its state): the
+        last look before what was made of them is published."""
+        for source in self.sources:
+            source.check_unchanged()
+
     def describe_sources(self) -> list[dict]:
         """One entry per input file: path, kind, documents, bytes (meta.json's "sources")."""
         return [{"path": str(source.path), "kind": source.kind, "documents": len(source.sizes),
@@ -424,22 +580,24 @@ def in_memory_documents(named_texts: Iterable[tuple[str, str]]) -> Documents:
 
 
 def scan_file(path: Path, text_field: str = "text") -> InputFile:
-    """Every document of one input file, each checked (readable UTF-8 text, not empty)."""
+    """Every document of one input file, each checked (readable UTF-8 text, not empty), with the
+    file's state and the SHA-256 of its documents (a file that changes while it is read is an
+    InputError naming it)."""
     suffix = record_suffix(path)
-    if suffix is None:
-        text = decode_text_file(path)
-        if not text.strip():
-            raise InputError(f"{path}: empty input (the file holds no text)")
-        return InputFile(path, None, text_field, np.zeros(1, np.int64),
-                         np.array([len(text.encode("utf-8"))], dtype=np.int64))
-    records, sizes = array.array("q"), array.array("q")
-    for number, text in RECORD_READERS[suffix](path, text_field):
-        if text.strip():
-            records.append(number)
-            sizes.append(len(text.encode("utf-8")))
+    state = FileState.of(path)
+    records, sizes, digest = array.array("q"), array.array("q"), hashlib.sha256()
+    for number, _, data in _documents(path, suffix, text_field):
+        records.append(number)
+        sizes.append(len(data))
+        _add_document(digest, number, data)
     if not records:
-        raise InputError(f"{path}: empty input (no record with a non-empty {text_field!r} field)")
-    return InputFile(path, suffix, text_field, np.frombuffer(records, np.int64), np.frombuffer(sizes, np.int64))
+        raise InputError(f"{path}: empty input (the file holds no text)" if suffix is None else
+                         f"{path}: empty input (no record with a non-empty {text_field!r} field)")
+    changes = state.changes(FileState.of(path))
+    if changes:
+        raise _changed(path, changes)
+    return InputFile(path, suffix, text_field, np.frombuffer(records, np.int64), np.frombuffer(sizes, np.int64),
+                     state, digest.hexdigest())
 
 
 def scan_documents(inputs: Sequence[str | Path], text_field: str = "text") -> Documents:

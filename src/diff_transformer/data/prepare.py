@@ -7,8 +7,16 @@ A prepared dataset is a directory:
     DIR/train.document_ends.npy, DIR/val.document_ends.npy
                                  where each document ends: the position after its end-of-text token
                                  (uint64, one per document, ascending; the last is the split's length)
-    DIR/meta.json                dtype, token and document counts, tokenizer, sources, split
+    DIR/meta.json                dtype, token and document counts, tokenizer, sources, split, and the
+                                 dataset's fingerprint
     DIR/tokenizer.json           the tokenizer used (tokenizer_config.json for raw bytes)
+
+The fingerprint ("sha256:" and 64 hex digits) names the content: a SHA-256 of the line
+``"{dtype} train {tokens} {documents} {T} val {tokens} {documents} {V}\n"``, where T and V are the
+SHA-256 (hex) of each split's ``.bin`` bytes followed by its document ends as little-endian uint64.
+It is computed as the shards are written; a dataset prepared before it existed has none in its
+meta.json, and :func:`dataset_fingerprint` computes it from its files (one read of them). A
+training checkpoint stores it, and a resumed run refuses a dataset whose fingerprint differs.
 
 The train/validation split is by document, deterministic given the seed: documents are taken in a
 seeded random order and each joins validation while validation stays within ``val_fraction`` of
@@ -21,6 +29,7 @@ from __future__ import annotations
 import array
 import collections
 import contextlib
+import hashlib
 import itertools
 import json
 import multiprocessing
@@ -39,7 +48,7 @@ from ..checkpoint import write_directory_atomically
 from ..files import check_output_dir, lock_output
 from ..tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 from .bpe import default_tokenizer
-from .inputs import Documents, scan_documents
+from .inputs import Documents, check_output_outside_inputs, scan_documents
 
 FORMAT = "diff-transformer-tokens"
 FORMAT_VERSION = 1
@@ -50,6 +59,8 @@ DEFAULT_VAL_FRACTION = 0.05
 ENCODE_BATCH_CHARS = 4 << 20  # text handed to the tokenizer at once (it encodes them in parallel), or to a process
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"  # Hugging Face tokenizers' switch of its threads
 ENCODE_PIECE_CHARS = 1 << 14  # documents are encoded in pieces of about this size (faster, parallel)
+FINGERPRINT_READ_BYTES = 16 << 20  # a shard is read this much at a time to compute a fingerprint
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def resolve_tokenizer(spec) -> tuple[ByteTokenizer | BPETokenizer, str]:
@@ -160,8 +171,12 @@ class _Batch:
 
 
 def _split_texts(documents: Documents, plan: SplitPlan) -> Iterator[tuple[str, str, int]]:
-    """(split, text, UTF-8 bytes) of every document in order; the cut document's head and tail."""
-    for index, (size, text) in enumerate(zip(documents.sizes.tolist(), documents.texts())):
+    """(split, text, UTF-8 bytes) of every document in order; the cut document's head and tail. The
+    texts are read to their end (where a file that changed since the check is found), not only as
+    many as were counted."""
+    sizes = documents.sizes.tolist()
+    for index, text in enumerate(documents.texts()):
+        size = sizes[index]
         if index == plan.cut:
             head, tail = cut_text(text, plan.cut_bytes)
             head_bytes = len(head.encode("utf-8"))
@@ -193,6 +208,20 @@ def _start_worker(tokenizer, dtype: np.dtype) -> None:
     global _worker_encoder
     _worker_encoder = tokenizer, dtype
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle: it stops the pool
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends the process, whatever the parent set
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held while the pool was made (_stop_signals_held)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is left (then act as they would have): the processes
+    of a pool are all started, and known to the pool, before a signal can stop the work and the
+    pool with it."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -226,9 +255,10 @@ def encoded_batches(batches: Iterable[_Batch], tokenizer, dtype: np.dtype,
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")  # fork: no re-import of torch
-    with _tokenizers_single_threaded():
-        pool = context.Pool(workers, _start_worker, (tokenizer, dtype))
+    pool = None
     try:
+        with _tokenizers_single_threaded(), _stop_signals_held():
+            pool = context.Pool(workers, _start_worker, (tokenizer, dtype))
         pending: collections.deque = collections.deque()
         for batch in batches:
             pending.append((batch, pool.apply_async(_encode_in_worker, (batch.texts,))))
@@ -239,34 +269,52 @@ def encoded_batches(batches: Iterable[_Batch], tokenizer, dtype: np.dtype,
             done, result = pending.popleft()
             yield done, *result.get()
     finally:
-        pool.terminate()  # every result is in, or the work stopped: either way nothing is left to do
-        pool.join()
+        if pool is not None:  # every result is in, or the work stopped (an error, a signal): nothing is left to do
+            pool.terminate()
+            pool.join()
+
+
+def fingerprint_of(dtype: str, splits: dict[str, tuple[int, int, str]]) -> str:
+    """The dataset fingerprint (module docstring) from each split's (tokens, documents, SHA-256 hex
+    of its tokens and ends)."""
+    line = " ".join([dtype] + [f"{split} {tokens} {documents} {digest}"
+                               for split, (tokens, documents, digest) in splits.items()]) + "\n"
+    return "sha256:" + hashlib.sha256(line.encode()).hexdigest()
 
 
 class _ShardWriter:
-    """Appends encoded texts (each followed by EOS) to the split files and records where each ends."""
+    """Appends encoded texts (each followed by EOS) to the split files and records where each ends;
+    hashes what it writes (the fingerprint)."""
 
     def __init__(self, directory: Path, dtype: np.dtype, eos_id: int) -> None:
         self.directory = directory
+        self.dtype = dtype
         self.eos = np.array([eos_id], dtype=dtype).tobytes()
         self.files = {split: open(directory / f"{split}.bin", "wb") for split in SPLITS}
+        self.digests = {split: hashlib.sha256() for split in SPLITS}
         self.tokens = dict.fromkeys(SPLITS, 0)
         self.document_ends = {split: array.array("Q") for split in SPLITS}
 
     def write(self, splits: Sequence[str], ids: np.ndarray, lengths: np.ndarray) -> None:
         offset = 0
         for split, length in zip(splits, lengths.tolist()):
-            self.files[split].write(ids[offset:offset + length].tobytes())
-            self.files[split].write(self.eos)
+            for data in (ids[offset:offset + length].tobytes(), self.eos):
+                self.files[split].write(data)
+                self.digests[split].update(data)
             offset += length
             self.tokens[split] += length + 1
             self.document_ends[split].append(self.tokens[split])
 
-    def close(self) -> None:
+    def close(self) -> str:
+        """Close the files, write the document ends; the dataset's fingerprint."""
         for f in self.files.values():
             f.close()
         for split, ends in self.document_ends.items():
-            np.save(self.directory / f"{split}{DOCUMENT_ENDS_SUFFIX}", np.frombuffer(ends, dtype=np.uint64))
+            ends = np.frombuffer(ends, dtype=np.uint64)
+            np.save(self.directory / f"{split}{DOCUMENT_ENDS_SUFFIX}", ends)
+            self.digests[split].update(ends.astype("<u8").tobytes())
+        return fingerprint_of(self.dtype.name, {split: (self.tokens[split], len(self.document_ends[split]),
+                                                        self.digests[split].hexdigest()) for split in SPLITS})
 
 
 def write_shards(documents: Documents, directory: Path, tokenizer, *, tokenizer_source: str, sources: list[dict],
@@ -289,7 +337,7 @@ def write_shards(documents: Documents, directory: Path, tokenizer, *, tokenizer_
             tokens = sum(writer.tokens.values())
             bar.set_postfix_str(f"{tokens:,} tokens, {tokens / (time.perf_counter() - start):,.0f} tokens/s")
             bar.update(batch.bytes)  # as the tokens are written: the rate is the tokenizing's
-        writer.close()
+        fingerprint = writer.close()
     tokenizer.save(directory)
     seconds = time.perf_counter() - start
     meta = {
@@ -299,6 +347,7 @@ def write_shards(documents: Documents, directory: Path, tokenizer, *, tokenizer_
         "vocab_size": tokenizer.vocab_size,
         "eos_id": tokenizer.eos_id,
         "tokenizer": tokenizer_source,
+        "fingerprint": fingerprint,
         **{split: {"file": f"{split}.bin", "tokens": writer.tokens[split],
                    "documents": len(writer.document_ends[split]), "document_ends": f"{split}{DOCUMENT_ENDS_SUFFIX}"}
            for split in SPLITS},
@@ -326,8 +375,11 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default
     """Tokenize text files, folders or files of records into token shards in ``out`` (see the module
     docstring) in ``workers`` processes (None: one per core; the dataset is the same for any
     number); returns the meta.json dict. ``out`` must be new or empty, or with ``overwrite`` a
-    dataset of this project (never one of the inputs or a directory containing them)."""
+    dataset of this project (never one of the inputs, a directory containing them, or a directory
+    inside an input folder). An input file that changes while it is read is an InputError naming
+    it, and nothing is written (see :mod:`.inputs`)."""
     out = check_output_dir(out, "dataset", overwrite=overwrite, reading=inputs)  # before the work
+    check_output_outside_inputs(out, inputs, "dataset")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
@@ -342,6 +394,7 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default
             meta.update(write_shards(documents, tmp, tok, tokenizer_source=source,
                                      sources=documents.describe_sources(), val_fraction=val_fraction, seed=seed,
                                      progress=progress, workers=workers or default_workers()))
+            documents.check_unchanged()  # the last look before the dataset is published
 
         write_directory_atomically(out, write, kind="dataset", overwrite=overwrite, reading=inputs)
     return meta
@@ -359,3 +412,23 @@ def read_meta(directory: str | Path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: not a {FORMAT} version {FORMAT_VERSION} file")
     return meta
+
+
+def dataset_fingerprint(directory: str | Path) -> str:
+    """The fingerprint of the prepared dataset ``directory`` (module docstring): its meta.json's, or
+    for a dataset prepared before fingerprints, computed from its files."""
+    directory = Path(directory)
+    meta = read_meta(directory)
+    if isinstance(meta.get("fingerprint"), str):
+        return meta["fingerprint"]
+    splits = {}
+    for split in SPLITS:
+        digest = hashlib.sha256()
+        with open(directory / meta[split]["file"], "rb") as f:
+            while chunk := f.read(FINGERPRINT_READ_BYTES):
+                digest.update(chunk)
+        ends = meta[split].get("document_ends")
+        if ends is not None:
+            digest.update(np.load(directory / ends, allow_pickle=False).astype("<u8").tobytes())
+        splits[split] = meta[split]["tokens"], meta[split].get("documents", 0), digest.hexdigest()
+    return fingerprint_of(meta["dtype"], splits)

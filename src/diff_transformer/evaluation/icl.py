@@ -46,6 +46,7 @@ from .output import (
 from .scoring import score_choices
 from .stats import binomial_se, mean, seeded_rng
 from .texts import EvalText
+from ..user_text import checked_text, read_text_file
 
 NAME = "icl"
 LAYOUTS = ("random", "alternating")
@@ -75,10 +76,10 @@ class ICLOptions:
 def load_jsonl_task(path: str | Path, text_field: str, label_field: str) -> ClassificationTask:
     """A classification task from a JSONL file: one object per line with a text and a label."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():  # anything else that is not a file: read_text_file names it
         raise FileNotFoundError(f"{path}: no such JSONL file")
     texts, raw_labels = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_text_file(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -88,6 +89,7 @@ def load_jsonl_task(path: str | Path, text_field: str, label_field: str) -> Clas
         if not isinstance(record, dict) or text_field not in record or label_field not in record:
             raise ValueError(f"{path}:{number}: needs the fields {text_field!r} and {label_field!r}")
         text = str(record[text_field]).replace("\n", " ").strip()
+        checked_text(text, f"{path}:{number}: field {text_field!r}")  # a NUL escaped in JSON is no text either
         if not text:
             raise ValueError(f"{path}:{number}: empty {text_field!r}")
         texts.append(text)

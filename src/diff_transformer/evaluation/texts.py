@@ -40,10 +40,14 @@ class EvalText:
     """Held-out text (the corpus' validation documents by default), tokenized per tokenizer on demand.
 
     Documents are joined with the end-of-text token, as in training. ``texts`` replaces the
-    corpus (tests, or a user's own text).
+    corpus (tests, or a user's own text), each checked text (no NUL: :mod:`diff_transformer.user_text`).
     """
 
     def __init__(self, texts: Sequence[str] | None = None, *, max_chars: int = 4_000_000) -> None:
+        from ..user_text import checked_text
+
+        for number, text in enumerate(texts or [], start=1):
+            checked_text(text, f"evaluation text {number}")
         self._texts = list(texts) if texts is not None else None
         self.max_chars = max_chars
         self._streams: dict[tuple, Tensor] = {}

@@ -39,6 +39,7 @@ import yaml
 
 from ..config import ATTENTION_KINDS, ConfigError, ModelConfig
 from ..ops import BACKEND_NAMES
+from ..user_text import not_a_file
 
 T = TypeVar("T")
 # Sections of a config file that the experiments read (diff_transformer.experiments.config); the
@@ -497,6 +498,10 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     shipped = shipped_configs()
     if str(name_or_path) in shipped:
         return shipped[str(name_or_path)]
+    what = not_a_file(path)
+    if what != "no such file or folder":  # a FIFO (a read would wait for a writer), a device, a broken link
+        raise ConfigError(f"config {str(name_or_path)!r}: {what}, not a file; give a YAML file or the name of a "
+                          "shipped config")
     raise ConfigError(f"config {str(name_or_path)!r}: no such file, and not a shipped config ({', '.join(shipped)})")
 
 

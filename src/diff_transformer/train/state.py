@@ -2,7 +2,8 @@
 
     CKPT/config.json, model.safetensors, tokenizer.json   LanguageModel.from_pretrained(CKPT) loads these
     CKPT/training_state.pt    optimizer (full, keyed by parameter name), schedule, step and data
-                              position, RNG states; torch.save of tensors and plain data only,
+                              position, RNG states, the dataset trained on (its fingerprint and
+                              sizes: DatasetRecord); torch.save of tensors and plain data only,
                               read back with torch.load(weights_only=True): nothing is unpickled
     CKPT/train_config.yaml    the resolved training config of the run
 
@@ -12,7 +13,11 @@ checkpoint stays under CKPT until the new one is complete, and under the hidden 
 stops on a NaN loss simply does not save, so the last good checkpoint is what remains.
 
 The data position is the number of optimizer steps taken: the batches of step s are the samples
-s·B … s·B + B − 1 of the dataset (see diff_transformer.data.shards), so nothing else is needed.
+s·B … s·B + B − 1 of the dataset (see diff_transformer.data.shards), so nothing else is needed,
+as long as the dataset is the same: a resumed run compares the dataset's fingerprint (a SHA-256
+of its shards, diff_transformer.data.prepare) with the checkpoint's and refuses another
+(:func:`check_same_dataset`). A checkpoint saved before checkpoints recorded it is resumed with
+a note saying that the data could not be compared.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import random
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import yaml
@@ -37,6 +42,26 @@ from .distributed import Environment
 
 TRAIN_CONFIG_FILE = "train_config.yaml"
 STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """The dataset a run trains on, as its checkpoints record it (training_state.pt's "dataset")."""
+
+    fingerprint: str  # diff_transformer.data.prepare's: "sha256:..." of the shards
+    train_tokens: int
+    val_tokens: int
+    train_documents: int
+    val_documents: int
+
+    def differences(self, now: "DatasetRecord") -> list[str]:
+        """What differs in ``now``, in words: the sizes that differ, else the tokens themselves."""
+        sizes = [f"{name.replace('_', ' ')} {before:,} -> {after:,}" for name in
+                 ("train_tokens", "val_tokens", "train_documents", "val_documents")
+                 if (before := getattr(self, name)) != (after := getattr(now, name))]
+        if sizes or self.fingerprint == now.fingerprint:
+            return sizes
+        return [f"the same sizes, other tokens (fingerprint {self.fingerprint[:19]}... -> {now.fingerprint[:19]}...)"]
 
 
 @dataclass
@@ -91,6 +116,7 @@ def save_training_checkpoint(
     tokenizer,
     train_config: dict[str, Any],
     env: Environment,
+    dataset: DatasetRecord | None,  # rank 0's (the others write nothing)
 ) -> Path | None:
     """Write a training checkpoint (collective under torchrun: every rank calls it; rank 0 writes).
 
@@ -116,6 +142,7 @@ def save_training_checkpoint(
             "schedule": schedule.state_dict(),
             "rng": rng_states(),
             "world_size": env.world_size,
+            "dataset": asdict(dataset),
         }
 
         def write_training_files(tmp: Path) -> None:
@@ -176,6 +203,30 @@ def check_same_save(directory: str | Path, state: dict[str, Any]) -> None:
             f"{state.get('progress', {}).get('step')}, id {ours}; config.json: step {saved.get('step')}, id {theirs}); "
             f"the weights and the optimizer state must come from the same checkpoint"
         )
+
+
+def check_same_dataset(directory: str | Path, state: dict[str, Any], dataset: Path,
+                       record: Callable[[], DatasetRecord]) -> str | None:
+    """A CheckpointError naming ``dataset`` and what differs unless it is the dataset the run whose
+    training state ``state`` (of checkpoint ``directory``) trained on; ``record()`` gives it as it
+    is now (asked only if the checkpoint holds a record). A checkpoint from before records were
+    kept: the note to give (the run goes on)."""
+    saved = state.get("dataset")
+    if saved is None:
+        return (f"note: {directory} was saved before checkpoints recorded their dataset's fingerprint: whether "
+                f"{dataset} still holds the data the run trained on cannot be checked")
+    try:
+        saved = DatasetRecord(**saved)
+    except TypeError:
+        raise CheckpointError(f"{Path(directory) / TRAINING_STATE_FILE}: an unreadable dataset record "
+                              f"({saved!r})") from None
+    differences = saved.differences(record())
+    if differences:
+        raise CheckpointError(f"--resume: the dataset {dataset} is not the one the run trained on "
+                              f"({'; '.join(differences)}): it was prepared again, from other text or with other "
+                              "settings; resume with the data the run started with, or start a new run in another "
+                              "run.out_dir")
+    return None
 
 
 def saved_step(directory: str | Path) -> int | None:

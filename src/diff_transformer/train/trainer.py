@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -62,8 +63,9 @@ from .events import EventFile
 from .optim import WarmupLinearSchedule, build_optimizer
 from .step import advance, clip_gradients, forward_backward, token_loss_sum
 from .state import (
-    Progress, ResumePoint, check_initial_tokenizer, check_initializable, check_resumable, check_same_save,
-    find_checkpoint, load_training_checkpoint, load_weights, read_training_state, save_training_checkpoint, saved_step,
+    DatasetRecord, Progress, ResumePoint, check_initial_tokenizer, check_initializable, check_resumable,
+    check_same_dataset, check_same_save, find_checkpoint, load_training_checkpoint, load_weights, read_training_state,
+    save_training_checkpoint, saved_step,
 )
 
 METRICS_FILE = "metrics.jsonl"
@@ -130,6 +132,7 @@ class DataPlan:
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError(f"data.dataset: {exc}") from None
         self.directory = directory
+        self._shards = shards
         self.train = MixedBatches(shards, data.mix) if data.mix else shards
         # data.packing=documents: a document starts at each end-of-text token (model.document_ids)
         self.separator = shards.eos_id if data.packing == "documents" else None
@@ -153,6 +156,16 @@ class DataPlan:
         self.eval_sequences = data.eval_sequences
         self.eval_per_process = data.eval_sequences // env.world_size
         self.rank = env.rank
+
+    @functools.cached_property
+    def record(self) -> DatasetRecord:
+        """The dataset as checkpoints record it (its fingerprint: computed from the files, one read,
+        for a dataset prepared before meta.json carried one; asked by rank 0 only)."""
+        from ..data.prepare import dataset_fingerprint
+
+        splits = self._shards.meta
+        return DatasetRecord(dataset_fingerprint(self.directory), splits["train"]["tokens"], splits["val"]["tokens"],
+                             splits["train"].get("documents", 0), splits["val"].get("documents", 0))
 
     def micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This process's micro-batches of optimizer step ``step`` (0-based): (inputs, targets) (b, T)."""
@@ -526,8 +539,12 @@ def _check_outputs(plan: TrainingPlan, env: Environment, *, resume: bool, length
     check_same_save(existing, state)
     progress = Progress(**state["progress"])
     check_initial_tokenizer(existing, plan.data.tokenizer, where="--resume")
-    return check_resumable(existing, config, plan.entry.name, plan.model_config, progress=progress,
-                           device_type=env.device.type, lengthen=lengthen)
+    note = check_same_dataset(existing, state, plan.data.directory, lambda: plan.data.record)
+    point = check_resumable(existing, config, plan.entry.name, plan.model_config, progress=progress,
+                            device_type=env.device.type, lengthen=lengthen)
+    if note is not None:
+        point = dataclasses.replace(point, note=note if point.note is None else f"{note}\n{point.note}")
+    return point
 
 
 def _train(config: TrainConfig, entry: ModelEntry, model_config, env: Environment, resume: bool,
@@ -739,6 +756,7 @@ class _Run:
             self.last_saved = save_training_checkpoint(
                 self.checkpoint_dir, self.raw_model, self.optimizer, self.schedule, self.progress,
                 tokenizer=self.plan.tokenizer, train_config=train_config, env=self.env,
+                dataset=self.plan.record if self.env.is_main else None,
             )
             return self.last_saved
         except (OSError, OutputPathError) as exc:  # a full disk, a lost mount, files of the user's put into
