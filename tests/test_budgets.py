@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from diff_transformer.checkpoint import CheckpointError
 from diff_transformer.cli import main
 from diff_transformer.config import ATTENTION_KINDS, ConfigError, ModelConfig
 from diff_transformer.evaluation.stats import MeanStd
@@ -196,6 +197,12 @@ def test_a_run_with_a_flops_budget_resumes_exactly(byte_dataset, tmp_path):  # n
     straight = train(debug_config(byte_dataset, tmp_path / "straight", run={"budget": budget}))
     first = train(debug_config(byte_dataset, tmp_path / "split", run={"budget": budget, "stop_at_step": 2}))
     assert first.status == "paused" and first.steps == 2
+    lengthened = r"run.budget.amount: .* \(to lengthen the run on purpose, --set run.budget.amount="
+    for other, why in ((dict(budget, amount=2 * budget["amount"]), lengthened),
+                       (dict(budget, kind="tokens"), "run.budget: .* flops -> .* tokens"),
+                       (None, r"run.budget: .* flops -> null \(run.steps\)")):
+        with pytest.raises(CheckpointError, match=why):  # a resumed run is the run that was started
+            train(debug_config(byte_dataset, tmp_path / "split", run={"budget": other}), resume=True)
     second = train(debug_config(byte_dataset, tmp_path / "split", run={"budget": budget}), resume=True)
     assert straight.steps == second.steps == 5 and second.status == "completed"
     a, b = losses(tmp_path / "straight"), losses(tmp_path / "split")
@@ -304,6 +311,7 @@ def test_a_report_names_the_budget_kind_and_each_models_cost():
     assert ("Every model trained until it had spent a budget of 4.2e+09 training FLOPs (run.budget), in steps of "
             "2 sequences × 32 tokens (steps: Transformer 19, DIFF 18)") in report
     assert "| DIFF | diff | 1 | 18 | 200 | 10.0 s | 4.03e+09 |" in report
+    assert "The budget: equal training FLOPs (run.budget in FLOPs" in report
     language_models.budget = dataclasses.replace(language_models.budget, kind="seconds", amount=600.0)
     assert "a budget of 600 training seconds" in render_report(compare_metrics(language_models))
 

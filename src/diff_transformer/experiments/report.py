@@ -515,7 +515,8 @@ def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
                 continue
             for fast, slow in ((name, base), (base, name)):
                 # a budget in FLOPs or seconds: each model's own tokens
-                budget = models[fast].tokens if metrics.lm.budget.kind != "steps" else metrics.lm.budget.tokens_per_model
+                own = metrics.lm.budget.kind != "steps"
+                budget = models[fast].tokens if own else metrics.lm.budget.tokens_per_model
                 target = models[slow].final_val_loss.mean
                 val = models[fast].val_curve
                 curve = [(t, -loss) for t, loss in zip(val.tokens, val.mean())]  # rising, as examples_to_reach reads
