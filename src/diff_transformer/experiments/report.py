@@ -286,7 +286,8 @@ def write_plots(metrics: CompareMetrics, out_dir: Path) -> list[Path]:
         ax.set_ylabel("cross-entropy (nats/token)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{metrics.config}: same data, seed and token budget")
+    budget = {"steps": "token", "tokens": "token", "flops": "FLOPs", "seconds": "time"}[metrics.lm.budget.kind]
+    fig.suptitle(f"{metrics.config}: same data, seed and {budget} budget")
     fig.tight_layout()
     paths = [save_plot(fig, out_dir / "loss.png")] + write_diagnostics_plot(metrics, out_dir / "diagnostics.png")
     if metrics.retrieval is not None:
