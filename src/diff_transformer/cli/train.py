@@ -91,7 +91,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "names (standard-wide) to train: the config's models of these kinds (for a kind that compare.models names, "
         "only its models there) and the models named; default: the config's compare.models",
     )
-    c.add_argument("--steps", type=types.positive_int, help="optimizer steps per model (overrides run.steps)")
+    c.add_argument("--steps", type=types.positive_int,
+                   help="optimizer steps per model (overrides run.steps; a run.budget of the config is dropped: the "
+                   "length is in steps)")
     c.add_argument("--budget", type=types.budget, metavar="KIND=AMOUNT",
                    help="train each model until it has spent AMOUNT of KIND instead of run.steps: tokens, flops "
                    "(training FLOPs by the formula of diff_transformer.flops: each model its own number of steps) "
