@@ -238,6 +238,7 @@ CASES = [
     ("compare-config", ["compare", "--config", "{root}/none.yaml"], "none.yaml"),
     ("compare-attention", ["compare", "--attention", "mamba", "--out", "{root}/cmp"], "mamba"),
     ("compare-steps", ["compare", "--steps", "0"], "--steps: '0' is not valid"),
+    ("compare-budget", ["compare", "--budget", "flops"], "--budget: 'flops' is not valid (KIND=AMOUNT"),
     ("compare-seeds", ["compare", "--seeds", "-1"], "--seeds"),
     ("compare-out", ["compare", "--out", "{file}"], "--out"),
     ("compare-set", ["compare", "--set", "optim.bogus=1", "--out", "{root}/cmp"], "bogus"),

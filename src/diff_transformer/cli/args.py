@@ -14,7 +14,7 @@ from ..user_text import not_a_file
 __all__ = [
     "UsageError", "positive_int", "nonnegative_int", "seed", "positive_float", "positive_float_list",
     "nonnegative_float", "probability", "unit_interval", "fraction", "device", "existing_file", "existing_dir",
-    "checkpoint_dir", "tokenizer_spec", "output_dir", "output_file", "existing_path",
+    "checkpoint_dir", "tokenizer_spec", "output_dir", "output_file", "existing_path", "budget",
 ]
 
 MAX_SEED = 2**63 - 1
@@ -108,6 +108,20 @@ def init_recipes(value: str) -> list[str]:
     if not items or unknown or len(set(items)) != len(items):
         raise _fail(value, f"comma-separated init recipes, each once, from {', '.join(INIT_RECIPES)}")
     return items
+
+
+def budget(value: str) -> dict[str, str | float]:
+    """"flops=2e13" -> {"kind": "flops", "amount": 2e13}: run.budget (tokens, flops or seconds)."""
+    from ..train.config import BUDGET_KINDS
+
+    kind, sep, amount = value.partition("=")
+    kind = kind.strip()
+    if not sep or kind not in BUDGET_KINDS:
+        raise _fail(value, f"KIND=AMOUNT with KIND one of {', '.join(BUDGET_KINDS)}, e.g. flops=2e13")
+    try:
+        return {"kind": kind, "amount": positive_float(amount.strip())}
+    except argparse.ArgumentTypeError:
+        raise _fail(value, f"the amount of {kind} must be a positive number") from None
 
 
 def nonnegative_float(value: str) -> float:

@@ -95,7 +95,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "names (standard-wide) to train: the config's models of these kinds (for a kind that compare.models names, "
         "only its models there) and the models named; default: the config's compare.models",
     )
-    c.add_argument("--steps", type=types.positive_int, help="optimizer steps per model (overrides run.steps)")
+    c.add_argument("--steps", type=types.positive_int,
+                   help="optimizer steps per model (overrides run.steps; a run.budget of the config is dropped: the "
+                   "length is in steps)")
+    c.add_argument("--budget", type=types.budget, metavar="KIND=AMOUNT",
+                   help="train each model until it has spent AMOUNT of KIND instead of run.steps: tokens, flops "
+                   "(training FLOPs by the formula of diff_transformer.flops: each model its own number of steps) "
+                   "or seconds (of training steps on this machine; the learning-rate decay runs over them); sets "
+                   "run.budget. The report gives the verdicts at equal tokens, FLOPs and (on a quiet machine) time "
+                   "(docs/training.md, \"Budgets\")")
     c.add_argument("--seeds", type=types.positive_int, help="seeds per model (overrides compare.seeds)")
     c.add_argument("--out", default="out/compare", type=types.output_dir,
                    help="output directory (default: out/compare)")
@@ -140,9 +148,10 @@ def run_train(args: argparse.Namespace) -> int:
         raise types.UsageError(f"config {experiment.name!r} names pretrained checkpoints to evaluate, not a model to "
                                f"train: run diff-transformer compare --config {args.config}")
     config = experiment.train
-    # An explicit --set run.steps=N may lengthen a resumed run; a run.steps that only the config file
-    # changed is a difference like any other.
-    lengthen = any(item.partition("=")[0].strip() == "run.steps" for item in args.overrides)
+    # An explicit --set run.steps=N (or run.budget...) may lengthen a resumed run; a length that only the
+    # config file changed is a difference like any other.
+    lengthen = any(item.partition("=")[0].strip() in ("run.steps", "run.budget", "run.budget.amount")
+                   for item in args.overrides)
     result = train(config, args.model, resume=args.resume, lengthen=lengthen)
     code = {"completed": 0, "paused": 0, "finished": 0, "diverged": 1}.get(result.status)
     if result.status == "interrupted":  # 128 + the signal, as a shell reports a process it stopped
@@ -170,8 +179,13 @@ def run_compare(args: argparse.Namespace) -> int:
     from ..experiments import StudyInterrupted, compare, load_experiment, select_models
 
     overrides = list(args.overrides)
+    if args.steps is not None and args.budget is not None:
+        raise types.UsageError("--steps sets each run's length in steps and --budget in tokens, FLOPs or seconds: "
+                               "give one of them")
     if args.steps is not None:
-        overrides.append(f"run.steps={args.steps}")
+        overrides += [f"run.steps={args.steps}", "run.budget=null"]  # the length in steps, whatever the file says
+    if args.budget is not None:
+        overrides.append(f"run.budget={json.dumps(args.budget)}")
     if args.retrieval_steps is not None:
         overrides.append(f"retrieval.steps={args.retrieval_steps}")
     if _changes_the_budget(args) and not any(item.startswith("compare.budget_note=") for item in overrides):
@@ -209,7 +223,7 @@ def _changes_the_budget(args: argparse.Namespace) -> bool:
     """Whether compare's command line changes what the config's budget note describes (steps, seeds,
     models, recipes, learning rates, evaluations, any --set), which --out, --resume, --jobs and
     --nproc do not."""
-    flags = (args.steps, args.seeds, args.retrieval_steps, args.recipes, args.lr_grid, args.retrieval_lr_grid,
-             args.attention)
+    flags = (args.steps, args.budget, args.seeds, args.retrieval_steps, args.recipes, args.lr_grid,
+             args.retrieval_lr_grid, args.attention)
     return any(flag is not None for flag in flags) or args.no_retrieval or args.no_eval or args.quick_eval or bool(
         args.overrides)

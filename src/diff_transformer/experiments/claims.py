@@ -189,7 +189,7 @@ def lm_figures(lm: LanguageModelling, name: str) -> Figures:
     lr there) and along training (its validation curve at its best)."""
     model, sweep = lm.models[name], lm.sweeps[name]
     by_recipe = {recipe: list(sweep.scores[recipe][sweep.best_lr[recipe]].per_seed) for recipe in lm.recipes}
-    curve, steps = model.val_curve, lm.budget.steps
+    curve, steps = model.val_curve, model.steps or lm.budget.steps  # a budget in FLOPs: the model's own steps
     along = [AlongValues(step / steps, f"{curve.tokens[i]:,} tokens", [seed[i] for seed in curve.values])
              for i, step in enumerate(curve.step)]
     return Figures(list(model.final_val_loss.per_seed), by_recipe, along)

@@ -41,6 +41,7 @@ from ..evaluation.suite import SuiteResult
 from ..files import claim_output_dir, lock_output_dir, write_text_atomically
 from .claims import paper_claims, seed_label, variant_comparisons
 from .config import ExperimentConfig
+from .equal_cost import equal_cost
 from .language_models import (
     LanguageModelling, Machine, axes_for, busy_load_average, check_runs, run_config, train_language_models,
 )
@@ -108,6 +109,7 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
             phases["evaluations"] = time.perf_counter() - mark
         metrics.claims = paper_claims(config, lm, metrics.retrieval, suite.data if suite else {})
         metrics.variant_comparisons = variant_comparisons(config, lm, metrics.retrieval, suite.data if suite else {})
+        metrics.equal_cost = equal_cost(config, lm, metrics.retrieval)
         metrics.wall_seconds = time.perf_counter() - start
         metrics.phase_seconds = phases
 

@@ -526,6 +526,11 @@ class ExperimentConfig:
         studies = [name for name in ("long_context", "scaling", "convert", "pretrained") if getattr(self, name).enabled]
         if len(studies) > 1:
             raise ConfigError(f"{' and '.join(studies)}: a config runs one study; remove all but one of the sections")
+        if studies and self.train.run.budget is not None:
+            # these studies set their runs' lengths in steps themselves (scaling.budgets, long_context.steps, ...)
+            raise ConfigError(f"run.budget: the {studies[0]} study counts its runs' lengths in steps (run.steps and "
+                              f"its {studies[0]} section); a budget in {self.train.run.budget.kind} applies to the "
+                              "side-by-side comparison only: unset run.budget (null)")
         if self.convert.enabled:
             self.convert.check_models(self.train)
         names = self.train.models

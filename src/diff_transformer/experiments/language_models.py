@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -18,6 +19,7 @@ import torch
 
 from ..evaluation.stats import MeanStd
 from ..paper import PAPER_TABLE6
+from ..train.budget import resolve_steps
 from ..train.config import TrainConfig
 from ..train.trainer import check_inputs
 from .config import ExperimentConfig, recipe_fields
@@ -32,7 +34,8 @@ def run_config(train: TrainConfig, key: RunKey, log_dir: Path, *, progress: bool
                init_from: Path | None = None) -> TrainConfig:
     """The exact config of one run: ``train`` with this seed, these directories, this learning rate
     (min_lr keeping its ratio) and this init recipe's fields for the run's model; ``init_from`` the
-    checkpoint whose weights start it."""
+    checkpoint whose weights start it. A budget in tokens or FLOPs (run.budget) sets run.steps to
+    the model's own count (train/budget.py), which the runner reads to tell a finished run."""
     entry = train.model(key.model)
     optim = train.optim_for(key.model, key.lr)
     entry = dataclasses.replace(entry, optim={**entry.optim, "lr": optim.lr, "min_lr": optim.min_lr},
@@ -40,7 +43,9 @@ def run_config(train: TrainConfig, key: RunKey, log_dir: Path, *, progress: bool
     run = dataclasses.replace(train.run, seed=key.seed, out_dir=str(log_dir),
                               checkpoint_dir=str(log_dir / "checkpoint"),
                               progress=progress, init_from=None if init_from is None else str(init_from))
-    return dataclasses.replace(train, models={**train.models, key.model: entry}, run=run)
+    config = dataclasses.replace(train, models={**train.models, key.model: entry}, run=run)
+    model_config = entry.model_config()
+    return resolve_steps(config, key.model, model_config, train.data.seq_len or model_config.max_seq_len)
 
 
 def check_runs(keys: Sequence[RunKey], out_dir: Path, configure: RunConfig, *, nproc: int) -> None:
@@ -96,7 +101,7 @@ class ModelSummary:
     recipe: str | None
     lr: float
     parameters: int
-    tokens: int
+    tokens: int  # per run (every seed trains on the same)
     seeds: list[int]
     status: list[str]
     messages: list[str]
@@ -110,6 +115,9 @@ class ModelSummary:
     train_curve: SeedCurves
     val_curve: SeedCurves
     diagnostics: Diagnostics | None
+    steps: int | None = None  # optimizer steps per run (a budget in seconds: the first seed's)
+    flops_per_token: float | None = None  # training FLOPs per token (diff_transformer.flops); None: no term
+    flops: float | None = None  # training FLOPs per run (mean over seeds)
 
     @classmethod
     def of(cls, config: ExperimentConfig, sweep: Sweep[TrainingRun]) -> "ModelSummary":
@@ -129,27 +137,40 @@ class ModelSummary:
             paper_table6=dict(PAPER_TABLE6[entry.paper_row], key=entry.paper_row) if entry.paper_row else None,
             train_curve=seed_curves([run.log.train for run in runs]),
             val_curve=seed_curves([run.log.val for run in runs]), diagnostics=diagnostics_of(runs),
+            steps=summaries[0].steps, flops_per_token=summaries[0].flops_per_token,
+            flops=None if summaries[0].flops is None else statistics.fmean(s.flops for s in summaries),
         )
 
 
 @dataclass
 class Budget:
-    """The language models' budget: steps × batch × sequence length, the data order."""
+    """The language models' budget: steps × batch × sequence length, the data order; or, with
+    run.budget, an amount of tokens, training FLOPs or seconds that each model spends in its own
+    number of steps (``steps`` is then run.steps of the config, not what the models trained)."""
 
     steps: int
     batch_size: int
     seq_len: int
     data_seed: int
     data_mix: dict[str, float]
+    kind: str = "steps"  # what the length counts: "steps" (run.steps), or run.budget's tokens, flops, seconds
+    amount: float | None = None  # run.budget's amount
 
     @property
     def tokens_per_model(self) -> int:
+        """The tokens of a run of ``steps`` steps (with run.budget: what run.steps would have given)."""
         return self.steps * self.batch_size * self.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
 
     @classmethod
     def of(cls, train: TrainConfig, model: str) -> "Budget":
         seq_len = train.data.seq_len or train.model(model).model_config().max_seq_len
-        return cls(train.run.steps, train.data.batch_size, seq_len, train.run.data_seed, dict(train.data.mix))
+        budget = train.run.budget
+        return cls(train.run.steps, train.data.batch_size, seq_len, train.run.data_seed, dict(train.data.mix),
+                   "steps" if budget is None else budget.kind, None if budget is None else budget.amount)
 
 
 @dataclass

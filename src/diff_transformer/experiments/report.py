@@ -16,7 +16,8 @@ from ..files import write_atomically, write_text_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
 from .claims import Claim, fraction_label, task_figures
 from .config import retrieval_examples_per_step
-from .language_models import LanguageModelling, Machine, ModelSummary
+from .equal_cost import QUIET_SPREAD, CostReading, EqualCost, Quietness
+from .language_models import Budget, LanguageModelling, Machine, ModelSummary
 from .results import json_text
 from .retrieval import RetrievalResult, accuracy_stats, examples_to_reach
 
@@ -80,6 +81,7 @@ class CompareMetrics:
     retrieval: RetrievalResult | None = None
     claims: list[Claim] = field(default_factory=list)
     variant_comparisons: list[Claim] = field(default_factory=list)
+    equal_cost: EqualCost | None = None  # each model against DIFF at equal tokens, FLOPs and time
     wall_seconds: float = 0.0  # both experiments and the evaluations
     phase_seconds: dict[str, float] = field(default_factory=dict)
     paper: dict[str, Any] = field(default_factory=lambda: {
@@ -286,7 +288,8 @@ def write_plots(metrics: CompareMetrics, out_dir: Path) -> list[Path]:
         ax.set_ylabel("cross-entropy (nats/token)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{metrics.config}: same data, seed and token budget")
+    budget = {"steps": "token", "tokens": "token", "flops": "FLOPs", "seconds": "time"}[metrics.lm.budget.kind]
+    fig.suptitle(f"{metrics.config}: same data, seed and {budget} budget")
     fig.tight_layout()
     paths = [save_plot(fig, out_dir / "loss.png")] + write_diagnostics_plot(metrics, out_dir / "diagnostics.png")
     if metrics.retrieval is not None:
@@ -507,7 +510,6 @@ def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
     base = next((n for n in names if models[n].attention == "standard"), None)
     lines = ["## Sample efficiency", ""]
     if base is not None:
-        budget = metrics.lm.budget.tokens_per_model
         lines += ["Language modelling (each model at its best): the tokens each needs to reach another's final "
                   "validation loss (linear between evaluations; the paper: DIFF matches the Transformer with ~64% of "
                   "the tokens, Fig. 3).", ""]
@@ -515,6 +517,9 @@ def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
             if name == base:
                 continue
             for fast, slow in ((name, base), (base, name)):
+                # a budget in FLOPs or seconds: each model's own tokens
+                own = metrics.lm.budget.kind != "steps"
+                budget = models[fast].tokens if own else metrics.lm.budget.tokens_per_model
                 target = models[slow].final_val_loss.mean
                 val = models[fast].val_curve
                 curve = [(t, -loss) for t, loss in zip(val.tokens, val.mean())]  # rising, as examples_to_reach reads
@@ -639,6 +644,82 @@ def diagnostics_lines(metrics: CompareMetrics) -> list[str]:
             "", "![λ and attention-branch RMS per layer](diagnostics.png)", ""]
 
 
+# What a study's budget counts, as the report names it.
+BUDGET_NAMES = {
+    "steps": "equal tokens (run.steps; every model the same steps of the same batches)",
+    "tokens": "equal tokens (run.budget in tokens)",
+    "flops": "equal training FLOPs (run.budget in FLOPs: each model its own number of steps)",
+    "seconds": "equal training time on this machine (run.budget in seconds: each model as many steps as fit)",
+}
+MEASURE_NAMES = {"tokens": "tokens", "flops": "training FLOPs", "seconds": "training seconds"}
+
+
+def flops_text(flops: float | None) -> str:
+    """"2.31e+13", or — for a kind the FLOPs formula has no term for."""
+    return "—" if flops is None else f"{flops:.3g}"
+
+
+def budget_sentence(budget: Budget, models: dict[str, ModelSummary]) -> str:
+    """How long every model trained: the steps and tokens, or the budget and each model's steps."""
+    shape = f"{budget.batch_size} sequences × {budget.seq_len} tokens"
+    if budget.kind == "steps":
+        return (f"Every model trained for {budget.steps} steps × {shape} = {tokens_text(budget.tokens_per_model)} "
+                "tokens")
+    amount = (tokens_text(int(budget.amount)) if budget.kind == "tokens" else f"{budget.amount:g}"
+              if budget.kind == "seconds" else f"{budget.amount:.3g}")
+    steps = ", ".join(f"{m.label} {m.steps if m.steps is not None else '—'}" for m in models.values())
+    return (f"Every model trained until it had spent a budget of {amount} {MEASURE_NAMES[budget.kind]} "
+            f"(run.budget), in steps of {shape} (steps: {steps})")
+
+
+def quietness_text(name: str, q: Quietness | None) -> str:
+    """How quiet the machine was during one experiment, and whether the time verdicts are given."""
+    if q is None:
+        return f"{name}: not measured."
+    if q.spread is None:
+        return f"{name}: one run of {q.reference}, so how steady the machine was is unknown; time not judged."
+    verdict = ("quiet enough to compare at equal time" if q.quiet
+               else "**not quiet enough**: the verdicts at equal time are not judged")
+    return (f"{name}: {q.reference}'s {q.runs} runs (the same work each) trained at {q.tokens_per_s.mean:,.0f} ± "
+            f"{q.tokens_per_s.std:,.0f} tokens/s, a spread of {q.spread:.1%} (limit {QUIET_SPREAD:.0%}): {verdict}.")
+
+
+def _cost_cell(r: CostReading, digits: int = 3) -> str:
+    if r.difference is None:
+        return r.verdict
+    read = "" if r.at is None else f" (read at {r.at:,.0f} s)" if r.measure == "seconds" \
+        else f" (read at {tokens_text(int(r.at))})" if r.measure == "tokens" else f" (read at {r.at:.3g})"
+    return f"{interval_text(r.difference)} **{r.verdict}**{read}"
+
+
+def equal_cost_lines(result: EqualCost | None, seeds: int) -> list[str]:
+    """The verdicts at equal cost: each model against DIFF at equal tokens, FLOPs and time."""
+    if result is None or not result.rows:
+        return []
+    lines = [
+        "## Verdicts at equal cost",
+        "",
+        f"Each model against DIFF, model − DIFF (mean over {seeds} seed{'s' if seeds > 1 else ''}, Welch's 95% "
+        f"interval), at equal tokens, equal training FLOPs (diff_transformer.flops) and equal training time. The "
+        f"language models trained to {BUDGET_NAMES[result.budget]}, the retrieval models to equal tokens "
+        f"(retrieval.steps): there the figures are the runs' final ones. At the other costs each model's figure is "
+        f"read off its own curve (validation loss at each evaluation; retrieval accuracy along its learning curve), "
+        f"linearly between points, at the least that either model's runs spent (\"read at\"): the same runs, no "
+        f"extra training. A model read before its end had not finished its learning-rate decay there, so the "
+        f"reading is conservative for the model that spent more.",
+        "",
+        "| Model | Task (better) | Equal tokens | Equal FLOPs | Equal time |",
+        "|---|---|---|---|---|",
+    ]
+    for row in result.rows:
+        cells = " | ".join(_cost_cell(r) for r in row.readings)
+        lines.append(f"| {row.model} | {row.task} ({row.better}) | {cells} |")
+    lines += ["", "How quiet the machine was (the time verdicts need a steady machine: its runs' throughput "
+              "varies less than the models differ):", ""]
+    lines += [f"- {quietness_text(name, q)}" for name, q in result.quietness.items() if q is not None]
+    return lines + [""]
+
+
 def render_report(metrics: CompareMetrics) -> str:
     """report.md, in plain words: the table, the comparisons with the paper, and how it was made."""
     budget, env, models = metrics.lm.budget, metrics.machine, metrics.models
@@ -646,9 +727,8 @@ def render_report(metrics: CompareMetrics) -> str:
     lines = heading_lines(f"Side-by-side training: {metrics.config}", metrics.description)
     first_seeds = next(iter(models.values())).seeds
     lines += [
-        f"Every model trained for {budget.steps} steps × {budget.batch_size} sequences × {budget.seq_len} "
-        f"tokens = {tokens_text(budget.tokens_per_model)} tokens, on the same data in the same order "
-        f"(data seed {budget.data_seed}"
+        budget_sentence(budget, models)
+        + f", on the same data in the same order (data seed {budget.data_seed}"
         + (f", mixture {budget.data_mix}" if budget.data_mix else "")
         + f"), with {seeds} seed{'s' if seeds > 1 else ''} ({', '.join(str(s) for s in first_seeds)}). "
         f"Device: {env.device} ({env.processes} process{'es' if env.processes > 1 else ''}, "
@@ -660,20 +740,26 @@ def render_report(metrics: CompareMetrics) -> str:
         *budget_lines(metrics.budget_note),
         *render_claims(metrics.claims, seeds),
         *render_variants(metrics.variant_comparisons, seeds),
+        *equal_cost_lines(metrics.equal_cost, seeds),
         *sensitivity_lines(metrics),
         *sample_efficiency_lines(metrics),
         "## Language modelling",
         "",
-        "| Model | Attention | Parameters | Tokens | Final val loss" + (" (mean ± std)" if seeds > 1 else "")
+        f"The budget: {BUDGET_NAMES[budget.kind]}. Each model's cost: its steps, tokens, training time (its "
+        "timed steps, mean over seeds) and training FLOPs (diff_transformer.flops: docs/training.md, \"Budgets\").",
+        "",
+        "| Model | Attention | Parameters | Steps | Tokens | Train time | Training FLOPs | Final val loss"
+        + (" (mean ± std)" if seeds > 1 else "")
         + " | Train tokens/s | Peak memory | Paper: val loss (1.4B, Table 6) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in models.values():
         memory = f"{m.peak_memory_bytes / 2**20:,.0f} MiB ({m.peak_memory_kind})"
         paper = f"{m.paper_table6['valid']:.3f} ({m.paper_table6['row']})" if m.paper_table6 else "—"
         status = "" if all(s == "completed" for s in m.status) else f" ({', '.join(m.status)})"
         lines.append(
-            f"| {m.label}{status} | {m.attention} | {m.parameters:,} | {tokens_text(m.tokens)} | "
+            f"| {m.label}{status} | {m.attention} | {m.parameters:,} | {m.steps if m.steps is not None else '—'} | "
+            f"{tokens_text(m.tokens)} | {statistics.fmean(m.train_seconds):,.1f} s | {flops_text(m.flops)} | "
             f"{stats_cell(m.final_val_loss)} | {_speed_cell(m.tokens_per_s)} | {memory} | {paper} |"
         )
     lines.append("")

@@ -59,6 +59,7 @@ class LogPoint:
     loss: float | None = None  # "train" (the mean over the logging interval) and "val" records
     lambdas: tuple[float, ...] | None = None  # "diagnostics": λ per layer (DIFF kinds)
     attn_rms: tuple[float, ...] | None = None  # "diagnostics": the attention branch's RMS per layer
+    train_seconds: float | None = None  # "train" and "val": the training time spent up to this step
 
 
 @dataclass
@@ -75,7 +76,8 @@ class RunLog:
         for record in read_metrics(path):
             kind = record.get("kind")
             if kind in ("train", "val"):
-                getattr(log, kind).append(LogPoint(record["step"], record["tokens"], loss=record["loss"]))
+                getattr(log, kind).append(LogPoint(record["step"], record["tokens"], loss=record["loss"],
+                                                   train_seconds=record.get("train_seconds")))
             elif kind == "diagnostics":
                 lambdas, rms = record.get("lambda"), record.get("attn_rms")
                 log.diagnostics.append(LogPoint(record["step"], record["tokens"],
@@ -203,6 +205,7 @@ class RetrievalRun:
     attention: list[AnswerShares | None]  # per layer; None where the row sum is too small to divide by
     attention_needles: int  # the needle count of the probe
     quantized_accuracy: dict[str, float]  # "full" / "8" / "6" / "4" -> accuracy on the hardest cells
+    flops_per_token: float | None = None  # training FLOPs per token (diff_transformer.flops); None: no term
 
     @property
     def score(self) -> float:

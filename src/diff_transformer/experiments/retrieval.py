@@ -41,6 +41,7 @@ from ..evaluation.stats import MeanStd
 from ..loss import IGNORE_INDEX
 from ..model import LanguageModel
 from ..ops import AttentionMaps
+from ..train.budget import flops_per_token
 from ..train.config import OptimConfig
 from ..train.step import InProcessTraining
 from .config import ExperimentConfig, RetrievalConfig, retrieval_examples_per_step
@@ -232,7 +233,7 @@ def run_one(config: RetrievalConfig, optim: OptimConfig, attention: str, seed: i
         train_tokens_per_second=config.steps * config.batch_size * config.length / trained.train_seconds,
         losses=trained.losses, accuracy=end.accuracy, mean_accuracy=end.mean_accuracy, curve=trained.curve,
         curve_area=trained.curve_area, attention=attention_allocation(model, probe), attention_needles=hardest,
-        quantized_accuracy=quantized,
+        quantized_accuracy=quantized, flops_per_token=flops_per_token(model.config, config.length),
     )
 
 

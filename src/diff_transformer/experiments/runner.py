@@ -37,8 +37,9 @@ import torch
 import yaml
 
 from ..files import check_output_dir, claim_output_dir, write_text_atomically
+from ..train.budget import RunLength
 from ..train.config import TrainConfig
-from ..train.state import find_checkpoint, saved_step
+from ..train.state import find_checkpoint, saved_step, saved_train_seconds
 from ..train.trainer import SUMMARY_FILE, TrainingError
 from .results import TrainingRun, json_text, read_summary, read_training_run
 from .study import RunKey
@@ -77,7 +78,8 @@ class TrainingJob:
         if not resume:
             return None
         summary = read_summary(self.log_dir)
-        if (summary is not None and summary.status == "completed" and summary.steps >= self.config.run.steps
+        if (summary is not None and summary.status == "completed"
+                and RunLength.of(self.config).spent(summary.steps, summary.train_seconds)
                 and find_checkpoint(self.log_dir / "checkpoint") is not None):
             return read_training_run(self.key, self.log_dir)
         return None
@@ -88,7 +90,8 @@ class TrainingJob:
         checkpoint = find_checkpoint(self.log_dir / "checkpoint")
         # A run killed after its last save but before its summary: its checkpoint is finished, and a
         # resumed run would find nothing to do and write no summary; it is trained again instead.
-        finished = checkpoint is not None and (saved_step(checkpoint) or 0) >= self.config.run.steps
+        finished = checkpoint is not None and RunLength.of(self.config).spent(saved_step(checkpoint) or 0,
+                                                                             saved_train_seconds(checkpoint) or 0.0)
         continuing = resume and checkpoint is not None and not finished
         if not continuing:
             clear_run(self.log_dir, self.label)

@@ -238,11 +238,34 @@ class OptimConfig:
             raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
 
 
+# What a budget (run.budget) counts: tokens (every process's), training FLOPs (diff_transformer.flops), or
+# seconds of training steps (the timed steps of TrainResult.train_seconds).
+BUDGET_KINDS = ("tokens", "flops", "seconds")
+
+
+@dataclass
+class TrainingBudget:
+    """A run's length in tokens, training FLOPs or seconds instead of run.steps (``run.budget``):
+    each model trains until it has spent ``amount`` of ``kind`` (see :mod:`diff_transformer.train.budget`)."""
+
+    kind: str
+    amount: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in BUDGET_KINDS:
+            raise ConfigError(f"run.budget.kind must be one of {', '.join(BUDGET_KINDS)} (a length in steps is "
+                              f"run.steps), got {self.kind!r}")
+        if not (math.isfinite(self.amount) and self.amount > 0):
+            raise ConfigError(f"run.budget.amount must be a positive finite number of {self.kind}, got {self.amount}")
+
+
 @dataclass
 class RunConfig:
     """How long, where, on what, and how often to evaluate, log and save."""
 
-    steps: int = 300  # optimizer steps
+    steps: int = 300  # optimizer steps; with run.budget, derived from it (tokens, FLOPs) or unused (seconds)
+    # The run's length in tokens, training FLOPs or seconds of training steps instead of steps: null = run.steps
+    budget: TrainingBudget | None = None
     seed: int = 0  # model init; the data order is fixed by data_seed
     data_seed: int = 0  # which corpus windows, in which order (the same for every model and seed)
     eval_every: int = 50  # steps between validation evaluations (and one at the end)
@@ -273,7 +296,9 @@ class RunConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"run.{name} must be positive, got {getattr(self, name)}")
         require_seeds("run", self, ("seed", "data_seed"))
-        if self.stop_at_step is not None and not 0 < self.stop_at_step <= self.steps:
+        if self.stop_at_step is not None and self.stop_at_step <= 0:
+            raise ConfigError(f"run.stop_at_step must be positive, got {self.stop_at_step}")
+        if self.stop_at_step is not None and self.budget is None and self.stop_at_step > self.steps:
             raise ConfigError(f"run.stop_at_step must be in [1, run.steps={self.steps}], got {self.stop_at_step}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
@@ -371,8 +396,8 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
         raise ConfigError(errors[0])
     if annotation is Any:
         return value
-    if dataclasses.is_dataclass(annotation):  # a nested section, e.g. each model of pretrained.models
-        return section_from_dict(annotation, value, where)
+    if dataclasses.is_dataclass(annotation):  # a section within a section (run.budget, each pretrained model)
+        return value if isinstance(value, annotation) else section_from_dict(annotation, value, where)
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation is float and isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
@@ -415,6 +440,11 @@ def section_from_dict(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"unknown key {where}.{unknown[0]} (known keys of {where}: {', '.join(known)})")
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]} is missing ({where} needs {', '.join(required)})")
     values = {key: _check_type(value, hints[key], f"{where}.{key}") for key, value in data.items()}
     return cls(**values)
 

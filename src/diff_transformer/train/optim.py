@@ -45,18 +45,35 @@ def warmup_linear_lr(step: int, lr: float, min_lr: float, warmup_steps: int, tot
 
 class WarmupLinearSchedule:
     """lr(step): linear warmup from lr/warmup to lr over ``warmup_steps``, then linear decay to
-    ``min_lr`` at ``total_steps`` (held there after). ``step`` counts optimizer steps from 0."""
+    ``min_lr`` at ``total_steps`` (held there after). ``step`` counts optimizer steps from 0.
 
-    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> None:
+    With ``total_seconds`` (a budget in seconds, :mod:`diff_transformer.train.budget`; then
+    ``total_steps`` is None) the decay runs over seconds instead: the same formula with the
+    training seconds spent (given after each step by :meth:`spend`) in the place of the step, from
+    those spent when the warmup ended to ``total_seconds``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int | None,
+                 *, total_seconds: float | None = None) -> None:
+        if (total_steps is None) == (total_seconds is None):
+            raise ValueError("give the schedule's length in steps or in seconds, not both")
         self.optimizer = optimizer
         self.lr, self.min_lr = config.lr, config.min_lr
         self.warmup_steps = config.warmup_steps
         self.total_steps = total_steps
+        self.total_seconds = total_seconds
         self.step_count = 0
+        self.seconds = 0.0  # training seconds spent (a budget in seconds)
+        self.warmup_end_seconds: float | None = 0.0 if self.warmup_steps == 0 else None
         self._apply()
 
     def lr_at(self, step: int) -> float:
-        return warmup_linear_lr(step, self.lr, self.min_lr, self.warmup_steps, self.total_steps)
+        if self.total_seconds is None:
+            return warmup_linear_lr(step, self.lr, self.min_lr, self.warmup_steps, self.total_steps)
+        if step < self.warmup_steps or self.warmup_end_seconds is None:
+            return self.lr * min(step + 1, self.warmup_steps) / self.warmup_steps
+        decay_seconds = max(self.total_seconds - self.warmup_end_seconds, 1e-9)
+        progress = min(1.0, max(0.0, self.seconds - self.warmup_end_seconds) / decay_seconds)
+        return self.lr + (self.min_lr - self.lr) * progress
 
     def _apply(self) -> None:
         for group in self.optimizer.param_groups:
@@ -71,9 +88,19 @@ class WarmupLinearSchedule:
         self.step_count += 1
         self._apply()
 
-    def state_dict(self) -> dict[str, int]:
-        return {"step_count": self.step_count}
+    def spend(self, seconds: float) -> None:
+        """A budget in seconds: ``seconds`` of training spent so far (after a step); the next step's
+        rate follows from it (the decay starts from the seconds spent when the warmup ended)."""
+        self.seconds = seconds
+        if self.warmup_end_seconds is None and self.step_count >= self.warmup_steps:
+            self.warmup_end_seconds = seconds
+        self._apply()
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def state_dict(self) -> dict[str, int | float | None]:
+        return {"step_count": self.step_count, "seconds": self.seconds, "warmup_end_seconds": self.warmup_end_seconds}
+
+    def load_state_dict(self, state: dict[str, int | float | None]) -> None:
         self.step_count = int(state["step_count"])
+        self.seconds = float(state.get("seconds", 0.0))
+        self.warmup_end_seconds = state.get("warmup_end_seconds", 0.0 if self.warmup_steps == 0 else None)
         self._apply()

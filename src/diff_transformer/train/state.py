@@ -133,7 +133,8 @@ def save_training_checkpoint(
         # One id per save, in config.json and in training_state.pt: a training state copied in from
         # another run (or another save of this one) is refused when resuming.
         identity = {"checkpoint_id": uuid.uuid4().hex, "step": progress.step}
-        extra = {"training": {**identity, "tokens": progress.tokens}}  # config.json: what readers may want to know
+        # config.json: what readers may want to know (a study's runner: whether a run is finished)
+        extra = {"training": {**identity, "tokens": progress.tokens, "train_seconds": progress.train_seconds}}
         state = {
             "version": STATE_VERSION,
             **identity,
@@ -238,6 +239,15 @@ def saved_step(directory: str | Path) -> int | None:
         return None
 
 
+def saved_train_seconds(directory: str | Path) -> float | None:
+    """The seconds of training a checkpoint holds (TrainResult.train_seconds), from its config.json
+    (None if unknown): what a budget in seconds spends."""
+    try:
+        return read_config(directory)[1].get("training", {}).get("train_seconds")
+    except CheckpointError:
+        return None
+
+
 def read_train_config(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / TRAIN_CONFIG_FILE
     if not path.is_file():
@@ -251,7 +261,7 @@ def read_train_config(directory: str | Path) -> dict[str, Any]:
 # here once (tests/test_train.py checks that none is missing, so a field added later is too).
 SAME = "same"  # decides the numbers the run computes: a resumed run must have the checkpoint's value
 FREE = "free"  # observes, or says where, how fast or how often: may differ; the new value is used
-LENGTHEN = "lengthen"  # run.steps: the checkpoint's, or more on purpose (``lengthen``, see check_resumable)
+LENGTHEN = "lengthen"  # run.steps, run.budget: the checkpoint's, or more on purpose (``lengthen``, see check_resumable)
 KEPT = "kept"  # decided the first weights only (run.init_from): unset, or the checkpoint's value, which is kept
 
 RESUME_RULES: dict[str, str | dict[str, str]] = {
@@ -282,6 +292,7 @@ RESUME_RULES: dict[str, str | dict[str, str]] = {
     },
     "run": {
         "steps": LENGTHEN,
+        "budget": LENGTHEN,  # its kind the checkpoint's; its amount the same or, on purpose, more
         "seed": SAME,  # the initial weights: the run's, whatever a resumed invocation says
         "data_seed": SAME,
         "eval_every": FREE, "log_every": FREE, "diagnostics": FREE,  # evaluation, logging and the probe only observe
@@ -302,9 +313,10 @@ class ResumePoint:
 
     checkpoint: Path
     progress: Progress  # the checkpoint's
-    steps: int  # the run's length: the checkpoint's run.steps, or the longer one of a lengthened run
+    steps: int | None  # the run's length: the checkpoint's run.steps, or the longer one of a lengthened run
     init_from: str | None  # the run's run.init_from (kept: it decided the first weights)
     note: str | None = None  # said on stderr when the run goes on (a lengthened run: what its schedule does)
+    seconds: float | None = None  # a budget in seconds (then ``steps`` is None)
 
     @property
     def step(self) -> int:
@@ -313,6 +325,8 @@ class ResumePoint:
 
     @property
     def finished(self) -> bool:
+        if self.seconds is not None:
+            return self.progress.train_seconds >= self.seconds
         return self.step >= self.steps
 
 
@@ -359,9 +373,13 @@ def check_resumable(directory: str | Path, config, model_name: str, model_config
     kept, given = saved.run.init_from, config.run.init_from
     if given is not None and given != kept:
         differing.append(f"run.init_from: {kept!r} -> {given!r}")
-    saved_steps, steps = saved.run.steps, config.run.steps
-    note = None
-    if steps < step:
+    budget_differs, note = _budget_change(saved.run.budget, config.run.budget, lengthen)
+    differing += budget_differs
+    saved_steps, steps = saved.run.steps, config.run.steps  # a budget in tokens or FLOPs: its steps
+    in_seconds = config.run.budget is not None and config.run.budget.kind == "seconds"
+    if in_seconds or budget_differs:
+        pass  # a budget in seconds has no step count; a budget refused says so once
+    elif steps < step:
         differing.append(f"run.steps: {saved_steps} -> {steps}, before the checkpoint's step {step}")
     elif steps < saved_steps:
         differing.append(f"run.steps: {saved_steps} -> {steps} (a run is not shortened: its schedule decays over "
@@ -376,10 +394,34 @@ def check_resumable(directory: str | Path, config, model_name: str, model_config
                               + "; a resumed run is the run that was started: resume with its settings, or start a "
                               "new run in another run.out_dir")
     stop = config.run.stop_at_step
-    if stop is not None and stop <= step < steps:
+    seconds = config.run.budget.amount if in_seconds else None
+    point = ResumePoint(directory, progress, None if in_seconds else steps, kept, note, seconds)
+    if stop is not None and stop <= step and not point.finished:
         raise CheckpointError(f"run.stop_at_step={stop}: the checkpoint {directory} is already at step {step}; set "
-                              f"a later step, or unset it (null) to train to run.steps={steps}")
-    return ResumePoint(directory, progress, steps, kept, note)
+                              f"a later step, or unset it (null) to train to the end of the run")
+    return point
+
+
+def _budget_change(saved, budget, lengthen: bool) -> tuple[list[str], str | None]:
+    """How run.budget changed from the checkpoint's ``saved`` to ``budget``: the differences a resume
+    refuses, and the note of one it allows (more seconds, ``lengthen``). A budget in tokens or FLOPs
+    lengthened on purpose lengthens run.steps, whose note :func:`check_resumable` gives."""
+    def text(b) -> str:
+        return "null (run.steps)" if b is None else f"{b.amount:g} {b.kind}"
+
+    if (saved and saved.kind) != (budget and budget.kind):
+        return [f"run.budget: {text(saved)} -> {text(budget)}"], None
+    if budget is None or budget.amount == saved.amount:
+        return [], None
+    change = f"run.budget.amount: {saved.amount:g} -> {budget.amount:g} {budget.kind}"
+    if budget.amount < saved.amount:
+        return [f"{change} (a run is not shortened)"], None
+    if not lengthen:
+        return [f"{change} (to lengthen the run on purpose, --set run.budget.amount={budget.amount:g})"], None
+    if budget.kind != "seconds":
+        return [], None
+    return [], (f"note: lengthening the run from {saved.amount:g} to {budget.amount:g} seconds: the learning-rate "
+                f"decay is recomputed to end at {budget.amount:g} seconds, from where the run is")
 
 
 def _lengthening_note(optim, saved_steps: int, steps: int, step: int) -> str:

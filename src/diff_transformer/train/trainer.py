@@ -54,6 +54,7 @@ from ..files import (
     lock_output_dir, naming_os_errors, write_text_atomically,
 )
 from ..model import LanguageModel
+from .budget import RunLength, flops_per_token, resolve_steps
 from .config import ModelEntry, OptimConfig, TrainConfig
 from .diagnostics import PROBE_SEQUENCES, GradientSpikes, probe
 from .distributed import (
@@ -70,6 +71,8 @@ from .state import (
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+# The clock that times each training step (tokens/s, a budget in seconds); tests put a fake one here.
+step_clock = time.perf_counter
 
 
 class TrainingError(RuntimeError):
@@ -111,6 +114,12 @@ class TrainResult:
     grad_norm_spikes: int = 0
     init_from: str | None = None  # the checkpoint whose weights started the run (run.init_from), if any
     resumed_from: int | None = None  # the checkpoint step this invocation went on from; None: it started the run
+    # What the run's length was counted in: "steps" (run.steps), or run.budget's "tokens", "flops", "seconds"
+    budget_kind: str = "steps"
+    # Training FLOPs per token and spent (tokens × that: diff_transformer.flops); None for an attention
+    # kind the formula has no term for
+    flops_per_token: float | None = None
+    flops: float | None = None
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -428,6 +437,7 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
     seq_len = data.seq_len or model_config.max_seq_len
     if seq_len > model_config.max_seq_len:
         raise ConfigError(f"data.seq_len={seq_len} exceeds the model's max_seq_len={model_config.max_seq_len}")
+    config = resolve_steps(config, entry.name, model_config, seq_len)  # a budget in tokens or FLOPs: its steps
     problem = backend_problem(run.attn_backend, env.device, model_config, seq_len, packing=data.packing)
     if problem is not None:
         raise ConfigError(problem)
@@ -560,9 +570,15 @@ def _train(config: TrainConfig, entry: ModelEntry, model_config, env: Environmen
 def _finished(plan: TrainingPlan, env: Environment) -> TrainResult:
     """A finished run's resume: says so (rank 0) and writes nothing; its result as summary.json
     holds it, with status "finished" (from the checkpoint where that file is missing)."""
-    point = plan.resume
-    message = (f"{point.checkpoint}: the run is finished (step {point.step} of run.steps={point.steps}); nothing "
-               f"done, nothing written. To train it longer, --set run.steps=N (N > {point.steps})")
+    point, length = plan.resume, RunLength.of(plan.config)
+    if length.seconds is None:
+        message = (f"{point.checkpoint}: the run is finished (step {point.step} of {length.describe()}); nothing "
+                   f"done, nothing written. To train it longer, --set "
+                   + (f"run.steps=N (N > {point.steps})" if length.kind == "steps" else "run.budget.amount=N (more)"))
+    else:
+        message = (f"{point.checkpoint}: the run is finished ({point.progress.train_seconds:.1f} seconds of training "
+                   f"of {length.describe()}); nothing done, nothing written. To train it longer, --set "
+                   "run.budget.amount=N (more seconds)")
     summary = _read_summary(plan.out_dir / SUMMARY_FILE)
     if summary is None or summary.status != "completed" or summary.steps != point.step:
         message += f"; {plan.out_dir / SUMMARY_FILE} does not hold its result (the run stopped after its last save)"
@@ -575,10 +591,19 @@ def _finished(plan: TrainingPlan, env: Environment) -> TrainResult:
             peak_memory_bytes=0, peak_memory_kind="not measured", train_seconds=progress.train_seconds,
             wall_seconds=progress.wall_seconds, load_average=None, device=str(env.device.type),
             world_size=env.world_size, checkpoint=str(point.checkpoint), init_from=point.init_from,
+            **_cost(plan, progress.tokens),
         )
     if env.is_main:
         print(message, file=sys.stderr)
     return dataclasses.replace(summary, status="finished", message=message)
+
+
+def _cost(plan: TrainingPlan, tokens: int) -> dict[str, Any]:
+    """The TrainResult fields of a run's cost beside its tokens and time: the budget's kind, the
+    training FLOPs per token and those spent (None for a kind without a FLOPs term)."""
+    per_token = flops_per_token(plan.model_config, plan.data.seq_len)
+    return dict(budget_kind=RunLength.of(plan.config).kind, flops_per_token=per_token,
+                flops=None if per_token is None else per_token * tokens)
 
 
 def _read_summary(path: Path) -> TrainResult | None:
@@ -621,6 +646,7 @@ def _train_holding(plan: TrainingPlan, env: Environment, held: contextlib.ExitSt
         grad_norm_spikes=run.spikes.count,
         init_from=run.config.run.init_from,
         resumed_from=plan.resume.step if plan.resume is not None else None,
+        **_cost(plan, progress.tokens),
     )
     if env.is_main:
         write_text_atomically(run.out_dir / SUMMARY_FILE, json.dumps(asdict(result), indent=2) + "\n")
@@ -681,6 +707,7 @@ class _Run:
     optim: OptimConfig  # the model's: the optim section with its own fields over it
     optimizer: torch.optim.Optimizer
     schedule: WarmupLinearSchedule
+    length: RunLength  # run.steps, or the budget (train/budget.py)
     progress: Progress
     log: MetricsLog
     validation: list
@@ -715,7 +742,8 @@ class _Run:
                 print(f"starting from the weights of {init_from}", file=sys.stderr)
         optim = config.optim_for(entry.name)  # the optim section with the model's own fields (its lr) over it
         optimizer = build_optimizer(raw_model, optim, env.device)
-        schedule = WarmupLinearSchedule(optimizer, optim, run.steps)
+        length = RunLength.of(config)
+        schedule = WarmupLinearSchedule(optimizer, optim, length.steps, total_seconds=length.seconds)
         progress = Progress()
         if point is not None:
             progress = load_training_checkpoint(point.checkpoint, raw_model, optimizer, schedule, env)
@@ -733,7 +761,7 @@ class _Run:
             config=config, entry=entry, env=env, out_dir=checked.out_dir, checkpoint_dir=checked.checkpoint_dir,
             plan=plan, model=model, raw_model=raw_model,
             forward_model=torch.compile(model) if run.compile else model,
-            optim=optim, optimizer=optimizer, schedule=schedule, progress=progress, log=log,
+            optim=optim, optimizer=optimizer, schedule=schedule, length=length, progress=progress, log=log,
             validation=checked.validation, autocast=_autocast(env, run.precision),
             probe_tokens=plan.probe_tokens(PROBE_SEQUENCES).to(env.device),
             spikes=GradientSpikes(earlier=earlier_spikes), meter=meter,
@@ -845,22 +873,22 @@ def _report_spike(run: _Run, spike: dict[str, float]) -> None:
 
 
 def _loop(run: _Run) -> tuple[str, str, float | None]:
-    """Steps until the end, a signal, a pause or divergence; saves at the end (not when diverged).
-    Returns (status, message, final validation loss)."""
-    settings, progress, env, meter = run.config.run, run.progress, run.env, run.meter
+    """Steps until the end (run.steps, or the budget: train/budget.py), a signal, a pause or
+    divergence; saves at the end (not when diverged). Returns (status, message, final validation loss)."""
+    settings, progress, env, meter, length = run.config.run, run.progress, run.env, run.meter, run.length
     meter.window_start = time.perf_counter()
     bar = None
     if env.is_main and settings.progress:
         from ..progress import progress as progress_bar
 
-        bar = progress_bar(total=settings.steps, initial=progress.step, desc=run.entry.name, unit="step",
+        bar = progress_bar(total=length.steps, initial=progress.step, desc=run.entry.name, unit="step",
                            dynamic_ncols=True, mininterval=1.0)
     status, message, final_val = "completed", "", None
     first_step = progress.step
     run.model.train()
     with _StopSignal() as stop:
-        while progress.step < settings.steps:
-            step_start = time.perf_counter()
+        while not length.spent(progress.step, meter.train_seconds):
+            step_start = step_clock()
             step_loss, grad_norm, stop_votes = run.gradients(stop.received is not None)
             if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
                 last_good = find_checkpoint(run.checkpoint_dir)
@@ -875,20 +903,30 @@ def _loop(run: _Run) -> tuple[str, str, float | None]:
             run.update()
             if env.device.type == "cuda":
                 torch.cuda.synchronize(env.device)
-            timed = progress.step > first_step + 1 or settings.steps - first_step == 1  # the first step warms up
-            meter.add(time.perf_counter() - step_start, step_loss, timed)
+            # the first step of an invocation warms up and is not timed (unless it is the only one)
+            timed = progress.step > first_step + 1 or length.steps == first_step + 1
+            step_seconds = step_clock() - step_start
+            if length.seconds is not None:  # every process follows rank 0's clock: one schedule, one last step
+                step_seconds = broadcast_from_main(step_seconds, env)
+            meter.add(step_seconds, step_loss, timed)
+            if length.seconds is not None:
+                run.schedule.spend(meter.train_seconds)
+            last = length.spent(progress.step, meter.train_seconds)
             spike = run.spikes.observe(progress.step, grad_norm)
             if spike is not None:
                 _report_spike(run, spike)
-            log_now = progress.step % settings.log_every == 0 or progress.step == settings.steps
-            eval_now = progress.step % settings.eval_every == 0 or progress.step == settings.steps
+            log_now = progress.step % settings.log_every == 0 or last
+            eval_now = progress.step % settings.eval_every == 0 or last
+            seconds = round(meter.train_seconds, 6)  # the training time the record's tokens took
             if log_now:
                 window = meter.close_window()
                 run.log.write(dict(kind="train", step=progress.step, tokens=progress.tokens, loss=window["loss"],
-                                   lr=lr, grad_norm=grad_norm, tokens_per_s=window["tokens_per_s"]))
+                                   lr=lr, grad_norm=grad_norm, tokens_per_s=window["tokens_per_s"],
+                                   train_seconds=seconds))
             if eval_now:
                 final_val = run.evaluate()
-                run.log.write(dict(kind="val", step=progress.step, tokens=progress.tokens, loss=final_val))
+                run.log.write(dict(kind="val", step=progress.step, tokens=progress.tokens, loss=final_val,
+                                   train_seconds=seconds))
             if settings.diagnostics and (log_now or eval_now):
                 run.log.write(dict(kind="diagnostics", step=progress.step, tokens=progress.tokens,
                                    **run.diagnose(maps=eval_now), grad_norm=grad_norm,
@@ -900,19 +938,18 @@ def _loop(run: _Run) -> tuple[str, str, float | None]:
                     postfix["val"] = f"{final_val:.3f}"
                 bar.set_postfix(postfix, refresh=False)
                 bar.update(1)
-            if stop_votes > 0 and progress.step < settings.steps:  # (a signal during the last step: completed)
+            if stop_votes > 0 and not last:  # (a signal during the last step: completed)
                 # Every process stops when one received a signal; each reports its own, if any.
                 run.stopped_by = signal.Signals(stop.received).name if stop.received is not None else None
                 status = "interrupted"
                 message = (f"stopped at step {progress.step} by {run.stopped_by or 'a signal to another process'}, "
                            "checkpoint saved; continue with --resume")
                 break
-            if progress.step == settings.stop_at_step and progress.step < settings.steps:
+            if progress.step == settings.stop_at_step and not last:
                 status = "paused"
                 message = f"stopped at step {progress.step} (run.stop_at_step); continue with --resume"
                 break
-            if (settings.checkpoint_every and progress.step % settings.checkpoint_every == 0
-                    and progress.step < settings.steps):
+            if settings.checkpoint_every and progress.step % settings.checkpoint_every == 0 and not last:
                 run.save()
         if bar is not None:
             bar.close()

@@ -1,0 +1,207 @@
+"""Verdicts at equal cost: each model against DIFF at equal tokens, equal training FLOPs and, where
+the machine was quiet enough to say, equal training time, in language modelling and in retrieval.
+
+A comparison trains every language model to one budget (``run.budget``: tokens, which ``run.steps``
+counts too; training FLOPs; or seconds) and every retrieval model for ``retrieval.steps`` (tokens).
+At the budget's own measure every run ends at the same amount (within one step): the figures are
+the runs' final ones. At the other measures the models spent different amounts (a kind of more FLOPs
+per token spent more FLOPs on the same tokens), and each model's figure is **read off its own curve**,
+from the same runs (the validation loss at every evaluation, the retrieval accuracy at every point of
+the learning curve), at the amount the pair's least-spending run reached, linearly between measured
+points. No run is trained twice: separate runs to each equal cost would double the study, where at
+this project's sizes the kinds differ by a few per cent in FLOPs per token (diff_transformer.flops),
+which puts the reading inside the last evaluation interval. Its bias is stated: a model read before
+its end had not finished its schedule there (its learning rate had not yet decayed to the floor), so
+the reading is conservative for the model that spent more, which would do at least as well in a run
+of its own to that amount. A study that wants the equal-FLOPs verdicts at the runs' ends sets
+``run.budget.kind: flops`` (its equal-tokens verdicts are then the ones read along the curves).
+
+Time is the runs' training seconds (their timed steps: each invocation's first step, evaluations
+and checkpoints excluded), which depend on the machine and on what else ran on it. How quiet the
+machine was is measured as the spread (standard deviation over mean) of the reference model's
+throughput across its runs, which all do the same work (every seed and learning rate of the
+Transformer, else of the first model): at most :data:`QUIET_SPREAD`, the verdicts at equal time are
+given; beyond it they are not judged. A retrieval run's time along its curve is its training time
+shared out evenly over its steps (its steps are the same work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..evaluation.stats import Difference, MeanStd, welch_difference
+from .claims import better_word
+from .config import ExperimentConfig
+from .language_models import LanguageModelling
+from .results import RetrievalRun, TrainingRun
+from .retrieval import TASKS, RetrievalResult
+
+MEASURES = ("tokens", "flops", "seconds")  # what a cost is counted in
+QUIET_SPREAD = 0.05  # the largest spread of the reference model's throughput at which time verdicts are given
+
+
+@dataclass
+class Quietness:
+    """How steady the machine was: the reference model's throughput over its runs (the same work each)."""
+
+    reference: str  # the model (its label)
+    runs: int
+    tokens_per_s: MeanStd
+    spread: float | None  # std / mean; None with fewer than two runs
+
+    @property
+    def quiet(self) -> bool:
+        return self.spread is not None and self.spread <= QUIET_SPREAD
+
+    @classmethod
+    def of(cls, reference: str, throughputs: Sequence[float]) -> "Quietness":
+        stats = MeanStd.of(throughputs)
+        spread = stats.std / stats.mean if stats.std is not None and stats.mean else None
+        return cls(reference, len(throughputs), stats, spread)
+
+
+@dataclass
+class Trajectory:
+    """One run's figure along training: its cost in each measure at each measured point (None: not
+    known, e.g. FLOPs for a kind without a term), the figure there, and the figure at its end."""
+
+    costs: dict[str, list[float] | None]
+    values: list[float]
+    final: float | None
+
+    def end(self, measure: str) -> float | None:
+        """What the run spent in ``measure`` by its last measured point."""
+        costs = self.costs[measure]
+        return costs[-1] if costs else None
+
+    def at(self, measure: str, amount: float) -> float | None:
+        """The figure at ``amount`` of ``measure``, linear between the measured points (None before the
+        first one, or where the cost is not known)."""
+        costs = self.costs[measure]
+        if not costs or amount < costs[0]:
+            return None
+        for (x0, y0), (x1, y1) in zip(zip(costs, self.values), zip(costs[1:], self.values[1:])):
+            if amount <= x1:
+                return y0 if x1 == x0 else y0 + (y1 - y0) * (amount - x0) / (x1 - x0)
+        return self.values[-1]  # at or past the end
+
+
+def lm_trajectory(run: TrainingRun) -> Trajectory:
+    """A language-model run's validation loss along training, by tokens, FLOPs and training seconds."""
+    points = run.log.val
+    per_token = run.summary.flops_per_token
+    seconds = [p.train_seconds for p in points]
+    return Trajectory({"tokens": [float(p.tokens) for p in points],
+                       "flops": None if per_token is None else [p.tokens * per_token for p in points],
+                       "seconds": None if None in seconds else seconds},
+                      [p.loss for p in points], run.final_val_loss)
+
+
+def retrieval_trajectory(run: RetrievalRun, task: str, steps: int, tokens_per_step: int) -> Trajectory:
+    """A retrieval run's mean accuracy on ``task`` along its learning curve (from before training),
+    by tokens, FLOPs and training seconds (the run's time shared out evenly over its ``steps``)."""
+    tokens = [float(p.step * tokens_per_step) for p in run.curve]
+    per_token = run.flops_per_token
+    return Trajectory({"tokens": tokens, "flops": None if per_token is None else [t * per_token for t in tokens],
+                       "seconds": [run.train_seconds * p.step / steps for p in run.curve]},
+                      [p.mean_accuracy[task] for p in run.curve], run.mean_accuracy[task])
+
+
+@dataclass
+class CostReading:
+    """One figure of a pair at one equal cost: per seed, the difference and its verdict."""
+
+    measure: str  # "tokens", "flops" or "seconds"
+    at: float | None  # the amount the figures were read at along the curves; None: each run's end
+    ours: list[float] = field(default_factory=list)
+    base: list[float] = field(default_factory=list)
+    difference: Difference | None = None
+    verdict: str = ""
+
+
+@dataclass
+class EqualCostRow:
+    """A model against DIFF on one task, at each equal cost."""
+
+    task: str
+    measure: str
+    better: str
+    model: str  # labels
+    baseline: str
+    readings: list[CostReading]
+
+
+@dataclass
+class EqualCost:
+    """The verdicts at equal cost of a comparison and what they rest on."""
+
+    budget: str  # the measure the language models' budget counts (run.steps: "tokens")
+    retrieval_budget: str  # the retrieval experiment's: "tokens" (retrieval.steps)
+    rows: list[EqualCostRow]
+    quietness: dict[str, Quietness | None]  # "language modelling", "retrieval"
+
+
+def reading(measure: str, budget: str, ours: Sequence[Trajectory], base: Sequence[Trajectory], word,
+            quietness: Quietness | None) -> CostReading:
+    """The pair's figures at equal ``measure``: the runs' ends when it is the ``budget``'s measure,
+    else each read at the least any of the runs spent. Time only where the machine was quiet."""
+    if measure == "seconds" and (quietness is None or not quietness.quiet):
+        return CostReading(measure, None, verdict="not judged: the machine was not quiet enough")
+    if measure == budget:
+        values = [t.final for t in ours], [t.final for t in base]
+        at = None
+    else:
+        ends = [t.end(measure) for t in (*ours, *base)]
+        if None in ends:
+            return CostReading(measure, None, verdict="not measured" if measure == "seconds" else "no FLOPs term")
+        at = min(ends)
+        values = [t.at(measure, at) for t in ours], [t.at(measure, at) for t in base]
+    if any(v is None for side in values for v in side):
+        return CostReading(measure, at, verdict="not measured there (before the first evaluation, or a run diverged)")
+    difference = welch_difference(*values)
+    return CostReading(measure, at, list(values[0]), list(values[1]), difference, word(difference))
+
+
+def equal_cost(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None) -> EqualCost | None:
+    """Every model of the comparison against its DIFF model (the first of attention "diff") at equal
+    tokens, FLOPs and time, in language modelling and (where it ran) retrieval; None without DIFF."""
+    names = list(lm.models)
+    diff = next((n for n in names if lm.models[n].attention == "diff"), None)
+    if diff is None:
+        return None
+    reference = next((n for n in names if lm.models[n].attention == "standard"), names[0])
+    budget = "tokens" if lm.budget.kind == "steps" else lm.budget.kind
+    lm_runs = {n: lm.sweeps[n].chosen for n in names}
+    quiet_lm = Quietness.of(lm.models[reference].label,
+                            [run.summary.tokens_per_s for by_lr in lm.sweeps[reference].runs.values()
+                             for runs in by_lr.values() for run in runs if run.summary.tokens_per_s])
+    quietness: dict[str, Quietness | None] = {"language modelling": quiet_lm, "retrieval": None}
+    tracks = {("Language modelling", n): [lm_trajectory(r) for r in lm_runs[n]] for n in names}
+    tasks = [("Language modelling", "final validation loss (nats/token)", "lower")]
+    if retrieval is not None and all(n in retrieval.models for n in names):
+        settings = retrieval.settings
+        per_step = settings.batch_size * settings.length
+        quietness["retrieval"] = Quietness.of(
+            retrieval.models[reference].label,
+            [run.train_tokens_per_second for by_lr in retrieval.models[reference].sweep.runs.values()
+             for runs in by_lr.values() for run in runs])
+        for task in TASKS:
+            label = f"Retrieval: {task}"
+            tasks.append((label, f"{task} accuracy, mean over difficulty cells", "higher"))
+            for n in names:
+                tracks[label, n] = [retrieval_trajectory(r, task, settings.steps, per_step)
+                                    for r in retrieval.models[n].runs]
+    rows = []
+    for name in names:
+        if name == diff:
+            continue
+        label = lm.models[name].label
+        for task, measure, better in tasks:
+            own_budget, quiet = ((budget, quiet_lm) if task == "Language modelling"
+                                 else ("tokens", quietness["retrieval"]))
+            word = better_word(label, better)
+            readings = [reading(m, own_budget, tracks[task, name], tracks[task, diff], word, quiet) for m in MEASURES]
+            rows.append(EqualCostRow(task, measure, better, label, lm.models[diff].label, readings))
+    return EqualCost(budget, "tokens", rows, quietness)
+
