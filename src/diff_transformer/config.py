@@ -130,7 +130,8 @@ class RopeScaling:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown rope_scaling field(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"unknown rope_scaling field(s): {', '.join(unknown)} "
+                              f"(known: {', '.join(sorted(known))})")
         missing = [name for name in ("kind", "factor") if name not in data]
         if missing:
             raise ConfigError(f"rope_scaling needs {' and '.join(missing)}")
@@ -246,7 +247,8 @@ class ModelConfig:
             if not _is_number(value) or not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
         if self.ffn_activation not in FFN_ACTIVATIONS:
-            raise ConfigError(f"ffn_activation must be one of {', '.join(FFN_ACTIVATIONS)}, got {self.ffn_activation!r}")
+            raise ConfigError(f"ffn_activation must be one of {', '.join(FFN_ACTIVATIONS)}, "
+                              f"got {self.ffn_activation!r}")
         if self.ffn_activation != "polynorm" and self.polynorm_eps != POLYNORM_EPS:
             raise ConfigError(f"polynorm_eps applies to ffn_activation='polynorm' only, not {self.ffn_activation!r}")
         if isinstance(self.rope_scaling, dict):

@@ -1,10 +1,10 @@
 """The decoder-only language model, LLaMA-style, for every attention kind.
 
-    x = embed(tokens)                                   (B, T, E)
+    x = embed(tokens)                      (B, T, E)
     for each layer:
-        x = x + Attention(RMSNorm(x))                    standard | diff | diff_v2 | diff_symmetric | gated(_headwise) | gda
-        x = x + GatedMLP(RMSNorm(x))                     (act(x W_gate) * x W_up) W_down, act SiLU (SwiGLU) or PolyNorm
-    logits = lm_head(RMSNorm(x))                        (B, T, V)
+        x = x + Attention(RMSNorm(x))       standard | diff | diff_v2 | diff_symmetric | gated(_headwise) | gda
+        x = x + GatedMLP(RMSNorm(x))        (act(x W_gate) * x W_up) W_down, act SiLU (SwiGLU) or PolyNorm
+    logits = lm_head(RMSNorm(x))           (B, T, V)
 
 No biases unless the config asks for them (``attention_bias``, ``attention_out_bias``, ``mlp_bias``:
 imported models). The model is built on the meta device and then given memory and values by one
