@@ -122,17 +122,18 @@ def motif_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 def make_tiny_motif_dir(path: str | Path, layout: str = "2.6b", *, gqa: bool = False, tie: bool = False,
                         shards: int = 2, dtype: torch.dtype = torch.float32, seed: int = 0,
-                        tokenizer: bool = True) -> Path:
+                        tokenizer: bool = True, config_overrides: dict | None = None) -> Path:
     """Write a tiny random Motif directory at ``path`` (see the module docstring) and return it.
 
     ``layout`` "2.6b" or "12.7b"; ``gqa``: fewer K/V pairs than the heads use; ``tie``: tied LM head
     (no lm_head.weight stored); ``shards``: safetensors files and an index (1: one model.safetensors);
     ``dtype`` of the stored weights (the release is bfloat16); ``tokenizer``: a Llama-3-style
-    tokenizer.json and tokenizer_config.json. Weights are random and larger than an init (sharp
+    tokenizer.json and tokenizer_config.json; ``config_overrides``: config.json fields to change
+    (e.g. a larger model for measuring memory). Weights are random and larger than an init (sharp
     attention maps), λ vectors and PolyNorm's coefficients random too, so that a wrong mapping shows."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = motif_config(layout, gqa=gqa, tie=tie)
+    config = {**motif_config(layout, gqa=gqa, tie=tie), **(config_overrides or {})}
     g = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, shape in motif_tensor_shapes(config).items():
@@ -248,7 +249,8 @@ def motif_forward_float64(directory: str | Path, tokens: torch.Tensor) -> torch.
         x = _rms(h, w[p + "post_attention_layernorm.weight"], eps)
         gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
         c, b = w[p + "mlp.act_fn.weight"], w[p + "mlp.act_fn.bias"]
-        act = c[0] * _rms(gate ** 3, None, 1e-6) + c[1] * _rms(gate ** 2, None, 1e-6) + c[2] * _rms(gate, None, 1e-6) + b
+        act = (c[0] * _rms(gate ** 3, None, 1e-6) + c[1] * _rms(gate ** 2, None, 1e-6)
+               + c[2] * _rms(gate, None, 1e-6) + b)
         h = h + (act * up) @ w[p + "mlp.down_proj.weight"].T
     h = _rms(h, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight"] if config["tie_word_embeddings"] else w["lm_head.weight"]

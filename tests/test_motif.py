@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -202,3 +204,57 @@ def test_the_streamed_file_is_a_safetensors_file_with_the_planned_tensors(tmp_pa
         assert f.metadata() == {"format": "diff-transformer"}
     model = LanguageModel.from_pretrained(tmp_path / "ckpt")
     assert names == set(model.state_dict()) and "lm_head.weight" not in names
+
+
+# Measures the resident memory of an import in a fresh process: VmHWM (the peak resident set of
+# this process image; ru_maxrss would carry the parent's over from fork) less the resident size
+# once the library is imported and the meta device used (its first use loads ~180 MB of code);
+# prints {"baseline": bytes, "peak": bytes}.
+MEASURE_IMPORT = """
+import json, os, sys
+from diff_transformer import LanguageModel, ModelConfig
+from diff_transformer.interop.hf import import_hf
+def status(field):
+    line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+LanguageModel(ModelConfig.from_preset("debug"), device="meta")
+baseline = status("VmRSS")
+import_hf(sys.argv[1], sys.argv[2], dtype=sys.argv[3], with_tokenizer=False)
+print(json.dumps({"baseline": baseline, "peak": status("VmHWM")}))
+"""
+MIB = 2**20
+
+
+@pytest.mark.slow  # writes and imports a 190 MB directory twice
+def test_import_holds_about_one_shard_and_a_few_tensors_never_the_model(tmp_path, capsys):
+    """The peak resident memory of `import-hf` on an 8-shard bf16 directory: the largest tensor as
+    read plus as written (its cast), far below the model's size, whatever the shards' sizes;
+    docs/pretrained.md states the formula for Motif-2-12.7B."""
+    sizes = dict(hidden_size=1024, num_hidden_layers=8, intermediate_size=2816, vocab_size=32000,
+                 num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=256)
+    source = make_tiny_motif_dir(tmp_path / "motif", "2.6b", shards=8, dtype=torch.bfloat16, tokenizer=False,
+                                 config_overrides=sizes)
+    shards = sorted(source.glob("model-*.safetensors"))
+    numels = {}
+    for shard in shards:
+        with safe_open(str(shard), "pt") as f:
+            numels.update({n: math.prod(f.get_slice(n).get_shape()) for n in f.keys()})
+    largest_shard = max(s.stat().st_size for s in shards)
+    env = {"PYTHONPATH": ":".join(sys.path)}
+    for dtype, itemsize in (("bfloat16", 2), ("float32", 4)):
+        out = tmp_path / f"ckpt-{dtype}"
+        done = subprocess.run([sys.executable, "-c", MEASURE_IMPORT, str(source), str(out), dtype],
+                              capture_output=True, text=True, check=True, env=env)
+        figures = json.loads(done.stdout.strip().splitlines()[-1])
+        held = figures["peak"] - figures["baseline"]
+        model_bytes = sum(numels.values()) * itemsize
+        largest = max(numels.values()) * itemsize
+        largest_read = max(numels.values()) * 2  # bf16 files
+        with capsys.disabled():
+            print(f"\nimport-hf --dtype {dtype}: {len(numels)} tensors in {len(shards)} shards of ≤ "
+                  f"{largest_shard / MIB:.1f} MiB; model {model_bytes / MIB:.1f} MiB, largest tensor "
+                  f"{largest_read / MIB:.1f} MiB read, {largest / MIB:.1f} MiB written; peak RSS above the "
+                  f"baseline {held / MIB:.1f} MiB")
+        assert held < largest_read + largest + 64 * MIB  # the largest tensor read and cast, and little else
+        assert held < 0.6 * model_bytes  # the model is never held whole
+        assert (out / "model.safetensors").stat().st_size > model_bytes  # it was written, whole
