@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from diff_transformer import LanguageModel, ModelConfig
+from diff_transformer import LanguageModel, ModelConfig, MultiheadDiffAttention
 from diff_transformer.attention import AttentionTap, GroupedDiffAttention
 from diff_transformer.config import ConfigError
 from diff_transformer.ops import gda_attention, reference_gda_attention
@@ -330,3 +330,31 @@ def test_noise_heads_default_to_their_own_kv_groups_and_the_parameters_shrink():
     layer = GroupedDiffAttention(config, 0)
     assert layer.q_proj.weight.shape == ((4 + 2) * d, e)  # DIFF's would be 2·4·d
     assert layer.o_proj.weight.shape == (e, 4 * 2 * d)
+
+
+# --- the drop-in module -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio, num_kv_heads", [(2, None), (4, 1), (2, 1)])
+def test_drop_in_module_matches_the_float64_statement(ratio, num_kv_heads):
+    """MultiheadDiffAttention(gda_ratio=r): the layer's float64 statement, with its weights renamed."""
+    module = MultiheadDiffAttention(64, 4, gda_ratio=ratio, num_kv_heads=num_kv_heads, depth=2)
+    sharpen(module, seed=3)
+    config = gda_config(gda_ratio=ratio, n_kv_heads=module.num_kv_heads)
+    names = {"out_proj.weight": "o_proj.weight", "subln.weight": "head_norm.weight"}
+    weights = {names.get(n, n): p.detach().double() for n, p in module.named_parameters()}
+    x = torch.randn(2, 10, 64)
+    expected = gda_layer_float64(x.double(), weights, config, layer_index=2)
+    assert (module(x).double() - expected).abs().max().item() < TOL
+    assert module.q_proj.weight.shape == ((4 + 4 // ratio) * 8, 64)
+    assert f"gda_ratio={ratio}" in repr(module)
+
+
+def test_drop_in_module_refuses_a_per_head_mask_and_bad_ratios():
+    module = MultiheadDiffAttention(64, 4, gda_ratio=2)
+    with pytest.raises(ValueError, match="one mask for every head"):
+        module(torch.randn(1, 5, 64), attn_mask=torch.ones(1, 4, 5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="gda_ratio=3 must be a positive divisor of num_heads=4"):
+        MultiheadDiffAttention(64, 4, gda_ratio=3)
+    with pytest.raises(ValueError, match="divisor of the noise heads num_heads / gda_ratio = 2"):
+        MultiheadDiffAttention(64, 4, gda_ratio=2, num_kv_heads=4)

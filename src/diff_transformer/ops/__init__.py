@@ -366,6 +366,9 @@ def gda_attention(
     name = resolve_backend(backend, q1.device, queries=t, keys=s, dtype=q1.dtype)
     if check:
         _check_mask(attn_mask, q1.shape[0], 1, t, s, name)
+        if isinstance(attn_mask, Tensor) and attn_mask.dim() == 4 and attn_mask.shape[1] != 1:
+            raise ValueError(f"attn_mask {tuple(attn_mask.shape)}: grouped differential attention takes one mask "
+                             "for every head (B, 1, T, S), since a noise head serves several signal heads")
         if isinstance(attn_mask, Tensor):
             check_every_query_sees_a_key(attn_mask, t, s, causal=causal)
     kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
