@@ -78,7 +78,7 @@ class ModelBenchSettings:
                              f"{list(self.architectures)}")
         heads = PRESETS[self.preset]["n_heads"]
         if self.gda_ratio is not None and (self.gda_ratio < 1 or heads % self.gda_ratio):
-            raise ValueError(f"gda_ratio={self.gda_ratio} must divide preset {self.preset!r}'s {heads} heads")
+            raise ValueError(f"gda_ratio={self.gda_ratio} must divide the {heads} heads of preset {self.preset!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("length", "batch", "repeats"):
