@@ -258,3 +258,34 @@ def test_import_holds_about_one_shard_and_a_few_tensors_never_the_model(tmp_path
         assert held < largest_read + largest + 64 * MIB  # the largest tensor read and cast, and little else
         assert held < 0.6 * model_bytes  # the model is never held whole
         assert (out / "model.safetensors").stat().st_size > model_bytes  # it was written, whole
+
+
+@pytest.mark.slow  # imports, prepares and trains two steps (about 15 s)
+def test_an_imported_model_fine_tunes_from_its_weights_with_its_own_tokenizer(tmp_path):
+    """The recipe of docs/pretrained.md: import, prepare a corpus with the model's own tokenizer (its
+    special tokens read from the files beside it), write a training config whose model is the
+    checkpoint's (its config.json), `train --init-from` it; the run starts from the imported weights."""
+    import yaml
+
+    source = make_tiny_motif_dir(tmp_path / "motif", "12.7b")
+    assert cli_main(["import-hf", str(source), str(tmp_path / "ckpt")]) == 0
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    assert cli_main(["prepare", str(corpus), "--tokenizer", str(tmp_path / "ckpt" / "tokenizer.json"),
+                     "--out", str(tmp_path / "data"), "--quiet"]) == 0
+    model = json.loads((tmp_path / "ckpt" / "config.json").read_text())["model"]
+    config = {
+        "models": {"motif": model},
+        "data": {"dataset": str(tmp_path / "data"), "seq_len": 32, "batch_size": 4, "eval_sequences": 4},
+        "optim": {"lr": 1e-4, "min_lr": 1e-5, "warmup_steps": 1, "betas": [0.9, 0.95], "weight_decay": 0.1},
+        "run": {"steps": 2, "eval_every": 2, "out_dir": str(tmp_path / "run"), "tensorboard": False,
+                "progress": False},
+    }
+    (tmp_path / "finetune.yaml").write_text(yaml.safe_dump(config))
+    before = LanguageModel.from_pretrained(tmp_path / "ckpt").state_dict()
+    assert cli_main(["train", "--config", str(tmp_path / "finetune.yaml"), "--model", "motif",
+                     "--init-from", str(tmp_path / "ckpt")]) == 0
+    after = LanguageModel.from_pretrained(tmp_path / "run" / "checkpoint")
+    assert after.config == LanguageModel.from_pretrained(tmp_path / "ckpt").config
+    moved = [name for name, t in after.state_dict().items() if not torch.equal(t, before[name])]
+    assert moved and all((after.state_dict()[n] - before[n]).abs().max() < 0.01 for n in moved)  # a few small steps
