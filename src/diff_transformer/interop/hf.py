@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -70,10 +70,23 @@ from ..checkpoint import (
     write_directory_atomically,
     write_safetensors_streaming,
 )
-from ..config import GATED_KINDS, ConfigError, ModelConfig, RopeScaling
+from ..config import GATED_KINDS, ModelConfig
 from ..files import check_output_dir, lock_output
 from ..model import LanguageModel
 from ..tokenizer import BPE_FILE, EOS_TOKEN, BPETokenizer, ByteTokenizer
+from .motif import motif_model_config, motif_sources
+from .mapping import (
+    HFConversionError,
+    TensorSource,
+    halves_to_pairs,
+    hf_rope,
+    llama_names,
+    pairs_to_halves,
+    permute_head_rows,
+    plain_sources,
+    rotate_half_order,
+    rotate_half_to_interleaved,
+)
 
 HF_CONFIG_FILE = "config.json"
 HF_WEIGHTS_FILE = "model.safetensors"
@@ -86,52 +99,19 @@ IMPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 LM_EVAL_TASKS = Path(__file__).resolve().parents[1] / "assets" / "lm_eval"
 
 
-class HFConversionError(ValueError):
-    """A model cannot be converted to or from Hugging Face format; the message says why."""
-
-
-# --- the tensor transforms (documented in the module docstring) ----------------------------
-
-
-def _rotate_half_order(d: int) -> Tensor:
-    """Row order taking one interleaved-RoPE head (pairs 2i, 2i+1) to rotate-half (i, i + d/2)."""
-    return torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
-
-
-def _permute_head_rows(weight: Tensor, d: int, order: Tensor) -> Tensor:
-    """weight (n·d, E) or a bias (n·d,): reorder the d rows of each of the n heads by ``order``."""
-    return weight.reshape(-1, d, *weight.shape[1:])[:, order].reshape(weight.shape)
-
-
-def _pairs_to_halves(weight: Tensor, d: int) -> Tensor:
-    """(n·2·d, E) rows grouped [unit g][copy c][d] -> [copy c][unit g][d] (HF's contiguous halves)."""
-    e = weight.shape[-1]
-    return weight.view(-1, 2, d, e).transpose(0, 1).reshape(weight.shape)
-
-
-def _halves_to_pairs(weight: Tensor, d: int) -> Tensor:
-    """Inverse of :func:`_pairs_to_halves`."""
-    e = weight.shape[-1]
-    return weight.view(2, -1, d, e).transpose(0, 1).reshape(weight.shape)
-
-
-def rotate_half_to_interleaved(d: int) -> Callable[[Tensor], Tensor]:
-    """The transform of a q/k projection (or its bias) whose heads of width d rotate halves (HF's
-    RoPE) into ours, which rotates interleaved pairs (point 1 of the module docstring)."""
-    order = torch.argsort(_rotate_half_order(d))
-    return lambda weight: _permute_head_rows(weight, d, order)
+# --- export: our tensors -> transformers' (the transforms: interop.mapping) -------------------
 
 
 def _attention_to_hf(attn: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     """One layer's attention tensors (our names without prefix) -> HF's (names without prefix)."""
     d = config.head_dim
-    to_half = _rotate_half_order(d)
-    q = _permute_head_rows(attn["q_proj.weight"], d, to_half)
-    k = _permute_head_rows(attn["k_proj.weight"], d, to_half)
+    to_half = rotate_half_order(d)
+    q = permute_head_rows(attn["q_proj.weight"], d, to_half)
+    k = permute_head_rows(attn["k_proj.weight"], d, to_half)
     out = {"v_proj.weight": attn["v_proj.weight"], "o_proj.weight": attn["o_proj.weight"]}
     if config.attention == "diff":
-        q, k = _pairs_to_halves(q, d), _pairs_to_halves(k, d)
-        out["v_proj.weight"] = _pairs_to_halves(attn["v_proj.weight"], d)
+        q, k = pairs_to_halves(q, d), pairs_to_halves(k, d)
+        out["v_proj.weight"] = pairs_to_halves(attn["v_proj.weight"], d)
         # o_proj input channels are (head h, 2d); scale each by its head-norm weight.
         head_norm = attn["head_norm.weight"].to(attn["o_proj.weight"].dtype)
         out["o_proj.weight"] = attn["o_proj.weight"] * head_norm.repeat(config.n_heads)[None, :]
@@ -140,24 +120,10 @@ def _attention_to_hf(attn: dict[str, Tensor], config: ModelConfig) -> dict[str, 
     return out
 
 
-def _plain_renames(config: ModelConfig) -> dict[str, str]:
-    """Our name -> HF name of every tensor that copies unchanged (all but attention)."""
-    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
-    if not config.tie_embeddings:
-        names["lm_head.weight"] = "lm_head.weight"
-    for i in range(config.n_layers):
-        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        names[ours + "attn_norm.weight"] = theirs + "input_layernorm.weight"
-        names[ours + "ffn_norm.weight"] = theirs + "post_attention_layernorm.weight"
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names[f"{ours}ffn.{proj}.weight"] = f"{theirs}mlp.{proj}.weight"
-    return names
-
-
 def to_hf_state_dict(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     """Our state dict -> the HF DiffLlama/Llama state dict (see the module docstring)."""
     check_exportable(config)
-    hf = {theirs: state[ours] for ours, theirs in _plain_renames(config).items()}
+    hf = {theirs: state[ours] for ours, theirs in llama_names(config).items()}
     for i in range(config.n_layers):
         prefix = f"layers.{i}.attn."
         attn = {name[len(prefix) :]: t for name, t in state.items() if name.startswith(prefix)}
@@ -246,21 +212,6 @@ def _all_finite(tensor: Tensor, chunk: int = 1 << 22) -> bool:
 # --- the mapping tables: where each tensor of ours comes from ------------------------------
 
 
-@dataclass(frozen=True)
-class TensorSource:
-    """One tensor of ours: the HF tensor ``name`` through ``transform`` (None: as it is), or, for a
-    tensor the family does not have, ``make()`` (DiffLlama's head-norm weight: ones, folded)."""
-
-    name: str | None
-    transform: Callable[[Tensor], Tensor] | None = None
-    make: Callable[[], Tensor] | None = None
-
-
-def plain_sources(config: ModelConfig) -> dict[str, TensorSource]:
-    """The tensors every Llama-like family stores under Llama's names: embeddings, LM head, norms, MLP."""
-    return {ours: TensorSource(theirs) for ours, theirs in _plain_renames(config).items()}
-
-
 def _llama_sources(config: ModelConfig) -> dict[str, TensorSource]:
     """transformers' LlamaForCausalLM (attention="standard")."""
     sources = plain_sources(config)
@@ -281,13 +232,13 @@ def _diffllama_sources(config: ModelConfig) -> dict[str, TensorSource]:
     rotary = rotate_half_to_interleaved(d)
 
     def grouped_rotary(weight: Tensor) -> Tensor:
-        return rotary(_halves_to_pairs(weight, d))
+        return rotary(halves_to_pairs(weight, d))
 
     for i in range(config.n_layers):
         ours, theirs = f"layers.{i}.attn.", f"model.layers.{i}.self_attn."
         sources[f"{ours}q_proj.weight"] = TensorSource(f"{theirs}q_proj.weight", grouped_rotary)
         sources[f"{ours}k_proj.weight"] = TensorSource(f"{theirs}k_proj.weight", grouped_rotary)
-        sources[f"{ours}v_proj.weight"] = TensorSource(f"{theirs}v_proj.weight", lambda w: _halves_to_pairs(w, d))
+        sources[f"{ours}v_proj.weight"] = TensorSource(f"{theirs}v_proj.weight", lambda w: halves_to_pairs(w, d))
         sources[f"{ours}o_proj.weight"] = TensorSource(f"{theirs}o_proj.weight")
         sources[f"{ours}head_norm.weight"] = TensorSource(None, make=lambda: torch.ones(2 * d))  # folded into o_proj
         for vec in LAMBDA_VECTORS:
@@ -330,7 +281,7 @@ def plan_import(weights: HFWeights, config: ModelConfig, family: str, dtype: tor
     every problem, before any value is read; then the plan. The λ vectors stay fp32 (the model
     keeps them so); every other tensor becomes ``dtype``."""
     if family == "motif":
-        from .motif import motif_sources as table
+        table = motif_sources
     else:
         table = {"llama": _llama_sources, "diffllama": _diffllama_sources}[family]
     sources = table(config)
@@ -462,42 +413,6 @@ def hf_config_dict(config: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     }
 
 
-# The fields of each RoPE kind that are read (transformers' names); any other is refused by name.
-ROPE_FIELDS = {"default": (), "linear": ("factor",),
-               "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-
-
-def hf_rope(hf: dict[str, Any], path: Path) -> tuple[float, RopeScaling | None]:
-    """θ and the scaling from ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``
-    (older files, and Motif's; a top-level ``original_max_position_embeddings`` completes llama3's, as
-    vLLM reads it). Plain RoPE, "linear" and "llama3" are read; any other kind or field is refused."""
-    params = dict(hf.get("rope_scaling") or {})
-    params.update(hf.get("rope_parameters") or {})
-    kind = params.pop("rope_type", params.pop("type", "default"))
-    theta = float(params.pop("rope_theta", hf.get("rope_theta", 10_000.0)))
-    if kind not in ROPE_FIELDS:
-        raise HFConversionError(f"{path}: RoPE scaling {kind!r} is not supported (plain RoPE, 'linear' and 'llama3' "
-                                "are)")
-    original = "original_max_position_embeddings"
-    if kind == "llama3" and original not in params and hf.get(original):
-        params[original] = hf[original]
-    extra = sorted(set(params) - set(ROPE_FIELDS[kind]))
-    if extra:
-        raise HFConversionError(f"{path}: RoPE field(s) {', '.join(extra)} of kind {kind!r} are not read here")
-    if kind == "default":
-        return theta, None
-    absent = [name for name in ROPE_FIELDS[kind] if name not in params]
-    if absent:
-        raise HFConversionError(f"{path}: RoPE scaling {kind!r} needs {', '.join(absent)}")
-    try:
-        scaling = RopeScaling(kind=kind, factor=params["factor"], low_freq_factor=params.get("low_freq_factor"),
-                              high_freq_factor=params.get("high_freq_factor"),
-                              original_max_seq_len=params.get("original_max_position_embeddings"))
-    except ConfigError as exc:
-        raise HFConversionError(f"{path}: {exc}") from exc
-    return theta, scaling
-
-
 def hf_family(hf: dict[str, Any], path: Path) -> str:
     """"llama", "diffllama" or "motif" from config.json's model_type; anything else is refused."""
     model_type = hf.get("model_type")
@@ -515,8 +430,6 @@ def model_config_from_hf(hf: dict[str, Any], path: Path, weight_names: Iterable[
     config.json does not say)."""
     family = hf_family(hf, path)
     if family == "motif":
-        from .motif import motif_model_config
-
         return motif_model_config(hf, path, set(weight_names))
     attention = "diff" if family == "diffllama" else "standard"
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ModelConfig
-from .hf import HFConversionError, TensorSource, hf_rope, plain_sources, rotate_half_to_interleaved
+from .mapping import HFConversionError, TensorSource, hf_rope, plain_sources, rotate_half_to_interleaved
 
 # Fields of features not read here (most are Motif-3's: MoE, latent attention, hyper-connections,
 # sliding windows, output gates, multi-token prediction), with the value that means "off": a
