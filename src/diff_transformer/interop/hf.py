@@ -74,7 +74,6 @@ from ..config import GATED_KINDS, ModelConfig
 from ..files import check_output_dir, lock_output
 from ..model import LanguageModel
 from ..tokenizer import BPE_FILE, EOS_TOKEN, BPETokenizer, ByteTokenizer
-from .motif import motif_model_config, motif_sources
 from .mapping import (
     HFConversionError,
     TensorSource,
@@ -87,6 +86,7 @@ from .mapping import (
     rotate_half_order,
     rotate_half_to_interleaved,
 )
+from .motif import motif_model_config, motif_sources
 
 HF_CONFIG_FILE = "config.json"
 HF_WEIGHTS_FILE = "model.safetensors"
