@@ -17,6 +17,8 @@ from diff_transformer.config import ConfigError
 from diff_transformer.ops import gda_attention, reference_gda_attention
 
 TOL = 1e-5  # fp32 against float64 / the fp32 reference, absolute (relative to the largest entry for gradients)
+# the model's backends: "auto" ("math" on the CPU) in the fast tier, the others in the slow one
+MODEL_BACKENDS = ["auto", *(pytest.param(b, marks=pytest.mark.slow) for b in ("reference", "sdpa", "sdpa_split"))]
 
 
 def gda_config(**fields) -> ModelConfig:
@@ -112,7 +114,7 @@ def test_gda_layer_matches_its_float64_statement_forward_and_gradients(ratio, n_
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
-@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa", "sdpa_split", "math"])
+@pytest.mark.parametrize("backend", MODEL_BACKENDS)
 def test_ratio_one_is_diff_with_the_same_weights_bit_for_bit(n_kv_heads, backend):
     diff_config = ModelConfig.from_preset("debug", attention="diff", n_heads=4, n_kv_heads=n_kv_heads)
     gda = gda_config(gda_ratio=1, n_kv_heads=n_kv_heads, lambda_std=0.1)
@@ -233,7 +235,7 @@ def test_op_input_errors_name_the_problem():
 # --- the model: decoding, checkpoints, maps, config ---------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa", "sdpa_split", "math"])
+@pytest.mark.parametrize("backend", MODEL_BACKENDS)
 @pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
 def test_token_by_token_decoding_gives_full_forward_logits(backend, static):
     model = LanguageModel(gda_config(n_kv_heads=2, init_std=0.1), attn_backend=backend).eval()

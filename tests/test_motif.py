@@ -33,7 +33,8 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=[case if case in ("2.6b", "12.7b-gqa-tied-bf16") else
+                                        pytest.param(case, marks=pytest.mark.slow) for case in CASES])
 def imported(request, tmp_path_factory):
     """(case, source directory, imported checkpoint) for each case, imported through the CLI."""
     root = tmp_path_factory.mktemp(request.param)
