@@ -98,3 +98,24 @@ def test_import_hf_names_the_tokens_too(tmp_path):
                      "--bos-token", "<|end_of_text|>"]) == 0
     stored = load_tokenizer(tmp_path / "ckpt")
     assert (stored.eos_token, stored.bos_token) == ("<|begin_of_text|>", "<|end_of_text|>")
+
+
+def test_generate_starts_from_the_begin_token_of_a_released_tokenizer(tmp_path, capsys):
+    """A checkpoint whose tokenizer has a begin token (an imported Llama's or Motif's): `generate`
+    puts it before the prompt, as that model saw every sequence begin; the greedy tokens equal the
+    model's own continuation of [begin] + prompt."""
+    from diff_transformer import LanguageModel
+    from motif_fixtures import make_tiny_motif_dir
+
+    source = make_tiny_motif_dir(tmp_path / "motif", "2.6b")
+    assert cli_main(["import-hf", str(source), str(tmp_path / "ckpt")]) == 0
+    capsys.readouterr()
+    assert cli_main(["generate", str(tmp_path / "ckpt"), "--prompt", "the quick", "--max-new-tokens", "6",
+                     "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    tokenizer = load_tokenizer(tmp_path / "ckpt")
+    model = LanguageModel.from_pretrained(tmp_path / "ckpt").eval()
+    expected = model.generate([[tokenizer.bos_id, *tokenizer.encode("the quick")]], 6, temperature=0,
+                              stop_tokens=[tokenizer.eos_id], vocab_limit=tokenizer.vocab_size)[0]
+    expected = expected[: expected.index(tokenizer.eos_id)] if tokenizer.eos_id in expected else expected
+    assert out == "the quick" + tokenizer.decode(expected) + "\n"
