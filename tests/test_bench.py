@@ -46,6 +46,52 @@ def test_flop_formulas_follow_spec_units():
     assert causal == pytest.approx(3 * unit, rel=0.01)
 
 
+def test_gda_flops_count_its_signal_and_noise_maps():
+    """GDA with ratio r: H signal and H / r noise maps of DIFF's cost each, in units of the standard
+    heads h = 2H: fwd 6·(1 + 1/r)/2, bwd 10·(1 + 1/r)/2; r = 1 is DIFF."""
+    kw = dict(batch=1, heads=8, t=64, s=64, head_dim=32, causal=False)
+    unit = 8 * 64 * 64 * 32
+    assert attention_flops("gda", "fwd", gda_ratio=1, **kw) == attention_flops("diff", "fwd", **kw)
+    assert attention_flops("gda", "fwd", gda_ratio=4, **kw) == pytest.approx(6 * 1.25 / 2 * unit)
+    assert attention_flops("gda", "fwd+bwd", gda_ratio=2, **kw) == pytest.approx(16 * 1.5 / 2 * unit)
+
+
+def test_attention_bench_measures_gda_beside_diff():
+    settings = AttentionBenchSettings(lengths=(32,), heads=8, kv_heads=2, head_dim=16, repeats=1, warmup=0,
+                                      gda_ratio=2, backends=("reference", "sdpa", "sdpa_split", "math", "decode"),
+                                      measure_memory=False)
+    results = run_attention_bench(settings, progress=False)
+    gda = {(r.mode, r.backend): r for r in results if r.kind == "gda"}
+    assert {b for _, b in gda} == {"reference", "sdpa", "sdpa_split", "math", "decode"}
+    assert all(r.seconds > 0 for r in gda.values())
+    with pytest.raises(ValueError, match="gda_ratio=3 must divide the signal heads"):
+        AttentionBenchSettings(heads=8, gda_ratio=3)
+
+
+def test_model_bench_measures_the_imported_architectures():
+    settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, repeats=1, warmup=0, compare_hf=False,
+                                  architectures=("standard", "gda", "motif-2.6b", "motif-2-12.7b"))
+    results = run_model_bench(settings, progress=False)
+    assert [r.model for r in results] == ["Transformer", "GDA", "Motif-2.6B arch", "Motif-2-12.7B arch"]
+    for r in results:
+        assert r.train_tokens_per_s > 0 and r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0
+    big = model_config(settings, "motif-2-12.7b")
+    assert (big.attention, big.gda_ratio, big.n_heads, big.n_kv_heads, big.ffn_activation) == ("gda", 4, 4, 1,
+                                                                                                "polynorm")
+    assert "Motif-2-12.7B arch vs Transformer (throughput ratio), eager: train" in format_table(settings, results)
+    with pytest.raises(ValueError, match="architectures must be distinct names"):
+        ModelBenchSettings(architectures=("diff", "llama"))
+
+
+def test_motif_12_7b_proportions_at_its_own_size():
+    """At d_model 4096 and d 128 the rule gives Motif-2-12.7B's heads: 32 signal, 8 noise, 8 K/V groups."""
+    from diff_transformer.bench.model import architecture_fields
+
+    settings = ModelBenchSettings(preset="6.8b", length=16, decode_tokens=3)  # d_model 4096, 16 DIFF heads of 128
+    fields = architecture_fields(settings, "motif-2-12.7b")
+    assert (fields["n_heads"], fields["n_kv_heads"], fields["attn_head_dim"]) == (32, 8, 128)
+
+
 def test_reference_maps_are_counted_and_skipped_over_budget():
     cpu = torch.device("cpu")
     # one fp32 map over 8 DIFF heads at 16K tokens: 8 GiB; the reference keeps about six

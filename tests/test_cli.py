@@ -26,17 +26,20 @@ def test_every_subcommand_has_help(name, capsys):
 def test_console_script_runs():
     result = subprocess.run([sys.executable, "-m", "diff_transformer", "info"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "1.4b" in result.stdout and "13.1b" in result.stdout
+    assert "1.4b" in result.stdout and "13.1b" in result.stdout and "GDA (r)" in result.stdout
 
 
-@pytest.mark.parametrize("kind", ["diff", "diff_symmetric"])
+@pytest.mark.parametrize("kind", ["diff", "diff_symmetric", "gda"])
 def test_info_on_a_checkpoint(kind, tmp_path, capsys):
-    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind, vocab_size=257))
+    fields = {"gda_ratio": 2, "n_heads": 4} if kind == "gda" else {}
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind, vocab_size=257, **fields))
     model.save_pretrained(tmp_path / "ckpt")
     assert main(["info", str(tmp_path / "ckpt")]) == 0
     out = capsys.readouterr().out
     assert f'"attention": "{kind}"' in out
     assert "lambda per layer: " + " ".join(f"{x:.3f}" for x in model.lambdas()) in out
+    if kind == "gda":
+        assert "heads: 4 signal, 2 noise (2 signal per noise head), 2 key/value groups, d = 8" in out
 
 
 def test_generate_streams_the_greedy_continuation(tmp_path, capsys):

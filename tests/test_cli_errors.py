@@ -17,6 +17,7 @@ from diff_transformer.cli import main
 from diff_transformer.config import ModelConfig
 from diff_transformer.model import LanguageModel
 from diff_transformer.tokenizer import ByteTokenizer
+from motif_fixtures import make_tiny_motif_dir
 
 CUDA_BAD = "cuda:99" if torch.cuda.is_available() else "cuda"
 
@@ -46,7 +47,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     save_file({k: v.to(torch.int32) for k, v in weights.items()}, integers / "model.safetensors")
     no_tokenizer = root / "no-tokenizer"  # 512 ids, saved without the tokenizer it was trained with
     LanguageModel(ModelConfig.from_preset("debug")).save_pretrained(no_tokenizer)
-    return {"root": root, "ckpt": ckpt, "damaged": damaged, "text": root / "text.txt", "jsonl": root / "docs.jsonl",
+    motif = make_tiny_motif_dir(root / "motif", "12.7b")  # a transformers directory, with a Llama-style tokenizer
+    motif3 = make_tiny_motif_dir(root / "motif3", "12.7b", tokenizer=False,
+                                 config_overrides={"num_experts": 64, "kv_lora_rank": 512})
+    return {"motif": motif, "motif3": motif3,
+            "root": root, "ckpt": ckpt, "damaged": damaged, "text": root / "text.txt", "jsonl": root / "docs.jsonl",
             "junk": root / "junk.json", "file": root / "file", "empty_config": root / "empty.yaml",
             "no_model": root / "nomodel.yaml", "empty_text": root / "empty.txt", "baddata": root / "baddata",
             "int32": integers, "no_tokenizer": no_tokenizer}
@@ -117,6 +122,10 @@ CASES = [
     ("prepare-seed", ["prepare", "{text}", "--out", "{root}/data", "--seed", "x"], "--seed"),
     ("prepare-workers", ["prepare", "{text}", "--out", "{root}/data", "--workers", "0"],
      "--workers: '0' is not valid (must be a positive integer)"),
+    ("prepare-eos-token-of-default", ["prepare", "{text}", "--out", "{root}/data", "--eos-token", "</s>"],
+     "tokenizer 'default' has its own end-of-text token"),
+    ("prepare-bos-token", ["prepare", "{text}", "--out", "{root}/data", "--tokenizer", "{motif}/tokenizer.json",
+                           "--bos-token", "<s>"], "bos token '<s>' (from --bos-token '<s>') is not in its vocabulary"),
     # export-hf / import-hf
     ("export-checkpoint", ["export-hf", "{root}/none", "{root}/hf"], "not a checkpoint directory"),
     ("export-out", ["export-hf", "{ckpt}", "{file}"], "an output directory is needed"),
@@ -124,6 +133,11 @@ CASES = [
     ("import-out", ["import-hf", "{root}", "{file}/x"], "is a file, so no directory"),
     ("import-own-checkpoint", ["import-hf", "{ckpt}", "{root}/back"],
      "{ckpt} is already a diff-transformer checkpoint, not a transformers directory: nothing to import"),
+    ("import-dtype", ["import-hf", "{motif}", "{root}/back", "--dtype", "int8"], "invalid choice: 'int8'"),
+    ("import-eos-token", ["import-hf", "{motif}", "{root}/back", "--eos-token", "</s>"],
+     "eos token '</s>' (from --eos-token '</s>') is not in its vocabulary"),
+    ("import-bos-token", ["import-hf", "{motif}", "{root}/back", "--bos-token", "<s>"], "bos token '<s>'"),
+    ("import-motif-3", ["import-hf", "{motif3}", "{root}/back"], "num_experts=64, kv_lora_rank=512"),
     # convert (its refusals of sources and outputs: tests/test_convert.py)
     ("convert-source", ["convert", "{root}/none", "{root}/conv"], "argument SOURCE: "),
     ("convert-source-diff", ["convert", "{ckpt}", "{root}/conv"], "holds a model with attention='diff'"),
@@ -278,6 +292,8 @@ CASES = [
     ("bench-attention-warmup", ["bench", "attention", "--warmup", "-1"], "warmup must be >= 0"),
     ("bench-attention-memory", ["bench", "attention", "--memory-budget-gib", "-2"], "memory_budget_gib must be > 0"),
     ("bench-attention-threads", ["bench", "attention", "--threads", "0"], "threads must be >= 1"),
+    ("bench-attention-gda-ratio", ["bench", "attention", "--gda-ratio", "3"],
+     "gda_ratio=3 must divide the signal heads heads/2 = 8"),
     # bench model
     ("bench-model-preset", ["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
     ("bench-model-length", ["bench", "model", "--length", "0"], "length must be >= 1"),
@@ -299,6 +315,9 @@ CASES = [
       if not torch.cuda.is_available() else []),
     ("bench-model-repeats", ["bench", "model", "--repeats", "0"], "repeats must be >= 1"),
     ("bench-model-warmup", ["bench", "model", "--warmup", "-1"], "warmup must be >= 0"),
+    ("bench-model-architectures", ["bench", "model", "--architectures", "llama"], "invalid choice: 'llama'"),
+    ("bench-model-gda-ratio", ["bench", "model", "--gda-ratio", "2"],
+     "gda_ratio=2 must divide the 3 heads of preset 'tiny'"),
     ("bench-model-threads", ["bench", "model", "--threads", "0"], "threads must be >= 1"),
     # the parser itself
     ("no-command", [], "the following arguments are required: COMMAND"),

@@ -11,14 +11,15 @@ from diff_transformer.evaluation import EvalText, ModelUnderTest
 from diff_transformer.evaluation import attention_noise, attention_sink
 from diff_transformer.tokenizer import ByteTokenizer
 
-KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "gda"]
 TOK = ByteTokenizer()
 TEXT = EvalText([" ".join(random.Random(0).choices(ICL_WORDS, k=6000))])
 
 
 def model(kind: str) -> LanguageModel:
     torch.manual_seed(0)
-    return LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=256)).eval()
+    gda = {"n_heads": 4, "gda_ratio": 2} if kind == "gda" else {}  # 4 signal heads sharing 2 noise heads
+    return LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=256, **gda)).eval()
 
 
 class Recorder(AttentionTap):
@@ -31,8 +32,8 @@ class Recorder(AttentionTap):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_effective_map_rows_sum_as_expected(kind):
-    """Softmax rows sum to 1 (gated attention's too: its gate acts after the map); DIFF rows to 1 − λ; DIFF V2
-    rows to 1 − σ(λ_h(x_t))."""
+    """Softmax rows sum to 1 (gated attention's too: its gate acts after the map); DIFF rows to 1 − λ (GDA's
+    signed map of each signal head too); DIFF V2 rows to 1 − σ(λ_h(x_t))."""
     m = model(kind)
     inputs = {}
     hooks = [layer.attn.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0]))
@@ -49,7 +50,7 @@ def test_effective_map_rows_sum_as_expected(kind):
         sums = maps.combined.sum(-1)  # (B, H, T)
         if kind in ("standard", "gated", "gated_headwise"):
             expected = torch.ones_like(sums)
-        elif kind in ("diff", "diff_symmetric"):
+        elif kind in ("diff", "diff_symmetric", "gda"):
             expected = torch.full_like(sums, 1.0 - float(layer.attn.lam().detach()))
         else:
             lam = torch.sigmoid(layer.attn.lambda_proj(inputs[i]).float()).transpose(1, 2)  # (B, H, T)

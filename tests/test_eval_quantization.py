@@ -45,10 +45,11 @@ def test_bad_bits_and_granularity_are_clear_errors():
         quantization.quantize_absmax(torch.zeros(2, 2), None, 8, "tensor")
 
 
-@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2"])
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "gda"])
 def test_16_bits_changes_nothing_and_4_bits_changes_something(kind):
     torch.manual_seed(0)
-    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=64)).eval()
+    model = LanguageModel(ModelConfig.from_preset("debug", attention=kind, max_seq_len=64,
+                                     **({"n_heads": 4, "gda_ratio": 2} if kind == "gda" else {}))).eval()
     with torch.no_grad():  # larger logits than at init, so that 4 bits is coarse
         for layer in model.layers:
             layer.attn.q_proj.weight.mul_(20)

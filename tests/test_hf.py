@@ -207,11 +207,14 @@ def _exported(tmp_path, tokenizer=None):
     "edit, message",
     [
         ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
-        ({"rms_norm_eps": 1e-6}, "rms_norm_eps=1e-06"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE scaling 'yarn'"),
         ({"attention_bias": True}, "attention_bias=true"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE scaling 'linear'"),
-        ({"num_attention_heads": 3, "num_key_value_heads": 3, "head_dim": None}, "head_dim"),
+        ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0}}, "RoPE scaling 'linear' needs factor"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "attention_factor": 1.5}},
+         "RoPE field.s. attention_factor of kind 'linear' are not read"),
+        ({"num_attention_heads": 3, "num_key_value_heads": 3, "head_dim": None}, "even num_attention_heads"),
+        ({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "head_dim": 24}, "heads must fill"),
     ],
 )
 def test_import_refuses_unsupported_configs(edit, message, tmp_path):
@@ -221,6 +224,36 @@ def test_import_refuses_unsupported_configs(edit, message, tmp_path):
     (directory / "config.json").write_text(json.dumps(config))
     with pytest.raises(HFConversionError, match=message):
         import_hf(directory, tmp_path / "out")
+
+
+@pytest.mark.parametrize("attention, fields", [
+    ("standard", dict(rope_scaling=dict(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                        original_max_seq_len=32), rope_theta=500.0)),
+    ("standard", dict(rope_scaling=dict(kind="linear", factor=4.0))),
+    ("diff", dict(rope_scaling=dict(kind="linear", factor=2.0))),
+    ("diff", dict(norm_eps=1e-6, head_norm_eps=1e-6)),  # DiffLlama's one rms_norm_eps, here not 1e-5
+    ("diff", dict(attn_head_dim=24)),  # heads wider than d_model / (2H): DiffLlama's head_dim
+])
+def test_scaled_rope_eps_and_head_dim_match_transformers_both_ways(attention, fields, tmp_path):
+    """RoPE scaling (Llama 3's and linear), a DiffLlama rms_norm_eps other than 1e-5 and an explicit
+    head_dim, computed by transformers from the exported files: the logits agree, and import gives
+    the model back."""
+    model = random_model(attention, 2 if attention == "diff" else 4, 2 if attention == "diff" else 4, False)
+    config = ModelConfig.from_dict({**model.config.to_dict(), **fields})
+    ours = LanguageModel(config).eval()
+    with torch.no_grad():
+        for name, param in ours.named_parameters():
+            param.copy_(torch.randn_like(param) * (0.3 if "norm" not in name else 0.1) + ("norm" in name))
+    save_hf(ours, tmp_path / "hf", ByteTokenizer())
+    hf_model, info = hf_load(tmp_path / "hf")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    tokens = torch.randint(0, config.vocab_size, (2, 96))  # beyond the llama3 case's 32 original positions
+    with torch.no_grad():
+        logits = ours(tokens)[0]
+        assert (logits - hf_model(tokens).logits).abs().max().item() < LOGITS_TOL * max(1.0, logits.abs().max())
+        back, _ = load_hf(tmp_path / "hf")
+        assert back.config == config
+        assert (back.eval()(tokens)[0] - logits).abs().max().item() < 1e-5
 
 
 def test_import_names_weights_that_do_not_fit(tmp_path):

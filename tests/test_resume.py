@@ -164,7 +164,11 @@ def test_resuming_with_a_setting_that_changes_the_numbers_is_refused_by_name(key
     ("model.n_layers=3", "model.n_layers: 2 -> 3"),
     ("models.diff.lambda_init=0.5", "model.lambda_init: None -> 0.5"),
     ("models.diff.optim.lr=0.01", "optim.lr: 0.003 -> 0.01"),  # a model's own optim field: the lr it trains with
-], ids=["model", "model-field", "model-optim"])
+    ("models.diff.ffn_activation=polynorm", "model.ffn_activation: 'silu' -> 'polynorm'"),  # the Motif fields
+    ("models.diff.lambda_init_depth_offset=-1", "model.lambda_init_depth_offset: 0 -> -1"),
+    ("models.diff.rope_scaling={kind: linear, factor: 2.0}",
+     "model.rope_scaling: None -> {'kind': 'linear', 'factor': 2.0, 'low_freq_factor': None"),
+], ids=["model", "model-field", "model-optim", "ffn-activation", "lambda-offset", "rope-scaling"])
 def test_the_model_and_its_own_optimizer_fields_are_compared_too(override, named, paused, capsys):
     line = refused(capsys, "train", "--config", str(paused["config"]), "--resume", "--set", override)
     assert named in line, line

@@ -1,4 +1,5 @@
-"""The attention modules: standard, differential (DIFF), DIFF V2, symmetric DIFF and gated attention.
+"""The attention modules: standard, differential (DIFF), DIFF V2, symmetric DIFF, gated and grouped
+differential attention (GDA).
 
 Shapes: B batch, T new tokens, S keys (T plus what the KV cache holds), E = d_model,
 H heads of this module, Hkv key/value heads, d = config.head_dim.
@@ -10,10 +11,13 @@ o_proj (2H·d = E -> E). RoPE is the interleaved (GPT-J) kind, applied per d-wid
 With ``config.value_factor = 1`` (a converted Transformer) a DIFF head's value is d wide, not 2d.
 Symmetric DIFF has one qk_proj in the place of q_proj and k_proj: its keys are its queries.
 Gated attention is the standard kind plus gate_proj (E -> H·d, or E -> H for one gate per head).
+GDA is DIFF with fewer second maps: q_proj (E -> (H + N)·d) holds N groups of gda_ratio signal
+sub-heads and one noise sub-head each; keys, values, λ, head norm and o_proj are DIFF's.
 """
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import TYPE_CHECKING, Callable
 
@@ -21,23 +25,44 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .config import ModelConfig, RopeScaling
 from .ops import (
     AttentionMaps,
     LogitsTransform,
     attention,
     diff_attention_packed,
+    gda_attention,
     reference_attention,
     reference_diff_attention,
+    reference_gda_attention,
 )
 
 if TYPE_CHECKING:
     from .cache import KVCache
 
 
-def rope_frequencies(positions: Tensor, head_dim: int, theta: float) -> Tensor:
-    """cos and sin of p·θ^(−2j/d) for integer positions p (T,) and pairs j < d/2: fp32 (T, d/2, 2)."""
-    inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None,
+                             device: torch.device | str | None = None) -> Tensor:
+    """θ^(−2j/d) for the pairs j < d/2, fp32 (d/2,), scaled as ``scaling`` says (see RopeScaling)."""
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    # llama3: long wavelengths divided by factor, short ones kept, a smooth blend in between
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (scaling.original_max_seq_len / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    long_wave = wavelength > scaling.original_max_seq_len / scaling.low_freq_factor
+    short_wave = wavelength < scaling.original_max_seq_len / scaling.high_freq_factor
+    return torch.where(long_wave, inv_freq / scaling.factor, torch.where(short_wave, inv_freq, blended))
+
+
+def rope_frequencies(positions: Tensor, head_dim: int, theta: float, scaling: RopeScaling | None = None) -> Tensor:
+    """cos and sin of p·f_j for integer positions p (T,) and the pairs' frequencies f_j = θ^(−2j/d)
+    (scaled by ``scaling``), j < d/2: fp32 (T, d/2, 2)."""
+    inv_freq = rope_inverse_frequencies(head_dim, theta, scaling, positions.device)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     return torch.stack([angles.cos(), angles.sin()], dim=-1)
 
@@ -111,21 +136,25 @@ class Attention(nn.Module):
         self.layer_index = layer_index
         self.head_dim = d
         self.value_width = value_width  # width of one value head: d, or 2d for DIFF
-        self.q_proj = nn.Linear(e, q_heads * d, bias=False)
-        self.k_proj = nn.Linear(e, k_heads * d, bias=False)
-        self.v_proj = nn.Linear(e, config.n_kv_heads * value_width, bias=False)
-        self.o_proj = nn.Linear(out_heads * value_width, e, bias=False)
-        self.head_norm = RMSNorm(value_width, eps=1e-5) if config.head_norm else None
+        self.q_proj = nn.Linear(e, q_heads * d, bias=config.attention_bias)
+        self.k_proj = nn.Linear(e, k_heads * d, bias=config.attention_bias)
+        self.v_proj = nn.Linear(e, config.n_kv_heads * value_width, bias=config.attention_bias)
+        self.o_proj = nn.Linear(out_heads * value_width, e, bias=config.attention_out_bias)
+        self.head_norm = RMSNorm(value_width, eps=config.head_norm_eps) if config.head_norm else None
         self.out_scale = 1.0  # a constant on the normed heads (DIFF: 1 − λ_init)
         self.backend = "auto"  # runtime choice (see diff_transformer.ops); not part of the checkpoint
         self.tap: AttentionTap | None = None
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
-        """q/k/v at N(0, std), o_proj (it writes into the residual stream) at N(0, out_std), head norm 1."""
+        """q/k/v at N(0, std), o_proj (it writes into the residual stream) at N(0, out_std), head norm 1,
+        biases (``attention_bias``, ``attention_out_bias``) 0."""
         for proj in self.input_projections():
             proj.weight.normal_(0.0, std, generator=generator)
         self.o_proj.weight.normal_(0.0, out_std, generator=generator)
+        for proj in (*self.input_projections(), self.o_proj):
+            if proj.bias is not None:
+                proj.bias.zero_()
         if self.head_norm is not None:
             self.head_norm.weight.fill_(1.0)
 
@@ -163,7 +192,7 @@ class Attention(nn.Module):
             positions = cache.positions(t)
         if rope is None:
             at = torch.arange(t, device=x.device) if positions is None else positions
-            rope = rope_frequencies(at, d, self.config.rope_theta)
+            rope = rope_frequencies(at, d, self.config.rope_theta, self.config.rope_scaling)
         shared = k is q  # symmetric DIFF: the keys are the queries, rotated once
         q = apply_rope(q, rope).transpose(1, 2)
         k = q if shared else apply_rope(k, rope).transpose(1, 2)
@@ -232,10 +261,11 @@ class DiffAttention(Attention):
     vectors 4d, head-norm weight 2d.
     """
 
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, *, q_heads: int | None = None) -> None:
         h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
         super().__init__(
-            config, layer_index, q_heads=2 * h, k_heads=2 * hkv, value_width=config.value_factor * d, out_heads=h
+            config, layer_index, q_heads=2 * h if q_heads is None else q_heads, k_heads=2 * hkv,
+            value_width=config.value_factor * d, out_heads=h,
         )
         # λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, one scalar per layer; vectors kept in fp32.
         self.lambda_q1 = nn.Parameter(torch.empty(d, dtype=torch.float32))
@@ -281,7 +311,7 @@ class DiffSymmetricAttention(DiffAttention):
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__(config, layer_index)
         del self.q_proj, self.k_proj  # one projection serves both (the model builds them unallocated, on meta)
-        self.qk_proj = nn.Linear(config.d_model, 2 * config.n_heads * config.head_dim, bias=False)
+        self.qk_proj = nn.Linear(config.d_model, 2 * config.n_heads * config.head_dim, bias=config.attention_bias)
 
     def input_projections(self) -> tuple[nn.Linear, ...]:
         return self.qk_proj, self.v_proj
@@ -290,6 +320,52 @@ class DiffSymmetricAttention(DiffAttention):
         b, t, _ = x.shape
         qk = self.qk_proj(x).view(b, t, -1, self.head_dim)  # (B, T, 2H, d): the queries, and the keys
         return qk, qk, self.v_proj(x).view(b, t, -1, self.value_width)
+
+
+class GroupedDiffAttention(DiffAttention):
+    """Grouped differential attention (GDA; Lim et al. 2025, arXiv 2510.06949; Motif-2-12.7B): DIFF
+    whose second maps (noise) are shared by groups of ``gda_ratio`` = r first maps (signal), as GQA
+    shares keys. H signal heads, N = H / r noise heads; signal head i = g·r + j (j < r) reads noise
+    head g, and both read KV group g // (N / Hkv):
+
+        out_i = (softmax(Q1_i K1ᵀ/√d) − λ·softmax(Q2_g K2ᵀ/√d)) V,     then DIFF's head norm,
+        (1 − λ_init) and o_proj over the H signal heads (each 2d wide)
+
+    Layout, that of Motif's published code (the GDA backend of vLLM, ``GroupedDifferentialAttention``,
+    and the Motif MLX port agree; docs/attention-module.md says what was read where):
+    q_proj (E -> (H + N)·d) viewed as N groups of r + 1 sub-heads [signal g·r … g·r + r − 1, noise g];
+    k_proj (E -> 2Hkv·d), v_proj (E -> Hkv·2d), o_proj (H·2d -> E), λ vectors and head norm as
+    :class:`DiffAttention`. At r = 1 the groups are DIFF's sub-head pairs (2h, 2h + 1): the same
+    weights compute DIFF, and this class runs DIFF's op (tests/test_gda.py).
+
+    The KV cache is DIFF's. Maps for the evaluations (:meth:`attend_with_maps`): the first map per
+    signal head, the second per noise head (N of them), ``combined`` per signal head: the signed map
+    p1_i − λ·p2_g that multiplies V.
+    """
+
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__(config, layer_index, q_heads=config.n_heads + config.n_noise_heads)
+        self.ratio = config.gda_ratio
+
+    def split_queries(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """q (B, H + N, T, d) in groups [signal × r, noise] -> signal (B, H, T, d), noise (B, N, T, d)."""
+        groups = q.unflatten(1, (-1, self.ratio + 1))  # (B, N, r + 1, T, d)
+        return groups[:, :, : self.ratio].flatten(1, 2), groups[:, :, self.ratio]
+
+    def attend(self, q, k, v, x, *, cache, attn_mask):
+        lam = self._fixed(cache, "lambda", self.lam)
+        if self.ratio == 1:  # the layout is DIFF's
+            return diff_attention_packed(q, k, v, lam, causal=True, attn_mask=attn_mask, backend=self.backend)
+        signal, noise = self.split_queries(q)
+        return gda_attention(signal, noise, k[:, 0::2], k[:, 1::2], v, lam, causal=True, attn_mask=attn_mask,
+                             backend=self.backend, check=False)
+
+    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+        signal, noise = self.split_queries(q)
+        return reference_gda_attention(
+            signal, noise, k[:, 0::2], k[:, 1::2], v, self.lam(),
+            causal=True, attn_mask=attn_mask, logits_transform=logits_transform,
+        )
 
 
 class DiffV2Attention(Attention):
@@ -366,4 +442,5 @@ ATTENTION_CLASSES: dict[str, type[Attention]] = {
     "diff_symmetric": DiffSymmetricAttention,
     "gated": GatedAttention,
     "gated_headwise": GatedAttention,
+    "gda": GroupedDiffAttention,
 }

@@ -17,7 +17,9 @@ import glob
 import json
 import os
 import shutil
+import struct
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -209,8 +211,7 @@ def save_pretrained(
         state = model_state_dict(model)
 
     def write(tmp: Path) -> None:
-        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.config.to_dict(), **(extra or {})}
-        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_config(tmp, model.config, extra)
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT})
         if tokenizer is not None:
             tokenizer.save(tmp)
@@ -219,6 +220,65 @@ def save_pretrained(
 
     return write_directory_atomically(directory, write, kind="checkpoint", overwrite=overwrite, reading=reading,
                                       hint=hint, own_training_state=own_training_state)
+
+
+def write_config(directory: Path, config: ModelConfig, extra: dict[str, Any] | None = None) -> None:
+    """DIR/config.json of a checkpoint: the format, its version, the ModelConfig and ``extra``."""
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": config.to_dict(), **(extra or {})}
+    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+# safetensors' names of the dtypes this project writes
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a safetensors file, before its values exist."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * self.dtype.itemsize
+
+
+def write_safetensors_streaming(path: Path, specs: list[TensorSpec], tensors: Iterable[tuple[str, torch.Tensor]],
+                                metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file whose tensors arrive one at a time, in the order of ``specs``.
+
+    The format is an 8-byte little-endian header length, the JSON header (every tensor's dtype,
+    shape and byte range; padded with spaces to 8 bytes, as safetensors pads it) and the tensors'
+    bytes. ``save_file`` needs every tensor in memory at once (and copies each into a bytes object
+    first); here the header comes from ``specs`` and each tensor is written as it arrives, so the
+    memory held is one tensor's: what importing a large model needs. A tensor that is not the
+    next spec (name, shape, dtype) is a RuntimeError (a bug of the caller)."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for spec in specs:
+        header[spec.name] = {"dtype": SAFETENSORS_DTYPES[spec.dtype], "shape": list(spec.shape),
+                             "data_offsets": [offset, offset + spec.nbytes]}
+        offset += spec.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    remaining = iter(specs)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, tensor in tensors:
+            spec = next(remaining, None)
+            if spec is None or (name, tuple(tensor.shape), tensor.dtype) != (spec.name, spec.shape, spec.dtype):
+                raise RuntimeError(f"{path}: tensor {name} {tuple(tensor.shape)} {tensor.dtype} arrived where "
+                                   f"{spec} was planned")
+            f.write(memoryview(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()))
+    left = next(remaining, None)
+    if left is not None:
+        raise RuntimeError(f"{path}: the tensors ended before {left.name}")
 
 
 def read_config(directory: str | Path) -> tuple[ModelConfig, dict[str, Any]]:

@@ -18,6 +18,15 @@ on each head's output before ``o_proj`` (Qiu et al. 2025, position G1): one gate
 ``value_factor=1`` gives DIFF heads a value of width d instead of 2d (``head_dim = d_model /
 n_heads``): a Transformer's heads, each kept as the first map of one DIFF head, which is what
 ``diff-transformer convert --init exact`` builds (:mod:`diff_transformer.convert`).
+
+``"gda"`` is grouped differential attention (arXiv 2510.06949, Motif-2-12.7B): ``n_heads`` signal
+heads, each DIFF's first map with a 2d-wide value, share noise heads (DIFF's second map) in groups
+of ``gda_ratio``, as GQA shares keys: n_heads / gda_ratio noise heads. ``gda_ratio=1`` is DIFF.
+
+Fields the released Motif models need beyond that (each off by default, so that every model
+defined before them computes what it did): ``attn_head_dim`` (heads that do not fill d_model),
+``ffn_activation="polynorm"``, ``lambda_init_depth_offset``, ``head_norm_eps``, the bias flags and
+``rope_scaling`` (:class:`RopeScaling`).
 """
 
 from __future__ import annotations
@@ -27,10 +36,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise")
+ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "gda")
 # Kinds built of DIFF heads (two d-wide query/key groups, a 2d-wide value, λ vectors, head norm):
-# n_heads counts DIFF heads, presets keep their head counts, λ_init applies.
-DIFF_HEAD_KINDS = ("diff", "diff_symmetric")
+# n_heads counts DIFF heads (GDA: signal heads), presets keep their head counts, λ_init applies, and
+# the KV cache holds K1/K2 as 2·Hkv sub-heads beside Hkv values of width 2d.
+DIFF_HEAD_KINDS = ("diff", "diff_symmetric", "gda")
+FFN_ACTIVATIONS = ("silu", "polynorm")  # the gated MLP's activation: down(act(x W_gate) * x W_up)
+POLYNORM_EPS = 1e-6  # PolyNorm's eps in Motif's published code (vLLM's and the MLX port's PolyNorm)
+HEAD_NORM_EPS = 1e-5  # the authors' subln eps (and Motif's attn_rms_norm_eps default)
+ROPE_SCALING_KINDS = ("linear", "llama3")
 # Kinds that gate each head's attention output by sigmoid(x · gate_proj) before o_proj (Qiu et al. 2025).
 GATED_KINDS = ("gated", "gated_headwise")
 
@@ -68,6 +82,62 @@ def lambda_init_schedule(layer_index: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling as transformers defines it (``rope_scaling`` / ``rope_parameters``).
+
+    ``kind="linear"``: every inverse frequency divided by ``factor`` (positions interpolated).
+    ``kind="llama3"`` (Llama 3.1 and later): with wavelength λ = 2π / frequency, λ longer than
+    ``original_max_seq_len / low_freq_factor`` divided by ``factor``, λ shorter than
+    ``original_max_seq_len / high_freq_factor`` kept, and in between the blend
+    (1 − s)·f/factor + s·f with s = (original_max_seq_len / λ − low_freq_factor) /
+    (high_freq_factor − low_freq_factor).
+    """
+
+    kind: str
+    factor: float
+    low_freq_factor: float | None = None  # llama3 only
+    high_freq_factor: float | None = None  # llama3 only
+    original_max_seq_len: int | None = None  # llama3 only: the context the model was trained at first
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALING_KINDS:
+            raise ConfigError(f"rope_scaling.kind must be one of {', '.join(ROPE_SCALING_KINDS)}, got {self.kind!r}")
+        if not _is_number(self.factor) or not (math.isfinite(self.factor) and self.factor > 0):
+            raise ConfigError(f"rope_scaling.factor must be a positive finite number, got {self.factor!r}")
+        llama3 = ("low_freq_factor", "high_freq_factor", "original_max_seq_len")
+        if self.kind == "linear":
+            given = [name for name in llama3 if getattr(self, name) is not None]
+            if given:
+                raise ConfigError(f"rope_scaling.{given[0]} applies to kind 'llama3' only, not 'linear'")
+            return
+        for name in llama3[:2]:
+            value = getattr(self, name)
+            if not _is_number(value) or not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"rope_scaling.{name} must be a positive finite number for kind 'llama3', "
+                                  f"got {value!r}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ConfigError(f"rope_scaling.high_freq_factor={self.high_freq_factor} must exceed "
+                              f"low_freq_factor={self.low_freq_factor}")
+        length = self.original_max_seq_len
+        if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+            raise ConfigError(f"rope_scaling.original_max_seq_len must be a positive integer for kind 'llama3', "
+                              f"got {length!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RopeScaling":
+        """From a plain dict (config.json, YAML); an unknown or missing key is an error naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown rope_scaling field(s): {', '.join(unknown)} "
+                              f"(known: {', '.join(sorted(known))})")
+        missing = [name for name in ("kind", "factor") if name not in data]
+        if missing:
+            raise ConfigError(f"rope_scaling needs {' and '.join(missing)}")
+        return cls(**data)
+
+
 @dataclass
 class ModelConfig:
     """A decoder-only LLaMA-style language model with standard, DIFF, DIFF V2 or gated attention.
@@ -78,19 +148,34 @@ class ModelConfig:
     vocab_size: int = 8192
     d_model: int = 192
     n_layers: int = 4
-    n_heads: int = 3  # DIFF heads for "diff" and "diff_symmetric"; ordinary heads for the other kinds
-    n_kv_heads: int | None = None  # key/value heads (groups) for GQA; None = n_heads (MHA)
-    attention: str = "diff"  # "standard" | "diff" | "diff_v2" | "diff_symmetric" | "gated" | "gated_headwise"
-    ffn_hidden: int | None = None  # SwiGLU inner width; None = 8/3·d_model rounded up to ffn_multiple_of
+    n_heads: int = 3  # DIFF heads for "diff" and "diff_symmetric", signal heads for "gda"; ordinary heads otherwise
+    n_kv_heads: int | None = None  # key/value heads (groups) for GQA; None = n_heads (MHA; "gda": its noise heads)
+    attention: str = "diff"  # one of ATTENTION_KINDS: "standard", "diff", "diff_v2", "diff_symmetric", "gated",
+    # "gated_headwise", "gda"
+    ffn_hidden: int | None = None  # gated MLP's inner width; None = 8/3·d_model rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
+    ffn_activation: str = "silu"  # "silu" (SwiGLU) or "polynorm" (Motif: PolyNorm in SiLU's place)
+    polynorm_eps: float = POLYNORM_EPS  # eps of PolyNorm's three RMS normalisations (ffn_activation="polynorm")
     max_seq_len: int = 256
     rope_theta: float = 10_000.0
-    norm_eps: float = 1e-5
+    rope_scaling: RopeScaling | None = None  # None = plain RoPE; a dict in YAML/JSON: {kind: llama3, factor: 8, ...}
+    norm_eps: float = 1e-5  # the block norms' and the final norm's eps
     tie_embeddings: bool = False
+    attention_bias: bool = False  # biases on q/k/v projections (and symmetric DIFF's qk_proj)
+    attention_out_bias: bool = False  # a bias on o_proj
+    mlp_bias: bool = False  # biases on the MLP's gate, up and down projections
+    # The width d of one head (one query/key group of a DIFF head), when the heads do not fill d_model
+    # (Motif-2-12.7B: 128 at d_model 4096); None = d_model / (value_factor·n_heads). "diff" and "gda" only.
+    attn_head_dim: int | None = None
     # Differential attention
     lambda_init: float | None = None  # None = the depth schedule; a number = constant (Table 6 ablation)
+    # Added to the 0-based layer index in the depth schedule: 0.8 − 0.6·exp(−0.3·(index + offset)).
+    # 0 is the paper's; Motif's code gives layer 0 0.8 − 0.6·e^{0.3}, an offset of −1.
+    lambda_init_depth_offset: int = 0
     lambda_std: float = 0.1  # std of the four λ vectors at init
     head_norm: bool | None = None  # per-head RMSNorm; None = on for the DIFF-head kinds, off otherwise
+    head_norm_eps: float = HEAD_NORM_EPS  # eps of the per-head RMSNorm (Motif: attn_rms_norm_eps)
+    gda_ratio: int | None = None  # "gda" only: signal heads per noise head (1 computes DIFF); required there
     # A DIFF head's value width in units of head_dim d: 2 (the paper's 2d) or, for attention="diff", 1
     # (d: a Transformer's heads converted one for one). None = the kind's own: 2 for DIFF heads, 1 otherwise.
     value_factor: int | None = None
@@ -116,15 +201,16 @@ class ModelConfig:
                 f"value_factor must be {' or '.join(map(str, allowed))} with attention={self.attention!r} (a head's "
                 f"value width in units of head_dim; 1 only for 'diff'), got {self.value_factor!r}"
             )
-        if self.d_model % (self.value_factor * self.n_heads):
-            what = "2 * n_heads (each DIFF head has two groups)" if self.value_factor == 2 else "n_heads"
-            raise ConfigError(
-                f"d_model={self.d_model} must be divisible by {what} = {self.value_factor * self.n_heads}"
-            )
+        self._check_head_dim()
+        self._check_gda()
         if self.n_kv_heads is None:
-            self.n_kv_heads = self.n_heads
+            self.n_kv_heads = self.n_noise_heads if self.attention == "gda" else self.n_heads
         if not isinstance(self.n_kv_heads, int) or self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
             raise ConfigError(f"n_kv_heads={self.n_kv_heads!r} must be a positive divisor of n_heads={self.n_heads}")
+        if self.attention == "gda" and self.n_noise_heads % self.n_kv_heads:
+            # a signal head and its noise head read the same K/V group (vLLM's GDA backend asserts it)
+            raise ConfigError(f"n_kv_heads={self.n_kv_heads} must divide the noise heads n_heads / gda_ratio = "
+                              f"{self.n_noise_heads} with attention='gda'")
         if self.attention == "diff_symmetric" and self.n_kv_heads != self.n_heads:
             raise ConfigError(
                 f"n_kv_heads={self.n_kv_heads} with attention='diff_symmetric': its keys are its queries (one "
@@ -155,18 +241,79 @@ class ModelConfig:
             # the output is scaled by 1 − λ_init: 1 or more would silence or flip every layer (paper: 0.2 to 0.8)
             raise ConfigError(f"lambda_init must be a number in [0, 1) or null (the depth schedule), "
                               f"got {self.lambda_init!r}")
-        for name in ("tie_embeddings", "head_norm", "scale_residual_init"):
+        self._check_lambda_offset()
+        for name in ("head_norm_eps", "polynorm_eps"):
+            value = getattr(self, name)
+            if not _is_number(value) or not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+        if self.ffn_activation not in FFN_ACTIVATIONS:
+            raise ConfigError(f"ffn_activation must be one of {', '.join(FFN_ACTIVATIONS)}, "
+                              f"got {self.ffn_activation!r}")
+        if self.ffn_activation != "polynorm" and self.polynorm_eps != POLYNORM_EPS:
+            raise ConfigError(f"polynorm_eps applies to ffn_activation='polynorm' only, not {self.ffn_activation!r}")
+        if isinstance(self.rope_scaling, dict):
+            self.rope_scaling = RopeScaling.from_dict(self.rope_scaling)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ConfigError(f"rope_scaling must be null or a mapping with kind and factor, got {self.rope_scaling!r}")
+        for name in ("tie_embeddings", "head_norm", "scale_residual_init", "attention_bias", "attention_out_bias",
+                     "mlp_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
+    def _check_head_dim(self) -> None:
+        """attn_head_dim, when set, replaces the width derived from d_model (DIFF and GDA only)."""
+        if self.attn_head_dim is None:
+            if self.d_model % (self.value_factor * self.n_heads):
+                what = "2 * n_heads (each DIFF head has two groups)" if self.value_factor == 2 else "n_heads"
+                raise ConfigError(
+                    f"d_model={self.d_model} must be divisible by {what} = {self.value_factor * self.n_heads}"
+                )
+            return
+        if self.attention not in ("diff", "gda"):
+            raise ConfigError(f"attn_head_dim applies to attention 'diff' and 'gda' only, not {self.attention!r} "
+                              "(leave it unset: d = d_model / n_heads)")
+        if not isinstance(self.attn_head_dim, int) or isinstance(self.attn_head_dim, bool) or self.attn_head_dim <= 0:
+            raise ConfigError(f"attn_head_dim must be a positive integer or null, got {self.attn_head_dim!r}")
+
+    def _check_gda(self) -> None:
+        if self.attention != "gda":
+            if self.gda_ratio is not None:
+                raise ConfigError(f"gda_ratio applies to attention='gda' only, not {self.attention!r}")
+            return
+        ratio = self.gda_ratio
+        if not isinstance(ratio, int) or isinstance(ratio, bool) or ratio <= 0:
+            raise ConfigError(f"gda_ratio (signal heads per noise head) must be a positive integer with "
+                              f"attention='gda', got {ratio!r}")
+        if self.n_heads % ratio:
+            raise ConfigError(f"n_heads={self.n_heads} (signal heads) must be a multiple of gda_ratio={ratio}")
+
+    def _check_lambda_offset(self) -> None:
+        offset = self.lambda_init_depth_offset
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise ConfigError(f"lambda_init_depth_offset must be an integer, got {offset!r}")
+        if offset and (self.attention not in DIFF_HEAD_KINDS or self.lambda_init is not None):
+            raise ConfigError("lambda_init_depth_offset shifts the depth schedule of λ_init: it applies to "
+                              f"attention {', '.join(map(repr, DIFF_HEAD_KINDS))} without a constant lambda_init")
+
     @property
     def head_dim(self) -> int:
-        """d: the width of one query/key group (DIFF heads) or of one head (standard, DIFF V2)."""
+        """d: the width of one query/key group (DIFF heads) or of one head (standard, DIFF V2):
+        ``attn_head_dim`` if set, else d_model / (value_factor·n_heads)."""
+        if self.attn_head_dim is not None:
+            return self.attn_head_dim
         return self.d_model // (self.value_factor * self.n_heads)
 
+    @property
+    def n_noise_heads(self) -> int:
+        """GDA's noise heads, n_heads / gda_ratio (the other DIFF kinds: one per DIFF head, n_heads)."""
+        return self.n_heads // self.gda_ratio if self.attention == "gda" else self.n_heads
+
     def lambda_init_for(self, layer_index: int) -> float:
-        """λ_init of the 0-based layer: the constant if set, else the depth schedule."""
-        return self.lambda_init if self.lambda_init is not None else lambda_init_schedule(layer_index)
+        """λ_init of the 0-based layer: the constant if set, else the depth schedule at
+        ``layer_index + lambda_init_depth_offset``."""
+        if self.lambda_init is not None:
+            return self.lambda_init
+        return lambda_init_schedule(layer_index + self.lambda_init_depth_offset)
 
     @classmethod
     def from_preset(

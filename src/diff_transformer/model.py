@@ -1,13 +1,14 @@
 """The decoder-only language model, LLaMA-style, for every attention kind.
 
-    x = embed(tokens)                                   (B, T, E)
+    x = embed(tokens)                      (B, T, E)
     for each layer:
-        x = x + Attention(RMSNorm(x))                    standard | diff | diff_v2 | diff_symmetric | gated(_headwise)
-        x = x + SwiGLU(RMSNorm(x))                       (silu(x W_gate) * x W_up) W_down
-    logits = lm_head(RMSNorm(x))                        (B, T, V)
+        x = x + Attention(RMSNorm(x))       standard | diff | diff_v2 | diff_symmetric | gated(_headwise) | gda
+        x = x + GatedMLP(RMSNorm(x))        (act(x W_gate) * x W_up) W_down, act SiLU (SwiGLU) or PolyNorm
+    logits = lm_head(RMSNorm(x))           (B, T, V)
 
-No biases anywhere. The model is built on the meta device and then given memory and values by
-one explicit function, :meth:`LanguageModel.init_weights`.
+No biases unless the config asks for them (``attention_bias``, ``attention_out_bias``, ``mlp_bias``:
+imported models). The model is built on the meta device and then given memory and values by one
+explicit function, :meth:`LanguageModel.init_weights`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import checkpoint
-from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rope_frequencies
+from .attention import ATTENTION_CLASSES, AttentionTap, RMSNorm, rms_norm, rope_frequencies
 from .cache import KVCache, StaticKVCache
 from .config import PRESETS, ModelConfig
 from .loss import IGNORE_INDEX, linear_cross_entropy
@@ -75,22 +76,58 @@ def document_attention_mask(document_ids: Tensor) -> Tensor:
     return (runs[:, :, None] == runs[:, None, :]).unsqueeze(1)
 
 
-class SwiGLU(nn.Module):
-    def __init__(self, d_model: int, hidden: int) -> None:
+class PolyNorm(nn.Module):
+    """Motif's MLP activation, PolyNorm (Zhuo et al. 2024, arXiv 2411.03884), as Motif's published
+    code computes it (vLLM's and the MLX port's ``PolyNorm``): in fp32, over the last dim,
+
+        w0·norm(x³) + w1·norm(x²) + w2·norm(x) + b,     norm(z) = z / sqrt(mean(z²) + eps)
+
+    weight (3,) initialised 1/3 each, bias (1,) 0 (their init)."""
+
+    def __init__(self, eps: float) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(3))
+        self.bias = nn.Parameter(torch.empty(1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = x.float()
+        w = self.weight.float()
+        out = (w[0] * rms_norm(z * z * z, None, self.eps) + w[1] * rms_norm(z * z, None, self.eps)
+               + w[2] * rms_norm(z, None, self.eps) + self.bias.float())
+        return out.type_as(x)
+
+
+class GatedMLP(nn.Module):
+    """down(act(x W_gate) ⊙ x W_up): SwiGLU with act = SiLU (the paper's), or act = PolyNorm
+    (``ffn_activation="polynorm"``: Motif's MLP, PolyNorm in SiLU's place, vLLM's ``MotifMLP``)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        e, hidden, bias = config.d_model, config.ffn_hidden, config.mlp_bias
+        self.gate_proj = nn.Linear(e, hidden, bias=bias)
+        self.up_proj = nn.Linear(e, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, e, bias=bias)
+        self.polynorm = PolyNorm(config.polynorm_eps) if config.ffn_activation == "polynorm" else None
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
-        """gate/up at N(0, std); down_proj (it writes into the residual stream) at N(0, out_std)."""
+        """gate/up at N(0, std); down_proj (it writes into the residual stream) at N(0, out_std); biases 0;
+        PolyNorm's weights 1/3 and bias 0."""
         self.gate_proj.weight.normal_(0.0, std, generator=generator)
         self.up_proj.weight.normal_(0.0, std, generator=generator)
         self.down_proj.weight.normal_(0.0, out_std, generator=generator)
+        for proj in (self.gate_proj, self.up_proj, self.down_proj):
+            if proj.bias is not None:
+                proj.bias.zero_()
+        if self.polynorm is not None:
+            self.polynorm.weight.fill_(1 / 3)
+            self.polynorm.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = F.silu(gate) if self.polynorm is None else self.polynorm(gate)
+        return self.down_proj(gate * self.up_proj(x))
 
 
 class Block(nn.Module):
@@ -99,7 +136,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.attn = ATTENTION_CLASSES[config.attention](config, layer_index)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.ffn = SwiGLU(config.d_model, config.ffn_hidden)
+        self.ffn = GatedMLP(config)
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
@@ -169,6 +206,7 @@ class LanguageModel(nn.Module):
           N(0, init_std) with ``scale_residual_init=False``
         - DIFF lambda_q1, lambda_k1, lambda_q2, lambda_k2: N(0, lambda_std) in fp32
         - every RMSNorm weight (block norms, final norm, head norms): 1
+        - biases, where the config has them: 0; PolyNorm's weights 1/3, its bias 0
         """
         std = self.config.init_std
         out_std = std / math.sqrt(2 * self.config.n_layers) if self.config.scale_residual_init else std
@@ -327,7 +365,7 @@ class LanguageModel(nn.Module):
         if table is None:
             positions = torch.arange(self.config.max_seq_len, device=device)
             table = self._rope_tables[device] = rope_frequencies(positions, self.config.head_dim,
-                                                                 self.config.rope_theta)
+                                                                 self.config.rope_theta, self.config.rope_scaling)
         return table
 
     # --- introspection -------------------------------------------------------------------

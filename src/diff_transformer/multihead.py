@@ -20,6 +20,11 @@ h // n_rep), not what their naive ``multihead_diffattn.py`` computes (its ``repe
     v_proj    (E -> E / n_rep)  Hkv groups of width 2d; DIFF head h reads group h // n_rep
     out_proj  (E -> E)
     lambda_q1, lambda_k1, lambda_q2, lambda_k2 (d,) fp32;  subln.weight (2d,)
+
+``gda_ratio=r > 1`` makes it grouped differential attention (arXiv 2510.06949; the language
+model's ``attention="gda"``): the H heads are signal heads sharing N = H / r noise heads (second
+maps), q_proj (E -> (H + N)·d) holding N groups [r signal sub-heads, 1 noise sub-head] as
+Motif's published code lays them out; the rest as above (num_kv_heads then defaults to N).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from torch import Tensor, nn
 
 from .attention import RMSNorm, apply_rope, rms_norm, rope_frequencies
 from .config import lambda_init_schedule
-from .ops import BACKEND_NAMES, check_every_query_sees_a_key, diff_attention_packed
+from .ops import BACKEND_NAMES, check_every_query_sees_a_key, diff_attention_packed, gda_attention
 
 HEAD_NORM_EPS = 1e-5  # subln's eps in the authors' module
 LAMBDA_STD = 0.1  # the λ vectors' init, N(0, 0.1), as the authors'
@@ -52,8 +57,10 @@ class MultiheadDiffAttention(nn.Module):
         embed_dim: E, the width of x and of the output.
         num_heads: H DIFF heads, half the heads of a matched Transformer; each has two query/key
             groups of width d = E / (2H) and a value of width 2d. d must be even with RoPE.
-        num_kv_heads: key/value heads (GQA); None = num_heads. Must divide num_heads. Keys are
-            paired as in the authors' flash files, not their naive file (see the module docstring).
+        num_kv_heads: key/value heads (GQA); None = num_heads (with ``gda_ratio``: the noise heads).
+            Must divide num_heads (and the noise heads). Keys are paired as in the authors' flash
+            files, not their naive file (see the module docstring).
+        gda_ratio: signal heads per noise head (grouped differential attention); 1 = DIFF.
         depth: the 0-based index of the layer, which sets λ_init = 0.8 − 0.6·exp(−0.3·depth).
         lambda_init: a constant λ_init in [0, 1) instead of the depth schedule.
         causal: mask future positions (a decoder); False for an encoder or a ViT.
@@ -77,6 +84,7 @@ class MultiheadDiffAttention(nn.Module):
         num_heads: int,
         *,
         num_kv_heads: int | None = None,
+        gda_ratio: int = 1,
         depth: int = 0,
         lambda_init: float | None = None,
         causal: bool = True,
@@ -92,9 +100,15 @@ class MultiheadDiffAttention(nn.Module):
                 f"embed_dim={embed_dim} must be divisible by 2 * num_heads = {2 * num_heads} "
                 "(each DIFF head has two groups)"
             )
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if not _is_int(num_kv_heads) or num_kv_heads <= 0 or num_heads % num_kv_heads:
-            raise ValueError(f"num_kv_heads={num_kv_heads!r} must be a positive divisor of num_heads={num_heads}")
+        if not _is_int(gda_ratio) or gda_ratio <= 0 or num_heads % gda_ratio:
+            raise ValueError(f"gda_ratio={gda_ratio!r} must be a positive divisor of num_heads={num_heads} "
+                             "(signal heads per noise head)")
+        noise_heads = num_heads // gda_ratio
+        num_kv_heads = noise_heads if num_kv_heads is None else num_kv_heads
+        if not _is_int(num_kv_heads) or num_kv_heads <= 0 or noise_heads % num_kv_heads:
+            what = (f"the noise heads num_heads / gda_ratio = {noise_heads}" if gda_ratio > 1
+                    else f"num_heads={num_heads}")
+            raise ValueError(f"num_kv_heads={num_kv_heads!r} must be a positive divisor of {what}")
         if not _is_int(depth) or depth < 0:
             raise ValueError(f"depth must be a 0-based layer index (an integer >= 0), got {depth!r}")
         if lambda_init is not None and not (_is_number(lambda_init) and 0.0 <= lambda_init < 1.0):
@@ -113,6 +127,7 @@ class MultiheadDiffAttention(nn.Module):
         if backend not in BACKEND_NAMES:
             raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.gda_ratio = gda_ratio
         self.head_dim = head_dim
         self.depth = depth
         self.lambda_init = lambda_init_schedule(depth) if lambda_init is None else float(lambda_init)
@@ -120,7 +135,7 @@ class MultiheadDiffAttention(nn.Module):
         self.rope_theta = rope_theta
         self.backend = backend
         kv_width = embed_dim // (num_heads // num_kv_heads)  # 2·Hkv·d
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.q_proj = nn.Linear(embed_dim, (num_heads + noise_heads) * head_dim, bias=False)
         self.k_proj = nn.Linear(embed_dim, kv_width, bias=False)
         self.v_proj = nn.Linear(embed_dim, kv_width, bias=False)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
@@ -165,17 +180,21 @@ class MultiheadDiffAttention(nn.Module):
             check_every_query_sees_a_key(attn_mask, t, t, causal=self.causal)
             # 4-D for every backend
             attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-        d = self.head_dim
-        q = self.q_proj(x).view(b, t, 2 * self.num_heads, d)  # sub-heads 2h (Q1), 2h + 1 (Q2) of head h
+        d, r = self.head_dim, self.gda_ratio
+        q = self.q_proj(x).view(b, t, -1, d)  # sub-heads 2h (Q1), 2h + 1 (Q2) of head h (GDA: groups [Q1 × r, Q2])
         k = self.k_proj(x).view(b, t, 2 * self.num_kv_heads, d)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, 2 * d).transpose(1, 2)  # (B, Hkv, T, 2d)
         if self.rope_theta is not None:
             rope = rope_frequencies(torch.arange(t, device=x.device), d, self.rope_theta)  # (T, d/2, 2)
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out = diff_attention_packed(
-            q.transpose(1, 2), k.transpose(1, 2), v, self.lam(), causal=self.causal, attn_mask=attn_mask,
-            backend=self.backend,
-        )  # (B, H, T, 2d)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        if r == 1:
+            out = diff_attention_packed(q, k, v, self.lam(), causal=self.causal, attn_mask=attn_mask,
+                                        backend=self.backend)  # (B, H, T, 2d)
+        else:
+            groups = q.unflatten(1, (-1, r + 1))  # (B, N, r + 1, T, d): [signal × r, noise]
+            out = gda_attention(groups[:, :, :r].flatten(1, 2), groups[:, :, r], k[:, 0::2], k[:, 1::2], v,
+                                self.lam(), causal=self.causal, attn_mask=attn_mask, backend=self.backend)
         out = rms_norm(out, self.subln.weight * (1.0 - self.lambda_init), self.subln.eps)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.embed_dim))
 
@@ -193,5 +212,6 @@ class MultiheadDiffAttention(nn.Module):
 
     def extra_repr(self) -> str:
         kv = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}, head_dim={self.head_dim}, "
+        gda = f", gda_ratio={self.gda_ratio}" if self.gda_ratio != 1 else ""
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}{kv}{gda}, head_dim={self.head_dim}, "
                 f"lambda_init={self.lambda_init:.4g}, causal={self.causal}, rope_theta={self.rope_theta}")

@@ -15,8 +15,11 @@ so that TFLOP/s compare like time: with P the number of visible (query, key) pai
 (T·S, or T·(S − T) + T(T + 1)/2 when causal: about half),
     standard     forward 4·B·h·P·d    backward 10·B·h·P·d
     differential forward 6·B·h·P·d    backward 10·B·h·P·d
+    grouped (GDA, ``gda_ratio`` r)    the differential counts × (1 + 1/r) / 2: h/2 signal maps and
+                 h/(2r) noise maps, each with its 2d-wide value
 (h the standard head count: the fused kernel's counts; the two-call "sdpa" backend executes
-6 + 14, the four-call "sdpa_split" 8 + 20.)
+6 + 14, the four-call "sdpa_split" 8 + 20. GDA's "math", "triton", "decode" and "flex" backends
+compute every noise map r times, which the useful-work count does not credit.)
 
 Peak memory: bytes allocated by one call above what was allocated before it; on CUDA from the
 allocator's peak counter, on CPU from the profiler's allocation records (see measure.py).
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..ops import DIFF_BACKENDS, TRITON_INSTALLED, attention, diff_attention
+from ..ops import DIFF_BACKENDS, TRITON_INSTALLED, attention, diff_attention, gda_attention
 from .measure import describe_machine, memory_budget, peak_memory, time_call
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -68,10 +71,17 @@ class AttentionBenchSettings:
     measure_memory: bool = True
     memory_budget_gib: float | None = None  # None = 60% of RAM (CPU) or of free GPU memory
     threads: int | None = None  # torch CPU threads while measuring; None = leave as is
+    # also measure grouped differential attention: heads/2 signal heads, heads/(2·gda_ratio) noise heads
+    gda_ratio: int | None = None
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
             self.kv_heads = self.heads
+        if self.gda_ratio is not None:
+            signal = self.heads // 2
+            if self.gda_ratio < 1 or signal % self.gda_ratio or (signal // self.gda_ratio) % (self.kv_heads // 2):
+                raise ValueError(f"gda_ratio={self.gda_ratio} must divide the signal heads heads/2 = {signal}, leaving "
+                                 f"noise heads that kv_heads/2 = {self.kv_heads // 2} divides")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.heads < 2 or self.heads % 2:
@@ -100,7 +110,7 @@ class AttentionBenchSettings:
 @dataclass
 class AttentionBenchResult:
     mode: str
-    kind: str  # "standard" or "diff"
+    kind: str  # "standard", "diff" or "gda"
     backend: str
     length: int
     queries: int  # T
@@ -120,9 +130,12 @@ def visible_pairs(t: int, s: int, causal: bool) -> int:
 
 
 def attention_flops(kind: str, mode: str, *, batch: int, heads: int, t: int, s: int, head_dim: int,
-                    causal: bool) -> float:
+                    causal: bool, gda_ratio: int | None = None) -> float:
     """FLOPs of one call (see the module docstring); ``heads`` is the standard head count h."""
-    units = FLOP_UNITS[(kind, "fwd")] + (FLOP_UNITS[(kind, "bwd")] if mode == "fwd+bwd" else 0)
+    table = "diff" if kind == "gda" else kind
+    units = FLOP_UNITS[(table, "fwd")] + (FLOP_UNITS[(table, "bwd")] if mode == "fwd+bwd" else 0)
+    if kind == "gda":
+        units = units * (1 + 1 / gda_ratio) / 2  # H signal and H / r noise maps, not 2H
     return float(units * batch * heads * visible_pairs(t, s, causal) * head_dim)
 
 
@@ -137,11 +150,12 @@ def quadratic_bytes(kind: str, backend: str, mode: str, device: torch.device, *,
     q), about three maps per call.
     """
     maps = 0
-    if kind == "diff" and backend == "reference":
+    diff = kind in ("diff", "gda")  # GDA counted as DIFF: at most as many maps
+    if diff and backend == "reference":
         maps = 12 if mode == "fwd+bwd" else 6
-    elif kind == "diff" and backend == "math" and mode == "fwd+bwd":
+    elif diff and backend == "math" and mode == "fwd+bwd":
         maps = 2
-    elif kind == "diff" and backend == "sdpa" and device.type == "cpu":
+    elif diff and backend == "sdpa" and device.type == "cpu":
         maps = 8 if mode == "fwd+bwd" else 3
     return maps * batch * (heads // 2) * t * s * 4
 
@@ -157,8 +171,9 @@ def _make_inputs(kind: str, settings: AttentionBenchSettings, t: int, s: int, re
         h, hkv = settings.heads, settings.kv_heads
         return [randn(b, h, t, d), randn(b, hkv, s, d), randn(b, hkv, s, d)]
     h, hkv = settings.heads // 2, settings.kv_heads // 2
+    noise = h // settings.gda_ratio if kind == "gda" else h
     lam = torch.tensor(0.5, device=device, dtype=torch.float32, requires_grad=requires_grad)
-    return [randn(b, h, t, d), randn(b, h, t, d), randn(b, hkv, s, d), randn(b, hkv, s, d),
+    return [randn(b, h, t, d), randn(b, noise, t, d), randn(b, hkv, s, d), randn(b, hkv, s, d),
             randn(b, hkv, s, 2 * d), lam]
 
 
@@ -168,6 +183,8 @@ def _call(kind: str, backend: str, mode: str, inputs: list[Tensor], causal: bool
     def forward() -> Tensor:
         if kind == "standard":
             return attention(*inputs, causal=causal, backend="sdpa")
+        if kind == "gda":
+            return gda_attention(*inputs, causal=causal, backend=backend)
         return diff_attention(*inputs, causal=causal, backend=backend)
 
     if mode != "fwd+bwd":
@@ -199,12 +216,13 @@ def plan(settings: AttentionBenchSettings) -> list[AttentionBenchResult]:
     for mode in settings.modes:
         for length in settings.lengths:
             t, s = (1, length) if mode == "decode" else (length, length)
-            for kind, backend in [("standard", "sdpa"), *(("diff", b) for b in settings.backends)]:
-                if kind == "diff" and backend == "decode" and mode != "decode":
+            kinds = ("diff", "gda") if settings.gda_ratio else ("diff",)
+            for kind, backend in [("standard", "sdpa"), *((k, b) for b in settings.backends for k in kinds)]:
+                if kind != "standard" and backend == "decode" and mode != "decode":
                     continue
                 flops = attention_flops(
                     kind, mode, batch=settings.batch, heads=settings.heads, t=t, s=s,
-                    head_dim=settings.head_dim, causal=settings.causal,
+                    head_dim=settings.head_dim, causal=settings.causal, gda_ratio=settings.gda_ratio,
                 )
                 cases.append(AttentionBenchResult(mode, kind, backend, length, t, s, flops))
     return cases

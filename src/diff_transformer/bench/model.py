@@ -1,11 +1,18 @@
 """``diff-transformer bench model``: training, prefill and decode tokens/s (the paper's Table 7).
 
-Models, all with random weights and the same shape:
+Models, all with random weights, at the preset's size (``architectures``, default DIFF and the
+Transformer):
     DIFF          this project's DIFF model at the preset (H DIFF heads of two d-wide groups)
     Transformer   the matched Transformer (2H heads of width d, same parameters but 6d per layer)
+    GDA           grouped differential attention: the H DIFF heads as signal heads sharing H / r
+                  noise heads (``gda_ratio`` r; default the largest of 4, 3, 2 dividing H)
+    Motif-2.6B arch      DIFF with Motif-2.6B's PolyNorm MLP, λ_init schedule and norm eps
+    Motif-2-12.7B arch   GDA in Motif-2-12.7B's proportions: 4 signal heads per noise head, a K/V
+                  group per noise head, the preset's d, N = round(d_model / 4d) noise heads (at
+                  d_model 4096, d 128: 32 signal and 8 noise heads, the 12.7B's), PolyNorm MLP
     DiffLlama     transformers' DiffLlamaForCausalLM built from the DIFF config (num_attention_heads
                   = 2H, num_key_value_heads = 2Hkv, head_dim d, intermediate_size = ffn_hidden),
-                  when transformers is installed
+                  when transformers is installed and DIFF is measured
 
 Measured:
     train     B·L tokens / (forward + backward + AdamW step) on random tokens of length L
@@ -59,10 +66,19 @@ class ModelBenchSettings:
     compare_hf: bool = True  # also measure transformers' DiffLlama when transformers is installed
     threads: int | None = None  # torch CPU threads while measuring; None = leave as is
     compile: bool = False  # also measure our models through torch.compile (compiled during the warm-up)
+    architectures: tuple[str, ...] = ("diff", "standard")  # keys of ARCHITECTURES, measured in this order
+    gda_ratio: int | None = None  # GDA's signal heads per noise head; None = the largest of 4, 3, 2 dividing H
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        unknown = [a for a in self.architectures if a not in ARCHITECTURES]
+        if unknown or not self.architectures or len(set(self.architectures)) < len(self.architectures):
+            raise ValueError(f"architectures must be distinct names among {', '.join(ARCHITECTURES)}, got "
+                             f"{list(self.architectures)}")
+        heads = PRESETS[self.preset]["n_heads"]
+        if self.gda_ratio is not None and (self.gda_ratio < 1 or heads % self.gda_ratio):
+            raise ValueError(f"gda_ratio={self.gda_ratio} must divide the {heads} heads of preset {self.preset!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("length", "batch", "repeats"):
@@ -116,17 +132,45 @@ class Contender:
         return f"{self.name} (compiled)" if self.compiled else self.name
 
 
+# The architectures bench model measures, by name, and the label of each in the table.
+ARCHITECTURES = {"diff": "DIFF", "standard": "Transformer", "gda": "GDA", "motif-2.6b": "Motif-2.6B arch",
+                 "motif-2-12.7b": "Motif-2-12.7B arch"}
+# What Motif's models change beyond the attention (interop.motif reads them from config.json)
+MOTIF_FIELDS = dict(ffn_activation="polynorm", lambda_init_depth_offset=-1, norm_eps=1e-6, head_norm_eps=1e-5)
+
+
+def default_gda_ratio(heads: int) -> int:
+    """The largest of 4, 3, 2 (else 1) that divides ``heads``."""
+    return next((r for r in (4, 3, 2) if heads % r == 0), 1)
+
+
+def architecture_fields(settings: ModelBenchSettings, name: str) -> dict:
+    """ModelConfig fields of architecture ``name`` at the preset (see the module docstring)."""
+    preset = PRESETS[settings.preset]
+    if name in ("diff", "standard"):
+        return {"attention": name}
+    if name == "gda":
+        return {"attention": "gda", "gda_ratio": settings.gda_ratio or default_gda_ratio(preset["n_heads"])}
+    if name == "motif-2.6b":
+        return {"attention": "diff", **MOTIF_FIELDS}
+    d = preset["d_model"] // (2 * preset["n_heads"])
+    noise = max(1, round(preset["d_model"] / (4 * d)))
+    return {"attention": "gda", "gda_ratio": 4, "n_heads": 4 * noise, "n_kv_heads": noise, "attn_head_dim": d,
+            **MOTIF_FIELDS}
+
+
 def planned_bytes(settings: ModelBenchSettings) -> int:
     """About the most memory the benchmark holds at once (an upper estimate, before anything is
     allocated): every model's weights, gradients and two AdamW states (4 copies of its parameters in
     the measured dtype; DiffLlama counted as DIFF), a training step's activations (per layer and
     token about 12·E + 3·F values, and on CPU the two fp32 maps the "math" backend keeps, T per
     head), and three (B, L, V) fp32 logits (a prefill's, DiffLlama's and its loss's)."""
-    configs = [model_config(settings, "diff"), model_config(settings, "standard")]
+    configs = [model_config(settings, name) for name in settings.architectures]
     models = len(configs) + (1 if settings.compare_hf and hf_available() else 0)
     itemsize = DTYPES[settings.dtype].itemsize
-    parameters = max(LanguageModel(config, device="meta").num_parameters() for config in configs)
-    config, tokens = configs[0], settings.batch * settings.length
+    counts = [LanguageModel(config, device="meta").num_parameters() for config in configs]
+    parameters = max(counts)
+    config, tokens = configs[counts.index(parameters)], settings.batch * settings.length
     per_token = (12 * config.d_model + 3 * config.ffn_hidden) * itemsize
     if not settings.device.startswith("cuda") and settings.length <= MATH_MAX_KEYS:
         per_token += 2 * config.n_heads * settings.length * 4  # P1 and P2 of each DIFF head over the keys, fp32
@@ -147,10 +191,12 @@ def check_fits(settings: ModelBenchSettings) -> None:
         )
 
 
-def model_config(settings: ModelBenchSettings, attention: str) -> ModelConfig:
-    """The preset with room for the prompt and the generated tokens."""
+def model_config(settings: ModelBenchSettings, architecture: str) -> ModelConfig:
+    """Architecture ``architecture`` (a key of ARCHITECTURES) at the preset, with room for the prompt
+    and the generated tokens."""
     max_len = max(PRESETS[settings.preset]["max_seq_len"], settings.length + settings.decode_tokens)
-    return ModelConfig.from_preset(settings.preset, attention=attention, max_seq_len=max_len)
+    fields = architecture_fields(settings, architecture)
+    return ModelConfig.from_preset(settings.preset, attention=fields.pop("attention"), max_seq_len=max_len, **fields)
 
 
 def diffllama_config(config: ModelConfig):
@@ -271,17 +317,18 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
     if settings.threads:
         torch.set_num_threads(settings.threads)
     torch.manual_seed(0)
-    diff_config = model_config(settings, "diff")
     ours = {}  # name -> (model, optimizer)
-    for name, config in (("DIFF", diff_config), ("Transformer", model_config(settings, "standard"))):
-        model = LanguageModel(config, device=device, attn_backend=settings.backend).to(dtype)
-        ours[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-5))
+    for architecture in settings.architectures:
+        model = LanguageModel(model_config(settings, architecture), device=device, attn_backend=settings.backend)
+        model = model.to(dtype)
+        ours[ARCHITECTURES[architecture]] = (model, torch.optim.AdamW(model.parameters(), lr=1e-5))
     contenders = [_ours(name, *pair, device, compile=False) for name, pair in ours.items()]
-    if settings.compare_hf and hf_available():
-        contenders.append(_diffllama("DiffLlama (transformers)", diff_config, device, dtype))
+    if settings.compare_hf and hf_available() and "diff" in settings.architectures:
+        contenders.append(_diffllama("DiffLlama (transformers)", model_config(settings, "diff"), device, dtype))
     if settings.compile:
         contenders += [_ours(name, *pair, device, compile=True) for name, pair in ours.items()]
-    tokens = torch.randint(0, diff_config.vocab_size, (settings.batch, settings.length), device=device)
+    vocab = PRESETS[settings.preset]["vocab_size"]
+    tokens = torch.randint(0, vocab, (settings.batch, settings.length), device=device)
     n = settings.decode_tokens
     phases = {
         "train": {c.key: (lambda c=c: c.train_step(tokens)) for c in contenders},
@@ -329,11 +376,15 @@ def format_table(settings: ModelBenchSettings, results: list[ModelBenchResult]) 
         )
     by_name = {(r.model, r.compiled): r for r in results}
     hf = by_name.get(("DiffLlama (transformers)", False))
+    others = [ARCHITECTURES[a] for a in settings.architectures if a != "standard"]
     for compiled in (False, True):
         mode = "compiled" if compiled else "eager"
-        diff, std = by_name.get(("DIFF", compiled)), by_name.get(("Transformer", compiled))
-        if diff and std:
-            lines.append(f"DIFF vs Transformer (throughput ratio), {mode}: {_ratios(diff, std)}")
+        std = by_name.get(("Transformer", compiled))
+        for name in others:
+            model = by_name.get((name, compiled))
+            if model and std:
+                lines.append(f"{name} vs Transformer (throughput ratio), {mode}: {_ratios(model, std)}")
+        diff = by_name.get(("DIFF", compiled))
         if diff and hf:
             lines.append(f"DIFF vs DiffLlama (throughput ratio; DiffLlama eager), {mode} DIFF: {_ratios(diff, hf)}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import sys
 import torch
 
 from ..bench.attention import DEFAULT_BACKENDS, DTYPES, MODES
+from ..bench.model import ARCHITECTURES as MODEL_ARCHITECTURES
 from ..config import PRESETS
 from ..ops import BACKEND_NAMES, DIFF_BACKENDS
 from .args import device as device_type, output_dir, positive_float
@@ -62,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory run")
     a.add_argument("--memory-budget-gib", type=float, default=None, help="default: 60%% of RAM / free GPU memory")
     a.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's)")
+    a.add_argument("--gda-ratio", type=int, default=None, metavar="R",
+                   help="also measure grouped differential attention (kind gda): the DIFF heads as signal heads "
+                   "sharing heads/(2R) noise heads; its TFLOP/s count the maps it needs (default: not measured)")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a.set_defaults(run=run_attention)
 
@@ -94,6 +98,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also measure our models through torch.compile (training, prefill and decoding, compiled in the "
         "warm-up), in the same run as eager, with the ratios of both; DiffLlama stays eager",
     )
+    m.add_argument("--architectures", nargs="+", choices=list(MODEL_ARCHITECTURES), default=["diff", "standard"],
+                   metavar="NAME",
+                   help="the models to measure, at the preset's size: diff, standard (the matched Transformer), gda "
+                   "(the DIFF heads as signal heads sharing noise heads, --gda-ratio), motif-2.6b (DIFF with "
+                   "Motif-2.6B's PolyNorm MLP and λ_init schedule), motif-2-12.7b (GDA 4:1 in Motif-2-12.7B's "
+                   "proportions, PolyNorm MLP) (default: diff standard)")
+    m.add_argument("--gda-ratio", type=int, default=None, metavar="R",
+                   help="signal heads per noise head of the gda architecture (default: the largest of 4, 3, 2 "
+                   "dividing the preset's heads)")
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     m.set_defaults(run=run_model)
 
@@ -135,6 +148,7 @@ def run_attention(args: argparse.Namespace) -> int:
         heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch, causal=args.causal,
         backends=tuple(args.backends), modes=tuple(args.modes), warmup=args.warmup, repeats=args.repeats,
         measure_memory=args.memory, memory_budget_gib=args.memory_budget_gib, threads=args.threads,
+        gda_ratio=args.gda_ratio,
     )
     results = run_attention_bench(settings, progress=not args.json)
     out = report(settings, results)
@@ -147,6 +161,8 @@ def run_attention(args: argparse.Namespace) -> int:
         f"d={settings.head_dim}, v 2d; kv heads {settings.kv_heads} / {settings.kv_heads // 2}; "
         f"batch {settings.batch}; "
         f"{settings.dtype}; {'causal' if settings.causal else 'non-causal'}"
+        + (f"; GDA: {settings.heads // 2} signal heads sharing {settings.heads // 2 // settings.gda_ratio} noise heads"
+           if settings.gda_ratio else "")
     )
     print(format_table(results))
     return 0
@@ -159,7 +175,8 @@ def run_model(args: argparse.Namespace) -> int:
     settings = ModelBenchSettings(
         preset=args.preset, length=length, batch=args.batch, decode_tokens=args.decode_tokens,
         device=args.device, dtype=_dtype(args), backend=args.backend, warmup=args.warmup, repeats=args.repeats,
-        compare_hf=args.hf, threads=args.threads, compile=args.compile,
+        compare_hf=args.hf, threads=args.threads, compile=args.compile, architectures=tuple(args.architectures),
+        gda_ratio=args.gda_ratio,
     )
     results = run_model_bench(settings, progress=not args.json)
     out = report(settings, results)

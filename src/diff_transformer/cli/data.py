@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="tokenize text into train/validation token shards",
         description="Tokenize text files, folders, or records (JSON Lines, plain or compressed; JSON; Parquet; "
         "Arrow and datasets.save_to_disk folders) into DIR/train.bin and DIR/val.bin "
-        "(uint16 or uint32 token ids, each document followed by <|endoftext|>) plus DIR/meta.json and the "
+        "(uint16 or uint32 token ids, each document followed by the end-of-text token) plus DIR/meta.json and the "
         "tokenizer. The split is by document, deterministic given --seed. DIR is written atomically, by one "
         "process at a time, and never replaced without --overwrite.",
     )
@@ -64,7 +64,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="dataset directory to create")
     prepare.add_argument("--tokenizer", default="default", type=types.tokenizer_spec,
                          help="'default' (shipped BPE, vocab 8192), 'bytes' (raw UTF-8 bytes, vocab 257), "
-                         "or a tokenizers JSON file (default 'default')")
+                         "or a tokenizers JSON file, e.g. a Llama, Qwen or Motif tokenizer.json (default 'default')")
+    prepare.add_argument("--eos-token", default=None, metavar="TOKEN",
+                         help="the tokenizer file's end-of-text token, which ends every document (default: as "
+                         "tokenizer_config.json (eos_token) or config.json (eos_token_id) beside it names it, else "
+                         "<|endoftext|>)")
+    prepare.add_argument("--bos-token", default=None, metavar="TOKEN",
+                         help="the tokenizer file's begin token, kept with the dataset's tokenizer (default: as "
+                         "tokenizer_config.json or config.json beside it names it, else none); documents are "
+                         "not prefixed with it")
     prepare.add_argument("--text-field", default="text", help=TEXT_FIELD_HELP)
     prepare.add_argument("--val-fraction", type=types.fraction, default=0.05,
                          help="share of the bytes held out for validation, more than 0 and less than 1: whole "
@@ -135,7 +143,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         with stopping_on_signals():
             meta = prepare(args.inputs, args.out, tokenizer=args.tokenizer, text_field=args.text_field,
                            val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
-                           progress=not args.quiet, workers=args.workers)
+                           progress=not args.quiet, workers=args.workers, eos_token=args.eos_token,
+                           bos_token=args.bos_token)
     except Interrupted as stop:
         sys.stderr.write(f"interrupted by {stop}: prepare stopped, and {args.out} is as it was (nothing written)\n")
         return 128 + stop.signum

@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("checkpoint", type=types.checkpoint_dir,
                    help="checkpoint directory (config.json, model.safetensors, tokenizer)")
-    p.add_argument("--prompt", default="", help="text to continue (default: start from end-of-text)")
+    p.add_argument("--prompt", default="", help="text to continue, after the tokenizer's begin token if it has one "
+                   "(an imported Llama's or Motif's; default: start from the begin token, else end-of-text)")
     p.add_argument("--max-new-tokens", type=types.positive_int, default=None,
                    help=f"tokens to generate; the prompt and these must fit in the model's context (max_seq_len) "
                    f"(default {DEFAULT_NEW_TOKENS}, or as many as fit after the prompt)")
@@ -54,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_for_model(args.checkpoint, model.config.vocab_size, args.tokenizer, what="--tokenizer")
     if tokenizer is None:
         raise ValueError(f"{args.checkpoint} holds no tokenizer; pass --tokenizer")
-    prompt = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
+    # A tokenizer with a begin token (a released model's) starts every sequence with it, as the model was
+    # trained; this project's own tokenizers have none: a document starts after an end-of-text token.
+    begin = getattr(tokenizer, "bos_id", None)
+    start = [tokenizer.eos_id] if begin is None else [begin]
+    prompt = ([] if begin is None else [begin]) + tokenizer.encode(args.prompt) if args.prompt else start
     context = model.config.max_seq_len
     room = context - len(prompt)
     if room <= 0:

@@ -85,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pretrained section (--config pretrained) trains nothing: it runs compare.evaluations on the checkpoints "
         "pretrained.models names (trained here, converted, or imported with import-hf), each labelled DIFF family "
         "or Transformer, on the same text, and reports every effect as DIFF family − Transformer with its 95% "
-        "interval over windows (docs/pretrained.md); it takes --set, --out, --resume and --jobs.",
+        "interval over windows (docs/pretrained-study.md); it takes --set, --out, --resume and --jobs.",
         epilog=COMPARE_EXIT_STATUSES,
     )
     c.add_argument("--config", default="tiny", help=CONFIG_HELP)

@@ -63,14 +63,19 @@ FINGERPRINT_READ_BYTES = 16 << 20  # a shard is read this much at a time to comp
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def resolve_tokenizer(spec) -> tuple[ByteTokenizer | BPETokenizer, str]:
+def resolve_tokenizer(spec, *, eos_token: str | None = None,
+                      bos_token: str | None = None) -> tuple[ByteTokenizer | BPETokenizer, str]:
     """(tokenizer, description) from "default" (the shipped BPE), "bytes", a tokenizers JSON file or
-    a directory holding one, or a tokenizer object."""
+    a directory holding one (its special tokens named by ``eos_token``/``bos_token`` or the files
+    beside it: :class:`~diff_transformer.tokenizer.BPETokenizer`), or a tokenizer object."""
     if not isinstance(spec, (str, Path)):
+        if eos_token is not None or bos_token is not None:
+            raise ValueError("eos_token and bos_token name the special tokens of a tokenizer file, not of a tokenizer "
+                             "object (make it with them)")
         return spec, type(spec).__name__
-    if str(spec) == "default":
+    if str(spec) == "default" and eos_token is None and bos_token is None:
         return default_tokenizer(), "default"
-    return load_tokenizer(spec), str(spec)
+    return load_tokenizer(spec, eos_token=eos_token, bos_token=bos_token), str(spec)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -371,13 +376,15 @@ def write_shards(documents: Documents, directory: Path, tokenizer, *, tokenizer_
 
 def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default", text_field: str = "text",
             val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, overwrite: bool = False,
-            progress: bool = True, workers: int | None = None) -> dict:
+            progress: bool = True, workers: int | None = None, eos_token: str | None = None,
+            bos_token: str | None = None) -> dict:
     """Tokenize text files, folders or files of records into token shards in ``out`` (see the module
     docstring) in ``workers`` processes (None: one per core; the dataset is the same for any
     number); returns the meta.json dict. ``out`` must be new or empty, or with ``overwrite`` a
     dataset of this project (never one of the inputs, a directory containing them, or a directory
     inside an input folder). An input file that changes while it is read is an InputError naming
-    it, and nothing is written (see :mod:`.inputs`)."""
+    it, and nothing is written (see :mod:`.inputs`). ``eos_token``/``bos_token`` name a tokenizer
+    file's end-of-text (which ends every document) and begin tokens; None = as the files beside it say."""
     out = check_output_dir(out, "dataset", overwrite=overwrite, reading=inputs)  # before the work
     check_output_outside_inputs(out, inputs, "dataset")
     if not 0.0 <= val_fraction < 1.0:
@@ -386,7 +393,7 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, *, tokenizer="default
         raise ValueError(f"--workers must be a positive integer, got {workers!r}")
     meta: dict = {}
     with lock_output(out):  # one writer per dataset: a second prepare to ``out`` is refused with this one's pid
-        tok, source = resolve_tokenizer(tokenizer)
+        tok, source = resolve_tokenizer(tokenizer, eos_token=eos_token, bos_token=bos_token)
         documents = scan_documents(inputs, text_field)
 
         def write(tmp: Path) -> None:

@@ -31,6 +31,11 @@ Backends of ``diff_attention``:
                   fp32 up to MATH_MAX_KEYS keys (measured faster than "sdpa_split" there,
                   BENCHMARKS.md), else "sdpa_split"
 
+Grouped differential attention (:func:`gda_attention`: H signal heads, N = H / r noise heads) runs
+on every backend: "reference", "sdpa" and "sdpa_split" compute each noise map once; the others take
+one second map per first map, so the noise queries are repeated for their r signal heads (the same
+numbers, each noise map computed r times).
+
 ``triton_diff`` imports Triton, so it is imported on first use of the "triton" backend only.
 """
 
@@ -48,10 +53,13 @@ from .limits import TRITON_HEAD_DIMS
 from .decode import decode_diff_attention, decode_diff_attention_packed
 from .flex import BlockMask, document_block_mask, flex_attention_op, flex_diff_attention
 from .materialized import materialized_diff_attention, materialized_diff_attention_grouped
-from .reference import AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention
+from .reference import (AttentionMaps, LogitsTransform, reference_attention, reference_diff_attention,
+                        reference_gda_attention)
 from .reference import check_diff_inputs as _check_diff_inputs
+from .reference import check_gda_inputs as _check_gda_inputs
 from .reference import visible_mask
-from .sdpa import sdpa, sdpa_diff_attention, sdpa_split_diff_attention, split_diff_attention_stacked
+from .sdpa import (sdpa, sdpa_diff_attention, sdpa_gda_attention, sdpa_split_diff_attention,
+                   sdpa_split_gda_attention, split_diff_attention_stacked)
 
 __all__ = [
     "AttentionMaps",
@@ -66,9 +74,11 @@ __all__ = [
     "diff_attention",
     "diff_attention_packed",
     "document_block_mask",
+    "gda_attention",
     "key_padding_to_attn_mask",
     "reference_attention",
     "reference_diff_attention",
+    "reference_gda_attention",
     "resolve_backend",
 ]
 
@@ -318,6 +328,54 @@ def diff_attention_packed(
     return DIFF_BACKENDS[name](
         q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2], v, lam, causal=causal, attn_mask=attn_mask, scale=scale
     )
+
+
+# backends of gda_attention that compute each noise map once; the others get the noise queries repeated
+_GDA_BACKENDS: dict[str, Callable[..., Tensor]] = {
+    "reference": lambda *a, **kw: reference_gda_attention(*a, **kw)[0],
+    "sdpa": sdpa_gda_attention,
+    "sdpa_split": sdpa_split_gda_attention,
+}
+
+
+def gda_attention(
+    q1: Tensor,
+    q2: Tensor,
+    k1: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | BlockMask | None = None,
+    backend: str = "auto",
+    scale: float | None = None,
+    check: bool = True,
+) -> Tensor:
+    """Grouped differential attention, before the head norm: for signal head i = g·r + j,
+    ``(softmax(q1_i k1ᵀ/√d) − λ·softmax(q2_g k2ᵀ/√d)) v`` (:func:`reference_gda_attention`).
+
+    q1 (B, H, T, d) signal queries, q2 (B, N, T, d) noise queries (r = H / N signal heads per noise
+    head; N a multiple of Hkv), k1, k2 (B, Hkv, S, d), v (B, Hkv, S, 2d), lam 0-d or (H,). Conventions
+    (causal alignment, ``attn_mask`` (one for every head: (B, 1, T, S)), ``backend``, ``scale``,
+    ``check``) as :func:`diff_attention`. With N = H it is :func:`diff_attention`. Returns (B, H, T, 2d).
+    """
+    if check:
+        _check_gda_inputs(q1, q2, k1, k2, v, lam, causal)
+    t, s = q1.shape[2], k1.shape[2]
+    name = resolve_backend(backend, q1.device, queries=t, keys=s, dtype=q1.dtype)
+    if check:
+        _check_mask(attn_mask, q1.shape[0], 1, t, s, name)
+        if isinstance(attn_mask, Tensor) and attn_mask.dim() == 4 and attn_mask.shape[1] != 1:
+            raise ValueError(f"attn_mask {tuple(attn_mask.shape)}: grouped differential attention takes one mask "
+                             "for every head (B, 1, T, S), since a noise head serves several signal heads")
+        if isinstance(attn_mask, Tensor):
+            check_every_query_sees_a_key(attn_mask, t, s, causal=causal)
+    kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
+    if name in _GDA_BACKENDS:
+        return _GDA_BACKENDS[name](q1, q2, k1, k2, v, lam, **kw)
+    q2 = q2.repeat_interleave(q1.shape[1] // q2.shape[1], dim=1)  # noise query g for signal heads g·r … g·r + r − 1
+    return DIFF_BACKENDS[name](q1, q2, k1, k2, v, lam, **kw)
 
 
 def attention(

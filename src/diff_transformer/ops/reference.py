@@ -1,6 +1,6 @@
 """Readable reference attention: materialises the T x S maps in fp32.
 
-Every fast backend is tested against these two functions. They are also the only path that can
+Every fast backend is tested against these functions. They are also the only path that can
 hand the maps and the pre-softmax logits to the evaluation suite (``return_maps=True``) or let
 it rewrite the logits before the softmax (``logits_transform``, used for quantisation).
 """
@@ -24,7 +24,9 @@ class AttentionMaps:
     ``logits`` are the scaled pre-softmax scores (one tensor for standard attention, two for
     differential attention); ``probs`` the softmax maps; ``combined`` the effective map that
     multiplies V: ``probs[0]`` for standard attention, ``probs[0] - lam * probs[1]`` for DIFF.
-    Masked positions hold -inf in ``logits`` and 0 in ``probs``.
+    Masked positions hold -inf in ``logits`` and 0 in ``probs``. Grouped differential attention:
+    the second maps have one head per noise head (N, not H), and ``combined`` pairs each signal
+    head with its noise head's map.
     """
 
     logits: tuple[Tensor, ...]
@@ -152,4 +154,66 @@ def reference_diff_attention(
     lam = lam.float().reshape(-1, 1, 1) if lam.dim() else lam.float()  # (H, 1, 1) broadcasts over B
     combined = p1 - lam * p2
     out = combined @ _expand_kv(v, n_rep).float()
+    return out.to(q1.dtype), AttentionMaps(logits=(logits1, logits2), probs=(p1, p2), combined=combined)
+
+
+def check_gda_inputs(q1, q2, k1, k2, v, lam, causal: bool) -> None:
+    """As :func:`check_diff_inputs`, with the noise queries q2 (B, N, T, d): N a divisor of the
+    signal heads H and a multiple of the key/value heads Hkv (a signal head and its noise head
+    read the same K/V group)."""
+    check_diff_inputs(q1, q1, k1, k2, v, lam, causal)  # everything but q2, which has its own head count
+    if not isinstance(q2, Tensor) or q2.dim() != 4:
+        shape = tuple(q2.shape) if isinstance(q2, Tensor) else type(q2).__name__
+        raise ValueError(f"q2 must be a 4-D tensor (B, noise heads, length, width), got {shape}")
+    if q2.dtype != q1.dtype or q2.device != q1.device:
+        raise TypeError(f"q2 is {q2.dtype} on {q2.device} but q1 is {q1.dtype} on {q1.device}")
+    b, h, t, d = q1.shape
+    n, hkv = q2.shape[1], k1.shape[1]
+    if (q2.shape[0], q2.shape[2], q2.shape[3]) != (b, t, d) or n == 0 or h % n or n % hkv:
+        raise ValueError(f"q2 {tuple(q2.shape)} must be (B={b}, N, T={t}, d={d}) with N dividing the signal heads "
+                         f"H={h} and a multiple of the key/value heads Hkv={hkv}")
+
+
+def _noise_to_signal(x: Tensor, h: int) -> Tensor:
+    """(B, N, ...) per noise head -> (B, H, ...) per signal head: signal head g·r + j takes noise head g."""
+    return x if x.shape[1] == h else x.repeat_interleave(h // x.shape[1], dim=1)
+
+
+def reference_gda_attention(
+    q1: Tensor,
+    q2: Tensor,
+    k1: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+    logits_transform: LogitsTransform | None = None,
+) -> tuple[Tensor, AttentionMaps]:
+    """Grouped differential attention: (softmax(q1_i k1ᵀ s) − lam · softmax(q2_g k2ᵀ s)) v for every
+    signal head i, paired with noise head g = i // r (r = H / N), s = 1/sqrt(d) by default.
+
+    q1 (B, H, T, d) signal queries; q2 (B, N, T, d) noise queries; k1, k2 (B, Hkv, S, d); v
+    (B, Hkv, S, 2d); lam 0-d or (H,); ``attn_mask`` broadcastable to (B, 1, T, S) (one mask for
+    every head: noise heads serve several signal heads). Returns the (B, H, T, 2d) output in q's
+    dtype, before the head norm, and the maps: p1 (B, H, T, S), p2 (B, N, T, S), combined (B, H, T, S).
+    """
+    check_gda_inputs(q1, q2, k1, k2, v, lam, causal)
+    if attn_mask is not None and attn_mask.dim() == 4 and attn_mask.shape[1] != 1:
+        raise ValueError(f"attn_mask {tuple(attn_mask.shape)}: grouped differential attention takes one mask for "
+                         "every head (B, 1, T, S), since a noise head serves several signal heads")
+    h, n, hkv = q1.shape[1], q2.shape[1], k1.shape[1]
+    scale = q1.shape[-1] ** -0.5 if scale is None else scale
+    mask = visible_mask(q1.shape[2], k1.shape[2], causal=causal, attn_mask=attn_mask, device=q1.device)
+    logits1, p1 = _masked_softmax(
+        (q1.float() @ _expand_kv(k1, h // hkv).float().transpose(-1, -2)) * scale, mask, logits_transform
+    )
+    logits2, p2 = _masked_softmax(
+        (q2.float() @ _expand_kv(k2, n // hkv).float().transpose(-1, -2)) * scale, mask, logits_transform
+    )
+    lam = lam.float().reshape(-1, 1, 1) if lam.dim() else lam.float()  # (H, 1, 1) broadcasts over B
+    combined = p1 - lam * _noise_to_signal(p2, h)
+    out = combined @ _expand_kv(v, h // hkv).float()
     return out.to(q1.dtype), AttentionMaps(logits=(logits1, logits2), probs=(p1, p2), combined=combined)

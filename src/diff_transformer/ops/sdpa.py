@@ -7,6 +7,9 @@
   equal widths and PyTorch's flash kernels apply (on CPU too), memory staying linear in T. The
   paper's four calls become two by stacking Q1/Q2 and K1/K2 as heads (same arithmetic, half the
   calls); :func:`split_diff_attention_stacked` takes that stacked layout directly.
+- ``sdpa_gda_attention`` / ``sdpa_split_gda_attention``: grouped differential attention (N noise
+  heads for H signal heads) in the same two ways, each noise map computed once (H + N maps, not 2H),
+  as vLLM's GDA backend computes it with flash attention.
 """
 
 from __future__ import annotations
@@ -102,3 +105,48 @@ def split_diff_attention_stacked(
     halves = [sdpa(q, k, part.repeat(1, 2, 1, 1), **kw) for part in parts]  # (B, 2H, T, d) each
     out = torch.cat(halves, dim=-1).unflatten(1, (2, h))  # (B, 2, H, T, 2d): map 1, map 2
     return out[:, 0] - _lam_view(lam, out) * out[:, 1]
+
+
+def _noise_to_signal(a2: Tensor, h: int) -> Tensor:
+    """(B, N, T, w) per noise head -> (B, H, T, w): signal head g·r + j reads noise head g."""
+    return a2 if a2.shape[1] == h else a2.repeat_interleave(h // a2.shape[1], dim=1)
+
+
+def sdpa_gda_attention(
+    q1: Tensor,
+    q2: Tensor,
+    k1: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """GDA from two SDPA calls with v of width 2d: signal q1 (B, H, T, d) against K1, noise q2 (B, N, T, d)
+    against K2; SDPA's GQA rule reads KV head i // (H / Hkv) and g // (N / Hkv), the same group."""
+    a1 = sdpa(q1, k1, v, causal=causal, attn_mask=attn_mask, scale=scale)  # (B, H, T, 2d)
+    a2 = sdpa(q2, k2, v, causal=causal, attn_mask=attn_mask, scale=scale)  # (B, N, T, 2d)
+    return a1 - _lam_view(lam, a1) * _noise_to_signal(a2, a1.shape[1])
+
+
+def sdpa_split_gda_attention(
+    q1: Tensor,
+    q2: Tensor,
+    k1: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """GDA from SDPA calls of equal widths: v halved, each map against each half (four calls, as
+    vLLM's backend), so that flash kernels apply."""
+    kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
+    parts = v.chunk(2, dim=-1) if v.shape[-1] == 2 * q1.shape[-1] else (v,)
+    a1 = torch.cat([sdpa(q1, k1, part, **kw) for part in parts], dim=-1)  # (B, H, T, 2d)
+    a2 = torch.cat([sdpa(q2, k2, part, **kw) for part in parts], dim=-1)  # (B, N, T, 2d)
+    return a1 - _lam_view(lam, a1) * _noise_to_signal(a2, a1.shape[1])

@@ -426,6 +426,16 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping, got {value!r}")
         return {_check_type(k, key_type, where): _check_type(v, value_type, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(annotation):  # a nested config (ModelConfig.rope_scaling): a mapping of its fields
+        if isinstance(value, annotation):
+            value = dataclasses.asdict(value)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        hints = typing.get_type_hints(annotation)
+        unknown = sorted(set(value) - set(hints))
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}: no such field (known: {', '.join(hints)})")
+        return {k: _check_type(v, hints[k], f"{where}.{k}") for k, v in value.items()}
     raise TypeError(f"unsupported annotation {annotation!r} at {where}")
 
 
