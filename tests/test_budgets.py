@@ -40,7 +40,10 @@ LAYER_WEIGHTS = {
     "diff": 4 * E * E + 3 * E * F,  # q E -> 2h·d = E, k E -> E, v E -> h·2d = E, o E x E
     "diff_symmetric": 3 * E * E + 3 * E * F,  # qk_proj serves as q and k
     "diff_v2": E * 2 * E + 3 * E * E + E * 4 + 3 * E * F,  # q E -> 2H·d = 2E, k, v, o; lambda_proj E -> H
+    # gda_ratio 2: 2 signal heads, 1 noise head, 1 K/V group: q E -> (2 + 1)·16, k E -> 2·16, v E -> 32, o 64 -> E
+    "gda": E * 48 + E * 32 + E * 32 + 64 * E + 3 * E * F,
 }
+OVERRIDES = {"gda": {"gda_ratio": 2}}  # what a kind needs beyond the preset
 # Forward FLOPs per (query, key) pair of one layer: 2 per multiply-add, over the score product (width 16)
 # and the value product (width 16, or 32 for DIFF's value) of every map.
 PAIR = {
@@ -48,6 +51,7 @@ PAIR = {
     "diff": 2 * 4 * (16 + 32),  # 2 DIFF heads x 2 maps, each times the 32-wide V
     "diff_symmetric": 2 * 4 * (16 + 32),
     "diff_v2": 2 * 8 * (16 + 16),  # one attention over 2H = 8 query heads
+    "gda": 2 * 3 * (16 + 32),  # 2 signal maps and 1 noise map, each times the 32-wide V
 }
 
 
@@ -62,7 +66,7 @@ def hand_count(kind: str, t: int, causal: bool = True) -> float:
 @pytest.mark.parametrize("kind", sorted(PAIR))
 @pytest.mark.parametrize("t", [1, 16, 33])
 def test_the_flops_formula_is_the_hand_count(kind, t):
-    config = ModelConfig.from_preset("debug", attention=kind)
+    config = ModelConfig.from_preset("debug", attention=kind, **OVERRIDES.get(kind, {}))
     assert training_flops(config, t).per_sequence == hand_count(kind, t)
     assert training_flops(config, t, causal=False).per_sequence == hand_count(kind, t, causal=False)
     assert training_flops(config, t).per_token == pytest.approx(hand_count(kind, t) / t, rel=1e-15)
@@ -81,15 +85,17 @@ def test_the_formula_agrees_with_torch_flop_counter(kind):
     difference: the reference multiplies V once by DIFF's combined map P1 − λP2, where the formula
     counts the two value products of the paper's appendix (each map times V): 3 x 2·T²·h·2d per layer."""
     torch.manual_seed(0)
-    config = ModelConfig.from_preset("debug", attention=kind)
+    config = ModelConfig.from_preset("debug", attention=kind, **OVERRIDES.get(kind, {}))
     model = LanguageModel(config, attn_backend="reference")
     b, t = 2, 16
     tokens = torch.randint(0, config.vocab_size, (b, t + 1))
     with FlopCounterMode(display=False) as counter:
         _, loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
-    combined = kind in ("diff", "diff_symmetric")  # DIFF V2 is one softmax attention call: nothing combined
-    one_value_product = 3 * 2 * t * t * config.n_heads * 2 * config.head_dim * LAYERS if combined else 0
+    # the second maps' value products (DIFF: one per head; GDA: one per noise head); DIFF V2 is one softmax
+    # attention call: nothing combined
+    combined = {"diff": config.n_heads, "diff_symmetric": config.n_heads, "gda": config.n_noise_heads}.get(kind, 0)
+    one_value_product = 3 * 2 * t * t * combined * 2 * config.head_dim * LAYERS
     assert counter.get_total_flops() == b * hand_count(kind, t, causal=False) - b * one_value_product
 
 

@@ -401,8 +401,19 @@ def diffllama_directory(path, vocab_size: int):
 # `import-hf` reads, a tokenizer of ``vocab_size`` tokens beside it) and its family. A new family
 # (Motif) is one more entry; each is read with the shipped BPE, and the Llama with raw bytes as well
 # (different tokenizers: unpaired units).
+def motif_directory(layout: str):
+    """Motif-2.6B's layout (DIFF) or Motif-2-12.7B's (grouped differential attention), tiny and random."""
+    from motif_fixtures import make_tiny_motif_dir
+
+    return lambda path, vocab_size: make_tiny_motif_dir(
+        path, layout, gqa=True, tokenizer=False,
+        config_overrides={"vocab_size": vocab_size, "max_position_embeddings": 256})
+
+
 FAMILIES = {
     "diffllama": (diffllama_directory, "DIFF family"),
+    "motif": (motif_directory("2.6b"), "DIFF family"),
+    "motif-gda": (motif_directory("12.7b"), "DIFF family"),
     "llama": (llama_directory, "Transformer"),
 }
 TOKENIZERS = {"bpe": 8192, "bytes": 257}

@@ -68,6 +68,16 @@ def test_ids_in_a_config_json_beside_it_name_the_tokens(tmp_path):
     assert (read.eos_token, read.bos_token) == ("<|end_of_text|>", "<|begin_of_text|>")
 
 
+def test_ids_in_a_config_json_that_name_ordinary_tokens_are_not_taken(tmp_path):
+    """transformers writes its default ids (bos 1, eos 2) into the config of a model built beside any
+    tokenizer: where they name ordinary tokens ('!' and '"' here) they are not special tokens."""
+    tok = write_tokenizer(tmp_path / "model", QWEN_SPECIALS, eos=None, bos=None)
+    (tmp_path / "model" / "tokenizer_config.json").unlink()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"bos_token_id": 100, "eos_token_id": 101}))
+    read = BPETokenizer(tok)
+    assert (read.eos_token, read.bos_token) == ("<|endoftext|>", None)
+
+
 def test_without_an_end_of_text_token_the_error_names_the_file_and_the_option(corpus, tmp_path, capsys):
     tok = write_tokenizer(tmp_path / "bare", LLAMA_SPECIALS, eos=None, bos=None)
     with pytest.raises(ValueError, match=r"tokenizer\.json: no end-of-text token.*--eos-token"):

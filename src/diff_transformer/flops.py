@@ -27,6 +27,8 @@ value width: d, or 2d for DIFF heads):
     diff, diff_symmetric               2·2H·(d + w)     two maps per DIFF head, each times V (the
                                                         paper's appendix: FlashDiffAttn_1 and a fused
                                                         kernel compute both value products)
+    gda                                2·(H + N)·(d + w)  H signal and N = H / gda_ratio noise maps,
+                                                        each times V (DIFF's at gda_ratio 1)
     diff_v2                            2·2H·(d + d)     one attention over 2H query heads
 
 In the paper's unit H_t·N²·d (H_t = 2H heads of the matched Transformer, forward, non-causal) that is
@@ -74,6 +76,13 @@ def diff_heads(config: ModelConfig) -> AttentionCost:
     return AttentionCost(2 * 2 * config.n_heads * (d + config.value_factor * d))
 
 
+def gda_heads(config: ModelConfig) -> AttentionCost:
+    """H signal maps and N = H / gda_ratio noise maps, each one score product (width d) and one value
+    product with V (width w), as DIFF's; at gda_ratio 1 (N = H) DIFF's term."""
+    d = config.head_dim
+    return AttentionCost(2 * (config.n_heads + config.n_noise_heads) * (d + config.value_factor * d))
+
+
 def diff_v2_heads(config: ModelConfig) -> AttentionCost:
     """One softmax attention over 2H query heads of width d (values of width d)."""
     d = config.head_dim
@@ -89,6 +98,7 @@ ATTENTION_COSTS: dict[str, Callable[[ModelConfig], AttentionCost]] = {
     "diff": diff_heads,
     "diff_symmetric": diff_heads,  # its keys are its queries: the same products
     "diff_v2": diff_v2_heads,
+    "gda": gda_heads,  # a noise map serves gda_ratio signal heads: H + N maps
 }
 
 

@@ -6,7 +6,9 @@ Both have ``encode``, ``decode``, ``vocab_size``, ``eos_id``, ``bos_id`` and ``s
 A BPE tokenizer's special tokens: the end-of-text token (which ends every document in the token
 shards) and the begin token (None if it has none) are named by the caller, or by the
 ``tokenizer_config.json`` beside the JSON file (``eos_token``, ``bos_token``: transformers' fields),
-or by the ``config.json`` beside it (``eos_token_id``, ``bos_token_id``); failing those, the
+or by the ``config.json`` beside it (``eos_token_id``, ``bos_token_id``, taken only where the id is a
+special token of this tokenizer: transformers writes default ids, bos 1 and eos 2, into the config of
+a model built beside any tokenizer, where they are ordinary tokens); failing those, the
 end-of-text token is ``<|endoftext|>`` (this project's own and GPT-2's). So Llama 3's
 (``<|end_of_text|>``, ``<|begin_of_text|>``), Qwen's and Motif's tokenizers are read as released.
 """
@@ -112,9 +114,10 @@ class BPETokenizer:
         model_config = self.path.parent / MODEL_CONFIG_FILE
         if model_config.is_file():
             fields = _read_json_object(model_config)
+            specials = {i for i, added in self._tok.get_added_tokens_decoder().items() if added.special}
             for kind in ("eos", "bos"):
                 index = _token_id(fields.get(f"{kind}_token_id"))
-                token = None if index is None else self._tok.id_to_token(index)
+                token = None if index not in specials else self._tok.id_to_token(index)
                 if kind not in named and token is not None:
                     named[kind] = (token, f"{model_config} ({kind}_token_id {index})")
         return named

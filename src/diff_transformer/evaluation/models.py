@@ -13,7 +13,7 @@ import torch
 from ..model import LanguageModel
 
 BASELINE = "standard"  # the paper's "Transformer"
-DIFF_KINDS = ("diff", "diff_v2", "diff_symmetric")
+DIFF_KINDS = ("diff", "diff_v2", "diff_symmetric", "gda")
 
 
 @dataclass
