@@ -42,7 +42,7 @@ from ..ops import BACKEND_NAMES
 T = TypeVar("T")
 # Sections of a config file that the experiments read (diff_transformer.experiments.config); the
 # trainer does not look into them.
-EXPERIMENT_SECTIONS = ("compare", "retrieval", "long_context", "scaling", "convert")
+EXPERIMENT_SECTIONS = ("compare", "retrieval", "grounded", "long_context", "scaling", "convert")
 # Keys a model entry no longer takes, and where their values live now.
 MOVED_MODEL_KEYS = {
     "retrieval_lr": "retrieval.lr_by_model.{name}",
