@@ -126,7 +126,8 @@ def _items(path, records):
 def test_planted_answers_are_scored_by_exact_match_and_by_the_context(tmp_path):
     tok = ByteTokenizer()
     records = [
-        {"context": "The lighthouse was built by Tomas Heill.", "question": "Who built it?", "answers": ["Tomas Heill"]},
+        {"context": "The lighthouse was built by Tomas Heill.", "question": "Who built it?",
+         "answers": ["Tomas Heill"]},
         {"context": "Her donkey is named Pebble.", "question": "The donkey's name?", "answers": "Pebble"},
         {"context": "The capital of France is Lyon.", "question": "The capital?", "answers": ["Paris"]},
         {"context": "The bakery sells rye bread.", "question": "Who owns it?", "answers": ["unknown"]},

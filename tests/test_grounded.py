@@ -103,7 +103,7 @@ def test_each_score_is_read_off_hand_built_answers():
     agree, counterfactual, lacking, closed = (_q("agree", 10, 10, (10, 11)), _q("counterfactual", 10, 12),
                                               _q("lacking", 10, None), _q(CLOSED_BOOK, 10, None, ()))
     answers = [(agree, 10), (agree, UNKNOWN), (agree, 11),  # document, unknown, misattributed
-               (counterfactual, 12), (counterfactual, 10), (counterfactual, 13), (counterfactual, 12),  # 2 doc, mem, inv
+               (counterfactual, 12), (counterfactual, 10), (counterfactual, 13), (counterfactual, 12),  # 2 doc, 1 mem.
                (lacking, UNKNOWN), (lacking, 10), (lacking, 11), (lacking, UNKNOWN),  # 2 unknown, memory, misattr.
                (closed, 10), (closed, 10), (closed, 14)]  # 2 memory, invented
     scores = grounded_scores(answers)
