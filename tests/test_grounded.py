@@ -193,7 +193,8 @@ def test_the_settings_are_checked_by_name():
                             ({"length": 30}, "length 30 is too short"),
                             ({"questions": 7}, "questions \\(7\\) must not exceed context_facts"),
                             ({"recipes": ["nope"]}, "grounded.recipes: no init recipe 'nope'"),
-                            ({"steps": 0}, "grounded.steps must be positive")):
+                            ({"steps": 0}, "grounded.steps must be positive"),
+                            ({"eval_episodes": 1, "questions": 2, "context_facts": 2}, "at least 3 are needed")):
         with pytest.raises(ConfigError, match=message):
             GroundedConfig(**fields)
     with pytest.raises(ConfigError, match="unknown key 'grounded.nope'|grounded.*nope"):
@@ -232,7 +233,8 @@ def test_the_claims_read_grounded_accuracy_and_the_lookback_ratio_along_training
     assert lookback.ours.per_seed == pytest.approx((0.4, 0.4, 0.5))
     assert lookback.base.per_seed == pytest.approx((0.7, 0.6, 0.7))
     assert lookback.difference.delta == pytest.approx(-0.7 / 3)
-    assert lookback.paper_sign == 0 and lookback.verdict.endswith("DIFF worse at the end")  # no claim of the paper
+    # No claim of the paper, and no better side: the verdict says which model is higher.
+    assert lookback.paper_sign == 0 and lookback.verdict.endswith("DIFF lower at the end")
     # Every other model gets the same rows against the Transformer and against DIFF.
     grounded.models["gated"] = _grounded({"gated": runs([0.45] * 3, [(0.5, 0.5)] * 3, [0.3] * 3)}).models["gated"]
     variants = variant_comparisons(config, _lm(["standard", "diff", "gated"]), None, {}, grounded)

@@ -59,7 +59,7 @@ class TaskFigures:
 
     task: str
     measure: str
-    better: str  # "lower" or "higher"
+    better: str  # "lower" or "higher" ("neither": a figure with no better side)
     figures: dict[str, Figures]
 
 
@@ -107,12 +107,15 @@ def paper_word(paper_sign: int) -> Word:
 
 
 def better_word(label: str, better: str) -> Word:
-    """The verdict word of a comparison the paper does not make ("DIFF V2 better" / "worse")."""
+    """The verdict word of a comparison the paper does not make ("DIFF V2 better" / "worse"; for a
+    figure with no better side, ``better`` "neither", "DIFF higher" / "lower")."""
     def word(diff: Difference) -> str:
         if diff.sign is None:
             return "inconclusive (one seed)"
         if diff.sign == 0:
             return "inconclusive"
+        if better == "neither":
+            return f"{label} {'higher' if diff.sign > 0 else 'lower'}"
         return f"{label} {'better' if (diff.sign > 0) == (better == 'higher') else 'worse'}"
     return word
 
@@ -246,8 +249,9 @@ def task_figures(lm: LanguageModelling, retrieval: RetrievalResult | None, names
             "UNKNOWN where it lacks the fact), mean over agreeing, counterfactual and lacking documents", "higher",
             {n: grounded_figures(grounded, n, lambda r: r.scores.accuracy, lambda p: p.scores.accuracy)
              for n in names}))
-        out.append(TaskFigures(
-            "Lookback ratio", "lookback ratio of the answering rows, mean over layers, heads and questions", "higher",
+        out.append(TaskFigures(  # a detector within a model (Lookback Lens), not a score: no better side
+            "Lookback ratio", "lookback ratio of the answering rows (higher: more attention per token on the "
+            "context), mean over layers, heads and questions", "neither",
             {n: grounded_figures(grounded, n, lambda r: mean_lookback(r.lookback), lambda p: mean_lookback(p.lookback))
              for n in names}))
     return out
@@ -277,7 +281,7 @@ PAPER_OF = {
     "Learning to retrieve: needle": ("no retrieval figure; the same LM loss with ~64% of the tokens (Fig. 3)", +1),
     "Learning to retrieve: mqar": ("no retrieval figure; the same LM loss with ~64% of the tokens (Fig. 3)", +1),
     "Contextual hallucination": (f"{HALLUCINATION_TABLE4['range']} accuracy (Table 4, GPT-4o-judged)", +1),
-    "Lookback ratio": ("no figure (Lookback Lens: a higher ratio goes with grounded answers)", 0),
+    "Lookback ratio": ("no figure (Lookback Lens: within a model, a higher ratio goes with grounded answers)", 0),
 }
 
 

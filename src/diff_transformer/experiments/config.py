@@ -189,6 +189,9 @@ class GroundedConfig:
         if not 0 <= self.closed_book < self.batch_size:
             raise ConfigError(f"grounded.closed_book must be in [0, batch_size={self.batch_size}), "
                               f"got {self.closed_book}")
+        if self.eval_episodes * self.questions < 3:
+            raise ConfigError(f"grounded: eval_episodes × questions = {self.eval_episodes * self.questions} held-out "
+                              "questions; at least 3 are needed, one for each condition")
         if any(not 0.0 < f <= 1.0 for f in self.curve):
             raise ConfigError(f"grounded.curve: fractions of the steps in (0, 1], got {self.curve}")
         unknown = [r for r in self.recipes if r not in INIT_RECIPES]

@@ -689,11 +689,11 @@ def grounded_lines(grounded: GroundedResult | None) -> list[str]:
 
     for label, key, better in GROUNDED_SCORES:
         lines.append(row(label, better, {n: [getattr(r.scores, key) for r in m.runs] for n, m in models.items()}))
-    lines.append(row("lookback ratio, mean over layers", "higher",
+    lines.append(row("lookback ratio, mean over layers", "neither",
                      {n: [mean_lookback(r.lookback) for r in m.runs] for n, m in models.items()}))
     layers = max(len(m.runs[0].lookback) for m in models.values())
     for layer in range(layers):
-        for what, better, value in (("lookback ratio", "higher", lambda r, i=layer: r.lookback[i]),
+        for what, better, value in (("lookback ratio", "neither", lambda r, i=layer: r.lookback[i]),
                                     ("lookback AUROC, right vs wrong answers", "0.5: no separation",
                                      lambda r, i=layer: r.lookback_auroc[i])):
             per_model = {n: [v for r in m.runs if layer < len(r.lookback) and (v := value(r)) is not None]
@@ -719,9 +719,11 @@ def grounded_lines(grounded: GroundedResult | None) -> list[str]:
         lines.append(f"| {m.label} | " + " | ".join(cells) + " |")
     lines += ["", "The lookback ratio (Chuang et al. 2024) of an answer: at the row that answers, the mean |attention| "
               "per token on the context (everything before the question's ASK) over that plus the mean on the new "
-              "tokens (ASK and the entity), on the effective map (p1 − λ·p2 for DIFF; |A| because it is signed); "
-              "its AUROC: how well the head-mean ratio of a layer separates right answers from wrong ones (0.5: not "
-              "at all). docs/evaluation.md, \"context-qa\", has the definition.", ""]
+              "tokens (ASK and the entity), on the effective map (p1 − λ·p2 for DIFF; |A| because it is signed). "
+              "Lookback Lens reads it within one model, as a detector of unsupported answers; between models with "
+              "different maps neither side is better. Its AUROC: how well the head-mean ratio of a layer separates "
+              "right answers from wrong ones (0.5: not at all). docs/evaluation.md, \"context-qa\", has the "
+              "definition.", ""]
     return lines
 
 
