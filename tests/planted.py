@@ -4,10 +4,14 @@ test asserts on are the ones it planted here, never computed by the code under t
 from pathlib import Path
 
 from diff_transformer.evaluation.stats import MeanStd
-from diff_transformer.experiments.config import RetrievalConfig
+from diff_transformer.experiments.config import GroundedConfig, RetrievalConfig
+from diff_transformer.experiments.grounded import GroundedModel, GroundedResult
 from diff_transformer.experiments.language_models import Budget, LanguageModelling, Machine, ModelSummary
 from diff_transformer.experiments.report import CompareMetrics, comparisons
-from diff_transformer.experiments.results import AnswerShares, CurvePoint, RetrievalRun, RunLog, SeedCurves, TrainingRun
+from diff_transformer.experiments.results import (
+    AnswerShares, CurvePoint, GroundedPoint, GroundedRun, GroundedScores, Outcomes, RetrievalRun, RunLog, SeedCurves,
+    TrainingRun,
+)
 from diff_transformer.experiments.retrieval import RetrievalModel, RetrievalResult
 from diff_transformer.experiments.study import RunKey, Sweep
 from diff_transformer.train.trainer import TrainResult
@@ -100,3 +104,26 @@ def training_run(name, seed, loss, *, lr=1e-3, recipe=None, status="completed", 
                           peak_memory_kind="peak RSS", train_seconds=1.0, wall_seconds=2.0, load_average=load_average,
                           device="cpu", world_size=1, checkpoint=None)
     return TrainingRun(RunKey(name, seed, lr, recipe), summary, RunLog(), Path("unused"))
+
+
+def grounded_scores(accuracy, faithful=0.0, prior_override=0.0, fabrication=0.0, abstention=0.0, recall=1.0):
+    """Grounded scores with the figures given; every condition's outcomes all on the document (planted)."""
+    outcomes = {c: Outcomes(3, 1.0, 0.0, 0.0, 0.0, 0.0) for c in ("agree", "counterfactual", "lacking", "closed_book")}
+    return GroundedScores(accuracy, faithful, prior_override, fabrication, abstention, recall, outcomes)
+
+
+def grounded_run(accuracy, lookback=(0.5, 0.5), curve=None, **scores):
+    """A grounded run: its final grounded accuracy (and any other score), its lookback ratio per layer,
+    its curve [(step, accuracy, lookback per layer)] (default: 0 at step 0, then the end at step 8)."""
+    points = curve or [(0, 0.0, (0.5, 0.5)), (8, accuracy, lookback)]
+    return GroundedRun(seed=0, lr=1e-3, parameters=1, train_seconds=1.0, train_tokens_per_second=1.0, losses=[],
+                       scores=grounded_scores(accuracy, **scores), lookback=list(lookback),
+                       lookback_auroc=[0.5] * len(lookback),
+                       curve=[GroundedPoint(step, grounded_scores(a), list(lb)) for step, a, lb in points])
+
+
+def grounded(runs_by_model, **settings):
+    """runs_by_model: {name: runs at its best (one lr, no recipe)}."""
+    config = GroundedConfig(**{"steps": 8, "batch_size": 4, "closed_book": 1, **settings})
+    return GroundedResult(config, [], {name: GroundedModel(LABELS.get(name, name), name, _sweep(name, {None: runs}))
+                                       for name, runs in runs_by_model.items()})

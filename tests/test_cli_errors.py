@@ -201,6 +201,8 @@ CASES = [
     ("eval-icl-data", ["eval", "icl", "--checkpoint", "{ckpt}", "--data", "{root}/none.jsonl", "--tasks", "none"],
      "no such JSONL file"),
     ("eval-mqar-seed", ["eval", "mqar", "--checkpoint", "{ckpt}", "--seed", "-5"], "--seed"),
+    ("eval-context-qa-data", ["eval", "context-qa", "--checkpoint", "{ckpt}", "--data", "{jsonl}"],
+     "docs.jsonl:1: missing field 'context', 'question', 'answers'"),
     ("eval-needle-settings", ["eval", "needle", "--checkpoint", "{ckpt}", "--settings", "4:2", "x"],
      "--settings: 'x' is not valid (needle setting 'x' must look like N:R"),
     ("eval-needle-heatmap", ["eval", "needle", "--checkpoint", "{ckpt}", "--heatmap", "1:3"], "need 1 <= R <= N"),
@@ -346,7 +348,8 @@ def test_bad_input_is_one_error_line_and_status_2(argv, expected, files, capsys)
     ("icl", ["--demos", "1000"], "keywords-4: no number of demonstrations of (1000,) fits the model's context of 128"),
     ("icl", ["--robustness-demos", "1000"],
      "keywords-4: robustness_demos=1000 does not fit the model's context of 128"),
-], ids=["empty-text", "mqar-too-long", "icl-no-demos-fit", "icl-robustness-does-not-fit"])
+    ("context-qa", ["--max-new-tokens", "1000"], "sample.jsonl:1 (and 19 more lines): the prompt is"),
+], ids=["empty-text", "mqar-too-long", "icl-no-demos-fit", "icl-robustness-does-not-fit", "context-qa-too-long"])
 def test_an_evaluation_that_cannot_run_writes_nothing(name, argv, why, files, tmp_path, capsys):
     out = tmp_path / "eval"
     assert main(["eval", name, "--checkpoint", str(files["ckpt"]), "--out", str(out), "--quick", "--no-progress",

@@ -289,10 +289,12 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
     models = {**MODELS, "diff_v2": {"attention": "diff_v2", "label": "DIFF V2"}}
     retrieval = dict(length=32, keys=8, values=8, noise_tokens=8, d_model=32, n_layers=1, n_heads=1, steps=4,
                      batch_size=4, needles=[1, 2], depths=[0.0, 1.0], pairs=[2, 4], eval_samples=2, quantize_bits=[4])
+    grounded = dict(length=20, entities=8, attributes=4, noise_tokens=4, context_facts=3, questions=3, d_model=32,
+                    n_layers=1, n_heads=1, steps=4, batch_size=4, closed_book=1, eval_episodes=3)
     config = debug_experiment(byte_dataset, tmp_path / "unused", models=models, run={"steps": 4, "eval_every": 2},
                               compare={"recipes": ["scaled-init", "plain-init"], "lm_recipes": ["plain-init"],
                                        "jobs": 2},
-                              retrieval=retrieval)
+                              retrieval=retrieval, grounded=grounded)
     out = tmp_path / "compare"
     metrics = compare(config, out, seeds=2, progress=False)
 
@@ -302,6 +304,7 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
         assert load_config(run / "config.yaml").model(name).model_config().scale_residual_init is False
         assert not (out / "runs" / name / "scaled-init").exists()
         assert (out / "retrieval" / name / "scaled-init" / "lr-0.003" / "seed-1.json").is_file()
+        assert (out / "grounded" / name / "plain-init" / "lr-0.003" / "seed-1.json").is_file()  # compare.recipes
         assert metrics.models[name].recipe == "plain-init"
         assert set(metrics.retrieval.models[name].sweep.runs) == {"scaled-init", "plain-init"}
     assert metrics.lm.recipes == ["plain-init"] and metrics.machine.jobs == 2
@@ -309,12 +312,16 @@ def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byt
     assert set(claims["final validation loss (nats/token)"].by_recipe) == {"plain-init"}
     assert set(claims["mqar accuracy"].by_recipe) == {"scaled-init", "plain-init"}
     assert [p.fraction for p in claims["mqar accuracy"].along] == [0.25, 0.5, 1.0]  # steps 1, 2, 4 of 4
+    hallucination = next(c for c in metrics.claims if c.claim == "Contextual hallucination")
+    assert set(hallucination.by_recipe) == {"scaled-init", "plain-init"} and len(hallucination.along) == 4
+    assert any(c.claim == "Contextual hallucination: lookback ratio" for c in metrics.claims)
     variants = metrics.variant_comparisons
     assert {(v.model, v.baseline) for v in variants} == {("DIFF V2", "Transformer"), ("DIFF V2", "DIFF")}
+    assert {v.claim for v in variants} >= {"Contextual hallucination", "Lookback ratio"}
     report = (out / "report.md").read_text()
     for heading in ("## The paper's claims at this scale", "## The other attention kinds",
                     "## Sensitivity to the init recipe", "## Sample efficiency", "### Learning curves",
-                    "| Under each recipe |"):
+                    "| Under each recipe |", "## Contextual hallucination experiment"):
         assert heading in report, heading
     assert (out / "retrieval_curves.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -214,7 +214,7 @@ def add_option_flags(parser, options_type: type) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             parser.add_argument(flag, type=kind, nargs="+" if several else None, default=None, help=help_text,
-                                metavar=f.name.upper(), choices=f.metadata.get("choices"))
+                                metavar=f.metadata.get("metavar", f.name.upper()), choices=f.metadata.get("choices"))
 
 
 def options_from_flags(options_type: type, args: Any, base: Any = None) -> Any:

@@ -71,7 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "beside the paper's figures), DIR/metrics.json, DIR/loss.png, and each model's final checkpoint in "
         "DIR/<model>/ (at each model's best learning rate when --lr-grid gives several); then the retrieval "
         "experiment (small models trained on generated multi-needle and MQAR tasks: accuracy by difficulty, "
-        "attention to the answer); then the evaluations of compare.evaluations on every seed's model (JSON and "
+        "attention to the answer); then the grounded experiment (small models that learn facts, then answer from "
+        "documents that agree with them, contradict them or lack them: faithful accuracy, prior override, "
+        "fabrication, abstention and the lookback ratio; the grounded section); then the evaluations of "
+        "compare.evaluations on every seed's model (JSON and "
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
         "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds; the Transformer, DIFF and "
         "DIFF V2). One comparison at a time writes into DIR (DIR/.lock names its pid). "
@@ -114,20 +117,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="re-run the learning-rate sweep: train every model at each peak lr (min_lr keeps its ratio), "
                    "report each at its own best; default: the config's compare.lr_grid, else each model's own lr")
     c.add_argument("--retrieval-lr-grid", type=types.positive_float_list, metavar="LR,LR,...",
-                   help="the same for the retrieval experiment (default: retrieval.lr_grid, else each model's "
-                   "retrieval_lr)")
+                   help="the same for the retrieval and the grounded experiments (default: retrieval.lr_grid, else "
+                   "each model's retrieval lr)")
     c.add_argument("--recipes", type=types.init_recipes, metavar="RECIPE,...",
-                   help="the init recipes every model is trained under, in both experiments (scaled-init: o_proj and "
+                   help="the init recipes every model is trained under, in every experiment (scaled-init: o_proj and "
                    "down_proj at init_std/sqrt(2 layers), the authors'; plain-init: every matrix N(0, init_std), "
                    "transformers'); each model is reported at its best (recipe, lr) and the report gives the "
                    "difference under each recipe; default: compare.recipes (and compare.lm_recipes for language "
-                   "modelling)")
+                   "modelling, grounded.recipes for the grounded experiment)")
     c.add_argument("--retrieval-steps", type=types.positive_int, metavar="N",
                    help="training steps of each retrieval model (overrides retrieval.steps; the learning curve keeps "
                    "its fractions of them)")
     c.add_argument("--jobs", type=types.positive_int,
                    help="runs trained at the same time, each with cores / jobs CPU threads (default: compare.jobs)")
     c.add_argument("--no-retrieval", action="store_true", help="skip the retrieval experiment")
+    c.add_argument("--no-grounded", action="store_true", help="skip the grounded (contextual hallucination) experiment")
     c.add_argument("--no-eval", action="store_true", help="skip the evaluation suite after training")
     c.add_argument("--quick-eval", action="store_true", help="run the evaluation suite on a smoke-test budget")
     c.set_defaults(run=run_compare)
@@ -209,7 +213,7 @@ def run_compare(args: argparse.Namespace) -> int:
         metrics = compare(
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
             retrieval_lr_grid=args.retrieval_lr_grid, recipes=args.recipes,
-            retrieval=False if args.no_retrieval else None,
+            retrieval=False if args.no_retrieval else None, grounded=False if args.no_grounded else None,
             resume=args.resume, nproc=args.nproc, jobs=args.jobs, evaluation=evaluation,
         )
     except StudyInterrupted as exc:  # the running runs saved a checkpoint: --resume continues
@@ -225,5 +229,5 @@ def _changes_the_budget(args: argparse.Namespace) -> bool:
     --nproc do not."""
     flags = (args.steps, args.budget, args.seeds, args.retrieval_steps, args.recipes, args.lr_grid,
              args.retrieval_lr_grid, args.attention)
-    return any(flag is not None for flag in flags) or args.no_retrieval or args.no_eval or args.quick_eval or bool(
-        args.overrides)
+    return (any(flag is not None for flag in flags) or args.no_retrieval or args.no_grounded or args.no_eval
+            or args.quick_eval or bool(args.overrides))

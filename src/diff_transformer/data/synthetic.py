@@ -23,7 +23,10 @@ training and evaluation see exactly the same format.
 
 The retrieval experiment's tasks on a small symbolic vocabulary (:class:`SymbolicTask`:
 :func:`symbolic_needle`, :func:`symbolic_mqar`, :func:`symbolic_batch`) are here too: the same two
-skills without a corpus, learnt by a 2-layer model in about a minute.
+skills without a corpus, learnt by a 2-layer model in about a minute. So is the grounded task of
+the contextual-hallucination experiment (:class:`GroundedTask`: :func:`memorised_facts`,
+:func:`grounded_episode`, :func:`closed_book_example`): facts learnt from training text, then
+questions answered from a document that agrees with them, contradicts them or lacks the fact.
 """
 
 from __future__ import annotations
@@ -516,7 +519,17 @@ def symbolic_mqar(rng: random.Random, task: SymbolicTask, n_pairs: int) -> Symbo
     return SymbolicExample(tokens, positions)
 
 
-def symbolic_batch(examples: Sequence[SymbolicExample]) -> tuple[torch.Tensor, torch.Tensor]:
+class ScoredExample(Protocol):
+    """A generated example: its tokens (length + 1) and the input positions whose next token is scored."""
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+    @property
+    def answer_positions(self) -> list[int]: ...
+
+
+def symbolic_batch(examples: Sequence[ScoredExample]) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets), each (B, length); targets are -100 (not counted) except at the answers."""
     tokens = torch.tensor([e.tokens for e in examples])
     inputs = tokens[:, :-1]
@@ -525,3 +538,183 @@ def symbolic_batch(examples: Sequence[SymbolicExample]) -> tuple[torch.Tensor, t
         for position in example.answer_positions:
             targets[row, position] = tokens[row, position + 1]
     return inputs, targets
+
+
+# --- grounded question answering (the contextual-hallucination experiment) --------------------------
+#
+#   training text   BOS ASK e₁ a₁ ASK e₂ a₂ …                    closed book: each entity's memorised
+#                                                                attribute (the same table throughout)
+#   episode         BOS DOC … e₁ a₁ … e₂ a₂ … ASK e → a  ASK e′ → a′ …
+#                   a document of facts "e a" among noise tokens, then questions; the answer is the
+#                   document's attribute of e (which agrees with the memorised one, or contradicts
+#                   it: counterfactual), or UNKNOWN when the document does not state e.
+#
+# Its own vocabulary: four markers, then entities, attributes and noise tokens.
+DOCUMENT, ASK, UNKNOWN = 1, 2, 3  # with BOS = 0; FIRST_KEY (4) is the first entity
+CONDITIONS = ("agree", "counterfactual", "lacking")  # how an episode's question relates to its document
+CLOSED_BOOK = "closed_book"  # a question of the training text: no document, the memorised attribute
+
+
+@dataclass(frozen=True)
+class GroundedTask:
+    """The grounded task's vocabulary and sizes: ``length`` tokens of model input per example;
+    ``entities`` with a memorised attribute each, among ``attributes``; ``noise_tokens`` filler.
+    An episode's document states ``context_facts`` facts, each agreeing with memory with probability
+    ``agree_share`` (else a different attribute); then ``questions`` questions, each about an entity of
+    the document with probability ``answerable_share`` (else about one it lacks)."""
+
+    length: int
+    entities: int
+    attributes: int
+    noise_tokens: int
+    context_facts: int
+    questions: int
+    agree_share: float
+    answerable_share: float
+
+    def __post_init__(self) -> None:
+        if self.context_facts + self.questions > self.entities:
+            raise ValueError(f"an episode needs context_facts + questions = {self.context_facts + self.questions} "
+                             f"distinct entities, the task has {self.entities}")
+        if self.questions > self.context_facts:
+            raise ValueError(f"questions ({self.questions}) must not exceed context_facts ({self.context_facts}): "
+                             "every question may ask about the document")
+        if self.attributes < 2:
+            raise ValueError(f"a counterfactual needs at least 2 attributes, got {self.attributes}")
+        if self.document_noise < 0:
+            raise ValueError(f"length {self.length} is too short: BOS, DOC, {self.context_facts} facts and "
+                             f"{self.questions} questions take {self.length + 1 - self.document_noise} tokens")
+        if self.length < 3:
+            raise ValueError(f"length must be at least 3 (one closed-book question), got {self.length}")
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST_KEY + self.entities + self.attributes + self.noise_tokens
+
+    @property
+    def entity_tokens(self) -> range:
+        return range(FIRST_KEY, FIRST_KEY + self.entities)
+
+    @property
+    def attribute_tokens(self) -> range:
+        return range(self.entity_tokens.stop, self.entity_tokens.stop + self.attributes)
+
+    @property
+    def noise(self) -> range:
+        return range(self.attribute_tokens.stop, self.attribute_tokens.stop + self.noise_tokens)
+
+    @property
+    def document_noise(self) -> int:
+        """Noise tokens in an episode's document: what BOS, DOC, the facts and the questions leave."""
+        return self.length + 1 - 2 - 2 * self.context_facts - 3 * self.questions
+
+    @property
+    def closed_book_questions(self) -> int:
+        """Questions of one closed-book example (distinct entities)."""
+        return min(self.entities, self.length // 3)
+
+
+@dataclass(frozen=True)
+class GroundedQuestion:
+    """One scored question: ``position`` is the input position that predicts the answer (the
+    entity's, after ``marker``, the position of its ASK); the entity's ``memorised`` attribute and
+    the ``document``'s (None where it lacks the entity, or there is no document); ``target`` is
+    what the model is taught; ``stated`` every attribute the document states (any entity)."""
+
+    position: int
+    marker: int
+    condition: str  # one of CONDITIONS, or CLOSED_BOOK
+    entity: int
+    memorised: int
+    document: int | None
+    target: int
+    stated: tuple[int, ...] = ()
+
+
+@dataclass
+class GroundedExample:
+    tokens: list[int]
+    questions: list[GroundedQuestion]
+
+    @property
+    def answer_positions(self) -> list[int]:
+        return [q.position for q in self.questions]
+
+
+def memorised_facts(task: GroundedTask, seed: int) -> tuple[int, ...]:
+    """The attribute token each entity is taught in the training text (entity i: ``facts[i]``), drawn
+    once from ``seed``: the same for every model, step and evaluation."""
+    rng = random.Random(f"grounded-facts/{seed}")
+    return tuple(rng.choice(task.attribute_tokens) for _ in range(task.entities))
+
+
+def _draw_conditions(rng: random.Random, task: GroundedTask) -> list[str]:
+    conditions = []
+    for _ in range(task.questions):
+        if rng.random() < task.answerable_share:
+            conditions.append("agree" if rng.random() < task.agree_share else "counterfactual")
+        else:
+            conditions.append("lacking")
+    return conditions
+
+
+def grounded_episode(rng: random.Random, task: GroundedTask, facts: Sequence[int],
+                     conditions: Sequence[str] | None = None) -> GroundedExample:
+    """BOS DOC, a document of ``task.context_facts`` facts "e a" at random places among noise, then
+    one question "ASK e a" per condition (default: drawn from the task's shares): ``agree`` asks an
+    entity the document states with its memorised attribute, ``counterfactual`` one it states with
+    another attribute, ``lacking`` one it does not state (answer UNKNOWN). Entities are distinct; the
+    document's facts nobody asks about agree with memory with probability ``task.agree_share``."""
+    conditions = list(conditions) if conditions is not None else _draw_conditions(rng, task)
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown or len(conditions) != task.questions:
+        raise ValueError(f"need {task.questions} conditions among {CONDITIONS}, got {conditions}")
+    answerable = [c for c in conditions if c != "lacking"]
+    chosen = rng.sample(task.entity_tokens, task.context_facts + len(conditions) - len(answerable))
+    stated_entities, absent = chosen[: task.context_facts], chosen[task.context_facts:]
+    memorised = {e: facts[e - FIRST_KEY] for e in chosen}
+
+    def contradicting(entity: int) -> int:
+        return rng.choice([a for a in task.attribute_tokens if a != memorised[entity]])
+
+    document = {}
+    for i, entity in enumerate(stated_entities):  # the first len(answerable) are the ones asked about
+        agrees = answerable[i] == "agree" if i < len(answerable) else rng.random() < task.agree_share
+        document[entity] = memorised[entity] if agrees else contradicting(entity)
+    asked_stated, asked_absent = iter(stated_entities[: len(answerable)]), iter(absent)
+    asked = [next(asked_absent) if c == "lacking" else next(asked_stated) for c in conditions]
+    order = rng.sample(stated_entities, len(stated_entities))  # where each fact sits in the document
+    gaps = sorted(rng.randint(0, task.document_noise) for _ in order)  # noise before each fact
+    tokens, used = [BOS, DOCUMENT], 0
+    for gap, entity in zip(gaps, order):
+        tokens += [rng.choice(task.noise) for _ in range(gap - used)]
+        used = gap
+        tokens += [entity, document[entity]]
+    tokens += [rng.choice(task.noise) for _ in range(task.document_noise - used)]
+    stated = tuple(document[e] for e in order)
+    questions = []
+    for condition, entity in zip(conditions, asked):
+        target = document.get(entity, UNKNOWN)
+        questions.append(GroundedQuestion(len(tokens) + 1, len(tokens), condition, entity, memorised[entity],
+                                          document.get(entity), target, stated))
+        tokens += [ASK, entity, target]
+    assert len(tokens) == task.length + 1
+    return GroundedExample(tokens, questions)
+
+
+def closed_book_example(rng: random.Random, task: GroundedTask, facts: Sequence[int],
+                        entities: Sequence[int] | None = None) -> GroundedExample:
+    """The training text of the facts: BOS, then "ASK e a" for distinct entities (default: a random
+    ``task.closed_book_questions`` of them; else ``entities``, as many as fit), each answer the
+    memorised attribute, noise tokens after. No document: memory is the only source."""
+    entities = list(entities) if entities is not None else rng.sample(task.entity_tokens, task.closed_book_questions)
+    if not 1 <= len(entities) <= task.closed_book_questions:
+        raise ValueError(f"a closed-book example holds 1 to {task.closed_book_questions} questions, "
+                         f"got {len(entities)}")
+    tokens, questions = [BOS], []
+    for entity in entities:
+        answer = facts[entity - FIRST_KEY]
+        questions.append(GroundedQuestion(len(tokens) + 1, len(tokens), CLOSED_BOOK, entity, answer, None, answer))
+        tokens += [ASK, entity, answer]
+    tokens += [rng.choice(task.noise) for _ in range(task.length + 1 - len(tokens))]
+    return GroundedExample(tokens, questions)

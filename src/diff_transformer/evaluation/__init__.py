@@ -7,6 +7,7 @@ several models (``compare`` does, after training) and returns Markdown sections 
 
     needle           multi-needle retrieval accuracy by depth and length   Table 2, Fig. 5
     attention-noise  attention on the answer vs on the rest of the context  Table 3, Fig. 1
+    context-qa       answers over a given context: exact match, lookback    Table 4 (no judge)
     outliers         largest attention logits and hidden states (per layer)  Table 5
     quantization     accuracy and loss with 16/8/6/4-bit attention logits   Fig. 8
     ar-hit           validation loss on AR-Hit and other tokens             Table 6

@@ -1,7 +1,8 @@
 """The project's statistics, in one module: the noise of a difference of means over windows, binomial
 standard errors, a mean that skips missing values, seeded random generators; over seeds, the mean ±
-std of a figure, Welch's interval of a difference, bootstrap intervals; and the power-law fit of the
-scaling laws. Quantiles, bootstrap and least squares come from SciPy."""
+std of a figure, Welch's interval of a difference, bootstrap intervals; the area under the ROC curve
+with its interval; and the power-law fit of the scaling laws. Quantiles, the Mann–Whitney statistic,
+bootstrap and least squares come from SciPy."""
 
 from __future__ import annotations
 
@@ -142,6 +143,44 @@ def bootstrap_interval(samples: Sequence[Sequence[float]], statistic: Callable[.
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(defined, [tail, 100 - tail])
     return float(low), float(high)
+
+
+# --- separating two groups by a score -------------------------------------------------------------------
+
+
+def auroc(positives: Sequence[float], negatives: Sequence[float]) -> float | None:
+    """The area under the ROC curve of a score that should be higher for ``positives``: the
+    probability that a positive outscores a negative, ties counting one half (the Mann–Whitney U of
+    the positives over n₊·n₋, scipy.stats.mannwhitneyu). None when a group is empty."""
+    from scipy.stats import mannwhitneyu
+
+    if len(positives) == 0 or len(negatives) == 0:
+        return None
+    u = mannwhitneyu(positives, negatives, method="asymptotic").statistic
+    return float(u) / (len(positives) * len(negatives))
+
+
+def auroc_interval(positives: Sequence[float], negatives: Sequence[float], *, resamples: int = 2000,
+                   level: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
+    """The percentile ``level`` bootstrap interval of :func:`auroc`, positives and negatives resampled
+    apart (stratified: every resample keeps both groups' sizes; scipy.stats.bootstrap). None when a
+    group has fewer than two values."""
+    import numpy as np
+    from scipy.stats import DegenerateDataWarning, bootstrap, mannwhitneyu
+
+    if len(positives) < 2 or len(negatives) < 2:
+        return None
+    n = len(positives) * len(negatives)
+
+    def area(pos, neg, axis=-1):
+        return mannwhitneyu(pos, neg, axis=axis, method="asymptotic").statistic / n
+
+    with warnings.catch_warnings():  # scores that do not vary give a point interval, not a fault
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        result = bootstrap((np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)), area,
+                           n_resamples=resamples, confidence_level=level, method="percentile", vectorized=True,
+                           paired=False, random_state=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 # --- fits ---------------------------------------------------------------------------------------------

@@ -26,7 +26,10 @@ import torch
 from ..files import OutputPathError, check_output_dir, claim_output_dir, lock_output, unclaim_output_dir
 from ..progress import progress as progress_bar
 
-from . import ar_hit, attention_noise, attention_sink, icl, mqar, needle, outliers, position_nll, quantization, scaling
+from . import (
+    ar_hit, attention_noise, attention_sink, context_qa, icl, mqar, needle, outliers, position_nll, quantization,
+    scaling,
+)
 from .models import ModelUnderTest, load_model
 from .options import Evaluation, options_dict
 from .output import result_files, write_result
@@ -34,7 +37,8 @@ from .texts import EvalText
 
 EVALUATIONS: dict[str, Evaluation] = {
     module.SPEC.name: module.SPEC
-    for module in (needle, attention_noise, outliers, quantization, ar_hit, position_nll, icl, mqar, attention_sink)
+    for module in (needle, attention_noise, context_qa, outliers, quantization, ar_hit, position_nll, icl, mqar,
+                   attention_sink)
 }
 """Evaluations run on each model, by name, in the order of the paper's sections (then the others)."""
 

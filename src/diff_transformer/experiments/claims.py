@@ -9,11 +9,11 @@ tell the models apart, e.g. both at chance).
 
 The same difference is also taken under each init recipe both models were trained with (each at
 its best learning rate there) and along training (the language models' validation curve, the
-retrieval models' learning curve). A claim is **robust** when its word is the same at the end,
+retrieval and grounded models' learning curves). A claim is **robust** when its word is the same at the end,
 under every recipe and at every point from a quarter of the budget on; otherwise the verdict says
 what it **depends on** (the recipe, the budget) and the row gives the figures that carry it.
-Figures come from the runs' summaries, the retrieval experiment and the evaluation suite's JSON
-(their own modules say exactly what each measures).
+Figures come from the runs' summaries, the retrieval and grounded experiments and the evaluation
+suite's JSON (their own modules say exactly what each measures).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..evaluation.stats import Difference, MeanStd, welch_difference
-from ..paper import ATTENTION_TABLE3, OUTLIERS_TABLE5, PAPER_TABLE6
+from ..paper import ATTENTION_TABLE3, HALLUCINATION_TABLE4, OUTLIERS_TABLE5, PAPER_TABLE6
 from .config import ExperimentConfig, retrieval_examples_per_step
+from .grounded import GroundedResult
 from .language_models import LanguageModelling
-from .results import AnswerShares, CurvePoint, RetrievalRun
+from .results import AnswerShares, CurvePoint, GroundedPoint, GroundedRun, RetrievalRun
 from .retrieval import TASKS, RetrievalResult
 
 ROBUST_FROM = 0.25  # along training, the points from this fraction of the budget on must agree
@@ -58,7 +59,7 @@ class TaskFigures:
 
     task: str
     measure: str
-    better: str  # "lower" or "higher"
+    better: str  # "lower" or "higher" ("neither": a figure with no better side)
     figures: dict[str, Figures]
 
 
@@ -106,12 +107,15 @@ def paper_word(paper_sign: int) -> Word:
 
 
 def better_word(label: str, better: str) -> Word:
-    """The verdict word of a comparison the paper does not make ("DIFF V2 better" / "worse")."""
+    """The verdict word of a comparison the paper does not make ("DIFF V2 better" / "worse"; for a
+    figure with no better side, ``better`` "neither", "DIFF higher" / "lower")."""
     def word(diff: Difference) -> str:
         if diff.sign is None:
             return "inconclusive (one seed)"
         if diff.sign == 0:
             return "inconclusive"
+        if better == "neither":
+            return f"{label} {'higher' if diff.sign > 0 else 'lower'}"
         return f"{label} {'better' if (diff.sign > 0) == (better == 'higher') else 'worse'}"
     return word
 
@@ -212,11 +216,50 @@ def retrieval_figures(retrieval: RetrievalResult, name: str, figure: Callable[[R
     return Figures([figure(r) for r in runs], by_recipe, along)
 
 
-def task_figures(lm: LanguageModelling, retrieval: RetrievalResult | None, names: Sequence[str]) -> list[TaskFigures]:
-    """The figures of both tasks for each model of ``names`` (the rows of the claims, of the other
+def grounded_figures(grounded: GroundedResult, name: str, figure: Callable[[GroundedRun], float],
+                     curve: Callable[[GroundedPoint], float]) -> Figures:
+    """``figure(run)`` per seed of grounded model ``name``: at its best, under each recipe, and along its
+    learning curve (``curve(point)``; the budget in episodes)."""
+    model = grounded.models[name]
+    settings = grounded.settings
+    per_step = settings.batch_size - settings.closed_book
+    by_recipe = {recipe: [figure(r) for r in model.sweep.at(recipe)] for recipe in model.sweep.runs if recipe}
+    along = [AlongValues(point.step / settings.steps, f"{point.step * per_step:,} episodes",
+                         [curve(r.curve[i]) for r in model.runs])
+             for i, point in enumerate(model.runs[0].curve) if point.step > 0]
+    return Figures([figure(r) for r in model.runs], by_recipe, along)
+
+
+def mean_lookback(per_layer: Sequence[float | None]) -> float:
+    """The lookback ratio averaged over the layers where it is defined (NaN where none is)."""
+    values = [v for v in per_layer if v is not None]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def task_figures(lm: LanguageModelling, retrieval: RetrievalResult | None, names: Sequence[str],
+                 grounded: GroundedResult | None = None) -> list[TaskFigures]:
+    """The figures of every task for each model of ``names`` (the rows of the claims, of the other
     kinds' comparisons and of the sensitivity table)."""
     out = [TaskFigures("Language modelling", "final validation loss (nats/token)", "lower",
                        {n: lm_figures(lm, n) for n in names})]
+    out += _retrieval_task_figures(retrieval, names)
+    if grounded is not None and all(n in grounded.models for n in names):
+        out.append(TaskFigures(
+            "Contextual hallucination", "grounded accuracy: answered as the document warrants (its attribute; "
+            "UNKNOWN where it lacks the fact), mean over agreeing, counterfactual and lacking documents", "higher",
+            {n: grounded_figures(grounded, n, lambda r: r.scores.accuracy, lambda p: p.scores.accuracy)
+             for n in names}))
+        out.append(TaskFigures(  # a detector within a model (Lookback Lens), not a score: no better side
+            "Lookback ratio", "lookback ratio of the answering rows (higher: more attention per token on the "
+            "context), mean over layers, heads and questions", "neither",
+            {n: grounded_figures(grounded, n, lambda r: mean_lookback(r.lookback), lambda p: mean_lookback(p.lookback))
+             for n in names}))
+    return out
+
+
+def _retrieval_task_figures(retrieval: RetrievalResult | None, names: Sequence[str]) -> list[TaskFigures]:
+    """The retrieval experiment's rows: accuracy at the end and over training, per task."""
+    out: list[TaskFigures] = []
     if retrieval is None or not all(n in retrieval.models for n in names):
         return out
     for task in TASKS:
@@ -237,11 +280,13 @@ PAPER_OF = {
     "Retrieval: mqar": ("no figure (Zoology's task)", +1),
     "Learning to retrieve: needle": ("no retrieval figure; the same LM loss with ~64% of the tokens (Fig. 3)", +1),
     "Learning to retrieve: mqar": ("no retrieval figure; the same LM loss with ~64% of the tokens (Fig. 3)", +1),
+    "Contextual hallucination": (f"{HALLUCINATION_TABLE4['range']} accuracy (Table 4, GPT-4o-judged)", +1),
+    "Lookback ratio": ("no figure (Lookback Lens: within a model, a higher ratio goes with grounded answers)", 0),
 }
 
 
 def paper_claims(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None,
-                 suite: dict[str, Any]) -> list[Claim]:
+                 suite: dict[str, Any], grounded: GroundedResult | None = None) -> list[Claim]:
     """The claims that this comparison's figures can speak to (DIFF vs the first standard model);
     ``suite`` is the evaluation suite's data (evaluation name -> its JSON result)."""
     found = pair(config, list(lm.models))
@@ -249,11 +294,14 @@ def paper_claims(config: ExperimentConfig, lm: LanguageModelling, retrieval: Ret
         return []
     diff_name, base_name = found
     rows = []
-    for entry in task_figures(lm, retrieval, found):
+    for entry in task_figures(lm, retrieval, found, grounded):
         figures = entry.figures
         paper, paper_sign = PAPER_OF[entry.task]
         claim, measure, note, testable = entry.task, entry.measure, "", True
-        if entry.task == "Language modelling":
+        word = None if paper_sign else better_word("DIFF", entry.better)
+        if entry.task in ("Contextual hallucination", "Lookback ratio"):
+            claim = "Contextual hallucination" + (": lookback ratio" if entry.task == "Lookback ratio" else "")
+        elif entry.task == "Language modelling":
             measure += ", each at its best recipe and lr"
         elif entry.task.startswith("Retrieval"):
             claim, measure = "Key-information retrieval", f"{measure} (chance {retrieval.chance:.3f})"
@@ -262,7 +310,7 @@ def paper_claims(config: ExperimentConfig, lm: LanguageModelling, retrieval: Ret
         else:
             claim = "Learning to retrieve"
         rows.append(make_claim(claim, measure, entry.better, figures[diff_name], figures[base_name], paper, paper_sign,
-                               note=note, testable=testable))
+                               note=note, testable=testable, word=word))
     if retrieval is not None and diff_name in retrieval.models and base_name in retrieval.models:
         rows += _attention_claims(retrieval, found)
     rows += _evaluation_claims(config, lm, found, suite)
@@ -383,7 +431,7 @@ def _evaluation_claims(config: ExperimentConfig, lm: LanguageModelling, names: t
 
 
 def variant_comparisons(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None,
-                        suite: dict[str, Any] | None = None) -> list[Claim]:
+                        suite: dict[str, Any] | None = None, grounded: GroundedResult | None = None) -> list[Claim]:
     """Every model but the pair the paper's claims compare (DIFF V2, symmetric DIFF, gated attention, the
     wide-head Transformer, an ablation...) against the Transformer and against DIFF, on both tasks and the
     evaluations that ran on both: the paper makes no claim about them, so each row says which model is
@@ -396,8 +444,8 @@ def variant_comparisons(config: ExperimentConfig, lm: LanguageModelling, retriev
             continue
         label = config.model_name(name)
         for base in reversed(bases):  # against the Transformer, then against DIFF
-            entries = task_figures(lm, retrieval, [name, base]) + evaluation_figures(config, lm, [name, base],
-                                                                                    suite or {})
+            entries = task_figures(lm, retrieval, [name, base], grounded) + evaluation_figures(config, lm, [name, base],
+                                                                                              suite or {})
             for entry in entries:
                 row = make_claim(entry.task, entry.measure, entry.better, entry.figures[name], entry.figures[base], "—",
                                  +1, word=better_word(label, entry.better))

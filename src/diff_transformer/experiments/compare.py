@@ -65,6 +65,7 @@ def compare(
     retrieval_lr_grid: list[float] | None = None,
     recipes: list[str] | None = None,
     retrieval: bool | None = None,
+    grounded: bool | None = None,
     resume: bool = False,
     nproc: int = 1,
     jobs: int | None = None,
@@ -75,7 +76,8 @@ def compare(
     under every init recipe (``recipes``, default: compare.recipes and, for language modelling,
     compare.lm_recipes; none: each model as configured) at every learning rate of ``lr_grid``
     (default: compare.lr_grid, else each model's own lr under that recipe), report each model at its
-    best (recipe, lr), run the retrieval experiment (default: retrieval.enabled) and the evaluations,
+    best (recipe, lr), run the retrieval experiment (default: retrieval.enabled), the grounded
+    experiment (default: grounded.enabled; ``recipes`` given, under them too) and the evaluations,
     and write the report into ``out_dir``; returns the metrics (also DIR/metrics.json). ``jobs`` runs
     train at the same time (default: compare.jobs; 1 when ``nproc`` > 1). A config with a
     long_context section runs that study (its retrieval runs by length; ``evaluation`` on the
@@ -90,7 +92,8 @@ def compare(
     names = models or select_models(config, None)
     if recipes is not None:  # the full search: every recipe in both experiments
         config = dataclasses.replace(config, compare=dataclasses.replace(config.compare, recipes=list(recipes),
-                                                                         lm_recipes=[]))
+                                                                         lm_recipes=[]),
+                                     grounded=dataclasses.replace(config.grounded, recipes=list(recipes)))
     jobs = jobs or (1 if nproc > 1 else config.compare.jobs)  # a run in several processes takes the machine
     if jobs > 1 and nproc > 1:
         raise ConfigError(f"compare: --jobs {jobs} trains several single-process runs at once and --nproc {nproc} "
@@ -133,6 +136,6 @@ def compare(
                               "(--set 'long_context.retrieval_lr_grid=[...]') or the models' own fields")
         return run_long_context(config, Path(out_dir), names, seed_values, grid, retrieval=retrieval, resume=resume,
                                 nproc=nproc, jobs=jobs, evaluation=evaluation, progress=progress)
-    return run_comparison(config, Path(out_dir), names, seed_values, grid, retrieval=retrieval,
+    return run_comparison(config, Path(out_dir), names, seed_values, grid, retrieval=retrieval, grounded=grounded,
                           retrieval_lr_grid=retrieval_lr_grid, resume=resume, nproc=nproc, jobs=jobs,
                           evaluation=evaluation, progress=progress)

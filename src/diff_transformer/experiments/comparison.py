@@ -8,6 +8,9 @@ difference's 95% interval, along training and under each recipe (:mod:`.claims`)
    on every seed's final model at its best.
 2. Retrieval (:mod:`.retrieval`): small models of the same attention kinds trained on generated
    multi-needle and MQAR examples, accuracy by difficulty and attention to the answer.
+3. Contextual hallucination (:mod:`.grounded`, the ``grounded`` section): small models trained on
+   generated grounded question answering (facts memorised, then documents that agree, contradict or
+   lack them), scored with known answers, and the lookback ratio of the rows that answer.
 
 The output directory:
 
@@ -21,6 +24,7 @@ The output directory:
     DIR/runs/<model>/[<recipe>/]lr-<lr>/seed-<s>/   each run's exact config (config.yaml), logs
                              (metrics.jsonl, tensorboard/, summary.json) and final checkpoint (checkpoint/)
     DIR/retrieval/<model>/[<recipe>/]lr-<lr>/seed-<s>.json   each retrieval run's results
+    DIR/grounded/<model>/[<recipe>/]lr-<lr>/seed-<s>.json    each grounded run's results
     DIR/eval/                each evaluation's JSON and plot
     DIR/.lock                while the comparison runs: its pid (a second one on DIR is refused)
 """
@@ -46,6 +50,7 @@ from .language_models import (
     LanguageModelling, Machine, axes_for, busy_load_average, check_runs, run_config, train_language_models,
 )
 from .report import CompareMetrics, comparisons, render_report, write_plots, write_study
+from .grounded import run_experiment as run_grounded
 from .retrieval import run_experiment
 
 # The evaluation step run after training: given {label: checkpoint directory} (every seed of every
@@ -57,7 +62,7 @@ __all__ = ["CompareMetrics", "Evaluation", "run_comparison"]
 
 
 def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str], seeds: Sequence[int],
-                   grid: Sequence[float], *, retrieval: bool | None = None,
+                   grid: Sequence[float], *, retrieval: bool | None = None, grounded: bool | None = None,
                    retrieval_lr_grid: Sequence[float] | None = None, resume: bool = False, nproc: int = 1,
                    jobs: int = 1, evaluation: Evaluation | None = None, progress: bool = True) -> CompareMetrics:
     """The comparison of ``names`` over ``seeds`` at the lrs of ``grid`` (empty: each model's own)
@@ -95,6 +100,11 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
             metrics.retrieval = run_experiment(config, names, seeds, out_dir / "retrieval", lr_grid=retrieval_lr_grid,
                                                jobs=jobs, resume=resume, progress=progress)
             phases["retrieval"] = time.perf_counter() - mark
+        if grounded if grounded is not None else config.grounded.enabled:
+            mark = time.perf_counter()
+            metrics.grounded = run_grounded(config, names, seeds, out_dir / "grounded", lr_grid=retrieval_lr_grid,
+                                            jobs=jobs, resume=resume, progress=progress)
+            phases["grounded"] = time.perf_counter() - mark
 
         # The evaluations run on the final checkpoint of every seed (at the best recipe and learning rate);
         # their Markdown sections are appended to the report and their headline figures feed the claims.
@@ -107,8 +117,9 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
             mark = time.perf_counter()
             suite = evaluation(checkpoints, out_dir / "eval")
             phases["evaluations"] = time.perf_counter() - mark
-        metrics.claims = paper_claims(config, lm, metrics.retrieval, suite.data if suite else {})
-        metrics.variant_comparisons = variant_comparisons(config, lm, metrics.retrieval, suite.data if suite else {})
+        metrics.claims = paper_claims(config, lm, metrics.retrieval, suite.data if suite else {}, metrics.grounded)
+        metrics.variant_comparisons = variant_comparisons(config, lm, metrics.retrieval, suite.data if suite else {},
+                                                          metrics.grounded)
         metrics.equal_cost = equal_cost(config, lm, metrics.retrieval)
         metrics.wall_seconds = time.perf_counter() - start
         metrics.phase_seconds = phases

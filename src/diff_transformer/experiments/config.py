@@ -8,10 +8,11 @@ and these sections, every key checked::
     compare: {models: [standard, diff], seeds: 3, recipes: [scaled-init, plain-init],
               lr_by_recipe: {plain-init: {standard: 4.0e-3}}}
     retrieval: {steps: 400, lr: 1.0e-3, lr_by_model: {standard: 2.0e-3}}
+    grounded: {steps: 300, recipes: [scaled-init]}
     long_context: {seq_len: 1024, rope_theta: 226000}
 
-A section that is absent is off (``retrieval``, ``long_context``, ``scaling``, ``convert``,
-``pretrained``) or at its defaults (``compare``).
+A section that is absent is off (``retrieval``, ``grounded``, ``long_context``, ``scaling``,
+``convert``, ``pretrained``) or at its defaults (``compare``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from ..config import DIFF_HEAD_KINDS, PRESETS, ConfigError, ModelConfig
 from ..convert import INITS, ConversionError, converted_config
-from ..data.synthetic import SymbolicTask
+from ..data.synthetic import GroundedTask, SymbolicTask
 from ..evaluation.suite import EVALUATIONS, evaluation_options
 from ..paper import PAPER_TABLE6
 from ..train.config import (
@@ -131,11 +132,93 @@ class RetrievalConfig:
                             queries=self.queries)
 
     def model_config(self, attention: str, *, diff_heads: bool = False, **fields: Any) -> ModelConfig:
-        """The retrieval model of one attention kind (DIFF head counts, doubled for the others unless
-        ``diff_heads``, as a model entry's: the wide-head Transformer)."""
-        heads = self.n_heads if attention in DIFF_HEAD_KINDS or diff_heads else 2 * self.n_heads
-        return ModelConfig(vocab_size=self.task.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
-                           n_heads=heads, max_seq_len=self.length, attention=attention, **fields)
+        """The retrieval model of one attention kind (:func:`small_model_config`)."""
+        return small_model_config(self, self.task.vocab_size, attention, diff_heads=diff_heads, **fields)
+
+
+def small_model_config(section: Any, vocab_size: int, attention: str, *, diff_heads: bool = False,
+                       **fields: Any) -> ModelConfig:
+    """A model of the retrieval or the grounded experiment: the section's d_model, n_layers and length,
+    DIFF's head count ``section.n_heads``, doubled for the other kinds (the same head width) unless
+    ``diff_heads``, as a model entry's (the wide-head Transformer)."""
+    heads = section.n_heads if attention in DIFF_HEAD_KINDS or diff_heads else 2 * section.n_heads
+    return ModelConfig(vocab_size=vocab_size, d_model=section.d_model, n_layers=section.n_layers, n_heads=heads,
+                       max_seq_len=section.length, attention=attention, **fields)
+
+
+@dataclass
+class GroundedConfig:
+    """The contextual-hallucination experiment of ``compare`` (the ``grounded`` section; absent = off):
+    small models of every attention kind trained on generated grounded question answering
+    (:class:`~diff_transformer.data.synthetic.GroundedTask`, :mod:`.grounded`) with the retrieval
+    experiment's recipe (its learning rates, warmup and weight decay). Each training batch holds
+    ``closed_book`` examples of the facts' training text and ``batch_size − closed_book`` episodes."""
+
+    enabled: bool = True
+    length: int = 36  # tokens per example (the models' context)
+    entities: int = 24  # each with one memorised attribute
+    attributes: int = 16
+    noise_tokens: int = 16
+    context_facts: int = 6  # facts an episode's document states
+    questions: int = 6  # questions after each document
+    # How likely a document's fact agrees with memory; a quarter, so that reading the document pays off
+    # within the small budget (at one half, no model here learns to copy from it in 300 steps).
+    agree_share: float = 0.25
+    answerable_share: float = 0.8  # how likely a question asks about an entity the document states
+    closed_book: int = 2  # closed-book examples (the facts' training text) per training batch
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 1  # DIFF heads; the other kinds get twice as many of the same width
+    steps: int = 300
+    batch_size: int = 16
+    eval_episodes: int = 64  # held-out episodes; their questions cycle through the three conditions
+    # The learning curve: scores before training and after these fractions of the steps (and at the end).
+    curve: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    recipes: list[str] = field(default_factory=list)  # init recipes (INIT_RECIPES); empty: compare.recipes
+    data_seed: int = 0  # the memorised facts, the training batches and the held-out episodes
+
+    def __post_init__(self) -> None:
+        require_finite("grounded", self)
+        for name in ("length", "entities", "attributes", "noise_tokens", "context_facts", "questions", "d_model",
+                     "n_layers", "n_heads", "steps", "batch_size", "eval_episodes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"grounded.{name} must be positive, got {getattr(self, name)}")
+        for name in ("agree_share", "answerable_share"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ConfigError(f"grounded.{name} must lie in (0, 1) (every condition occurs in training), "
+                                  f"got {getattr(self, name)}")
+        if not 0 <= self.closed_book < self.batch_size:
+            raise ConfigError(f"grounded.closed_book must be in [0, batch_size={self.batch_size}), "
+                              f"got {self.closed_book}")
+        if self.eval_episodes * self.questions < 3:
+            raise ConfigError(f"grounded: eval_episodes × questions = {self.eval_episodes * self.questions} held-out "
+                              "questions; at least 3 are needed, one for each condition")
+        if any(not 0.0 < f <= 1.0 for f in self.curve):
+            raise ConfigError(f"grounded.curve: fractions of the steps in (0, 1], got {self.curve}")
+        unknown = [r for r in self.recipes if r not in INIT_RECIPES]
+        if unknown:
+            raise ConfigError(f"grounded.recipes: no init recipe {unknown[0]!r}; choose from {', '.join(INIT_RECIPES)}")
+        if len(set(self.recipes)) != len(self.recipes):
+            raise ConfigError(f"grounded.recipes names a recipe twice: {self.recipes}")
+        require_seeds("grounded", self, ("data_seed",))
+        try:
+            GroundedTask(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GroundedTask)})
+        except ValueError as exc:
+            raise ConfigError(f"grounded: {exc}") from None
+
+    @property
+    def task(self) -> GroundedTask:
+        """The generated examples' vocabulary and sizes (diff_transformer.data.synthetic)."""
+        return GroundedTask(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GroundedTask)})
+
+    @property
+    def curve_steps(self) -> list[int]:
+        """0 (before training), the curve's fractions of ``steps`` (at least one step each), and ``steps``."""
+        return sorted({0, self.steps, *(max(1, round(f * self.steps)) for f in self.curve)})
+
+    def model_config(self, attention: str, *, diff_heads: bool = False, **fields: Any) -> ModelConfig:
+        """The grounded model of one attention kind (:func:`small_model_config`)."""
+        return small_model_config(self, self.task.vocab_size, attention, diff_heads=diff_heads, **fields)
 
 
 @dataclass
@@ -503,6 +586,7 @@ def recipe_fields(entry: ModelEntry, recipe: str | None) -> dict[str, Any]:
 SECTIONS: dict[str, tuple[type, dict[str, Any]]] = {
     "compare": (CompareConfig, {}),
     "retrieval": (RetrievalConfig, {"enabled": False}),
+    "grounded": (GroundedConfig, {"enabled": False}),
     "long_context": (LongContextConfig, {"enabled": False}),
     "scaling": (ScalingConfig, {"enabled": False}),
     "convert": (ConvertConfig, {"enabled": False}),
@@ -517,6 +601,7 @@ class ExperimentConfig:
     train: TrainConfig
     compare: CompareConfig = field(default_factory=CompareConfig)
     retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(enabled=False))
+    grounded: GroundedConfig = field(default_factory=lambda: GroundedConfig(enabled=False))
     long_context: LongContextConfig = field(default_factory=lambda: LongContextConfig(enabled=False))
     scaling: ScalingConfig = field(default_factory=lambda: ScalingConfig(enabled=False))
     convert: ConvertConfig = field(default_factory=lambda: ConvertConfig(enabled=False))

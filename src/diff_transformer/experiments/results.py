@@ -2,8 +2,8 @@
 log, and how results become JSON (metrics.json, each retrieval run's file) and come back.
 
 Everything a report renders is one of these dataclasses (or built of them); :func:`to_json` turns
-any of them into plain data, :meth:`RetrievalRun.from_dict` and :func:`read_training_run` read
-them back from disk.
+any of them into plain data, :meth:`RetrievalRun.from_dict`, :meth:`GroundedRun.from_dict` and
+:func:`read_training_run` read them back from disk.
 """
 
 from __future__ import annotations
@@ -218,3 +218,77 @@ class RetrievalRun:
         fields["curve"] = [CurvePoint(**p) for p in data["curve"]]
         fields["attention"] = [None if s is None else AnswerShares(**s) for s in data["attention"]]
         return cls(**fields)
+
+
+# --- grounded runs (contextual hallucination) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """What the answers to one kind of question were, as shares of its ``count`` questions: the
+    document's attribute of the asked entity (``document``), its memorised attribute where that differs
+    (``memory``), UNKNOWN, an attribute the document gives another entity (``misattributed``), or
+    anything else (``invented``). The five add up to 1."""
+
+    count: int
+    document: float
+    memory: float
+    unknown: float
+    misattributed: float
+    invented: float
+
+
+@dataclass(frozen=True)
+class GroundedScores:
+    """The grounded task's scores on held-out episodes (experiments.grounded.grounded_scores says
+    exactly how each is read off the outcomes); ``outcomes`` per condition and for the closed-book
+    questions."""
+
+    accuracy: float  # answered as the document warrants: mean over agree, counterfactual, lacking
+    faithful: float  # the document's attribute where it states the fact: mean over agree, counterfactual
+    prior_override: float  # counterfactual: the memorised attribute, against the document
+    fabrication: float  # neither the document's nor the memorised attribute, nor UNKNOWN: mean over conditions
+    abstention: float  # lacking: UNKNOWN
+    recall: float  # closed book: the memorised attribute (how well the facts were learnt)
+    outcomes: dict[str, Outcomes]
+
+
+@dataclass
+class GroundedPoint:
+    """The scores after ``step`` training steps, and the mean lookback ratio per layer."""
+
+    step: int
+    scores: GroundedScores
+    lookback: list[float | None]
+
+
+@dataclass
+class GroundedRun:
+    """One grounded model trained and measured (experiments.grounded.run_one)."""
+
+    seed: int
+    lr: float
+    parameters: int
+    train_seconds: float
+    train_tokens_per_second: float
+    losses: list[float]  # the training loss every 10 steps
+    scores: GroundedScores  # at the end
+    lookback: list[float | None]  # per layer at the end: the mean over heads and the episodes' questions
+    lookback_auroc: list[float | None]  # per layer: how well it separates right answers from wrong ones
+    curve: list[GroundedPoint]  # before training and after each of the curve's steps
+
+    @property
+    def score(self) -> float:
+        """What the sweep maximises: the grounded accuracy."""
+        return self.scores.accuracy
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GroundedRun":
+        fields = dict(data)
+        fields["scores"] = _scores(data["scores"])
+        fields["curve"] = [GroundedPoint(p["step"], _scores(p["scores"]), p["lookback"]) for p in data["curve"]]
+        return cls(**fields)
+
+
+def _scores(data: dict[str, Any]) -> GroundedScores:
+    return GroundedScores(**{**data, "outcomes": {k: Outcomes(**v) for k, v in data["outcomes"].items()}})

@@ -139,20 +139,29 @@ def attention_shares(rows: Sequence[Tensor], examples: Sequence[SymbolicExample]
 
 def train_model(model: LanguageModel, config: RetrievalConfig, optim: OptimConfig, *,
                 measure: Callable[[int], None] | None = None) -> list[float]:
-    """Train on generated batches through the trainer's step (:class:`InProcessTraining`, ``optim``'s
-    AdamW, schedule and clipping); returns the training loss every 10 steps. ``measure(step)`` is
-    called, with the model in eval mode, at each of ``config.curve_steps`` (after that many steps)."""
-    training = InProcessTraining(model, optim, config.steps)
-    points = set(config.curve_steps) if measure is not None else set()
+    """Train on the retrieval experiment's generated batches (:func:`train_steps`); ``measure(step)``
+    at each of ``config.curve_steps``."""
+    return train_steps(model, optim, config.steps, lambda step: training_batch(config, step),
+                       curve_steps=config.curve_steps, measure=measure)
+
+
+def train_steps(model: LanguageModel, optim: OptimConfig, steps: int, batch: Callable[[int], tuple[Tensor, Tensor]],
+                *, curve_steps: Sequence[int] = (), measure: Callable[[int], None] | None = None) -> list[float]:
+    """Train a small model in this process for ``steps`` steps on ``batch(step)`` (inputs, targets)
+    through the trainer's step (:class:`InProcessTraining`, ``optim``'s AdamW, schedule and clipping);
+    returns the training loss every 10 steps. ``measure(step)`` is called, with the model in eval mode,
+    at each of ``curve_steps`` (after that many steps)."""
+    training = InProcessTraining(model, optim, steps)
+    points = set(curve_steps) if measure is not None else set()
     losses = []
-    for step in range(config.steps + 1):
+    for step in range(steps + 1):
         if step in points:
             model.eval()
             measure(step)
-        if step == config.steps:
+        if step == steps:
             break
-        loss = training.step(*training_batch(config, step))
-        if step % 10 == 0 or step == config.steps - 1:
+        loss = training.step(*batch(step))
+        if step % 10 == 0 or step == steps - 1:
             losses.append(loss)
     model.eval()
     return losses

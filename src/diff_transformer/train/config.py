@@ -44,7 +44,7 @@ from ..user_text import not_a_file
 T = TypeVar("T")
 # Sections of a config file that the experiments read (diff_transformer.experiments.config); the
 # trainer does not look into them.
-EXPERIMENT_SECTIONS = ("compare", "retrieval", "long_context", "scaling", "convert", "pretrained")
+EXPERIMENT_SECTIONS = ("compare", "retrieval", "grounded", "long_context", "scaling", "convert", "pretrained")
 # Keys a model entry no longer takes, and where their values live now.
 MOVED_MODEL_KEYS = {
     "retrieval_lr": "retrieval.lr_by_model.{name}",
