@@ -132,14 +132,15 @@ class _Maps(AttentionTap):
 
 @pytest.mark.parametrize("kind", list(ATTENTION_CLASSES))
 def test_measure_answers_by_argmax_and_reads_the_lookback_ratio_of_the_effective_map(kind):
-    config = GroundedConfig(**SMALL)
+    # GDA: 2 signal heads sharing 1 noise head, so that its maps are not DIFF's
+    config = GroundedConfig(**{**SMALL, "n_heads": 2} if kind == "gda" else SMALL)
     torch.manual_seed(0)
-    model = LanguageModel(config.model_config(kind)).eval()
+    model = LanguageModel(config.model_config(kind, **({"gda_ratio": 2} if kind == "gda" else {}))).eval()
     with torch.no_grad():
         for layer in model.layers:  # larger logits: peaked maps, and p1 − λ·p2 plainly signed with λ = 0.9
             for projection in layer.attn.input_projections():
                 projection.weight.mul_(20)
-            if kind in ("diff", "diff_symmetric"):
+            if kind in ("diff", "diff_symmetric", "gda"):
                 layer.attn.lambda_init = 0.9
     examples = evaluation_set(config, memorised_facts(config.task, 0))
     measured = measure(model, examples, batch_size=2)
