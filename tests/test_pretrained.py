@@ -421,7 +421,7 @@ MODELS = {**{name: (name, "bpe") for name in FAMILIES}, "llama-bytes": ("llama",
 BUDGET = ("compare.evaluation_options={needle: {settings: ['1:1'], heatmap: '1:1', lengths: [192, 256], depths: [0.0, "
           "1.0], samples: 2}, attention-noise: {depths: [0.0, 1.0], samples: 2}, outliers: {tokens: 1024}, "
           "attention-sink: {windows: 4}, position-nll: {windows: 4}, quantization: {bits: [4], loss_windows: 4, "
-          "cloze_items: 8, needle_samples: 0}}")
+          "cloze_items: 8, needle_samples: 0}, context-qa: {max_new_tokens: 4, resamples: 50}}")
 
 
 def imported(root, name):

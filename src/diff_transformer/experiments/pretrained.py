@@ -70,7 +70,7 @@ from ..evaluation.stats import Difference, mean_interval, seeded_rng, welch_diff
 from ..evaluation.suite import EVALUATIONS, SuiteResult, evaluation_options, measure, write_evaluation
 from ..evaluation.texts import EvalText, corpus_validation_texts, first_chars
 from ..files import claim_output_dir, lock_output_dir, project_output_kind, write_text_atomically
-from ..paper import OUTLIERS_TABLE5
+from ..paper import HALLUCINATION_TABLE4, OUTLIERS_TABLE5
 from ..train.state import weights_problem
 from .claims import table3
 from .config import DIFF_FAMILY, TRANSFORMER_FAMILY, ExperimentConfig, PretrainedConfig
@@ -173,10 +173,14 @@ EFFECTS: list[Effect] = [
            "lower", "window", "DIFF degrades less (Fig. 8)", -1, _loss_added, per_byte=True),
     Effect("quantization", "Quantisation", "cloze accuracy lost going to the fewest-bit attention logits", "lower",
            "cloze item", "DIFF loses ~25 points less at 4 bits (Fig. 8)", -1, _cloze_lost),
+    Effect("context-qa", "Contextual hallucination", "a question's greedy answer from its context matches an answer "
+           "(normalised exact match; no judge)", "higher", "question",
+           f"{HALLUCINATION_TABLE4['range']} accuracy (Table 4, GPT-4o-judged)", +1,
+           lambda r: [float(a["exact_match"]) for a in r["answers"]]),
 ]
 """Every effect the report gives, in order; an evaluation of compare.evaluations without one here
-still runs and has its section in the report. A new evaluation joins with an entry, e.g.
-``Effect("context-qa", "Contextual hallucination", ..., lambda r: r["per_item"]["faithful"])``."""
+still runs and has its section in the report. A new evaluation joins with an entry: the figure
+per unit read off its result JSON, as context-qa's per question."""
 
 
 # What an evaluation needs of the context every model is read at (``seq_len``) and of the text, in a
