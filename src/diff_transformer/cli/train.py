@@ -96,7 +96,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--out", default="out/compare", type=types.output_dir,
                    help="output directory (default: out/compare)")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
-    c.add_argument("--resume", action="store_true", help="reuse finished runs in --out and continue interrupted ones")
+    c.add_argument("--resume", action="store_true",
+                   help="continue the study in --out: its finished runs reused, interrupted ones continued from their "
+                   "checkpoint. Only the same study: its settings (DIR/config.yaml, with the command line's models, "
+                   "seeds, learning rates, recipes, retrieval) compared field by field, one that changes the runs "
+                   "and differs refused by name; logging, evaluation, paths, device, backend and --jobs may change")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace the study in --out as a whole: it is moved aside (.DIR.replaced beside it) and "
+                   "deleted once this one completes; refused if DIR holds files no study writes. Without --resume "
+                   "or --overwrite, a DIR holding a study is refused")
     c.add_argument("--nproc", type=types.positive_int, default=1, help="processes per model run (torchrun; default 1)")
     c.add_argument("--lr-grid", type=types.positive_float_list, metavar="LR,LR,...",
                    help="re-run the learning-rate sweep: train every model at each peak lr (min_lr keeps its ratio), "
@@ -181,7 +189,7 @@ def run_compare(args: argparse.Namespace) -> int:
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
             retrieval_lr_grid=args.retrieval_lr_grid, recipes=args.recipes,
             retrieval=False if args.no_retrieval else None,
-            resume=args.resume, nproc=args.nproc, jobs=args.jobs, evaluation=evaluation,
+            resume=args.resume, overwrite=args.overwrite, nproc=args.nproc, jobs=args.jobs, evaluation=evaluation,
         )
     except StudyInterrupted as exc:  # the running runs saved a checkpoint: --resume continues
         print(exc, file=sys.stderr)

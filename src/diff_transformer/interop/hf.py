@@ -464,7 +464,7 @@ def _read_hf_weights(directory: Path) -> dict[str, Tensor]:
     raise CheckpointError(f"{directory}: no {HF_WEIGHTS_FILE} or {HF_INDEX_FILE}")
 
 
-def _load_hf_tokenizer(directory: Path) -> ByteTokenizer | BPETokenizer | None:
+def load_hf_tokenizer(directory: Path) -> ByteTokenizer | BPETokenizer | None:
     """The directory's tokenizer.json as our tokenizer (ByteTokenizer if it is the byte one), or None."""
     path = directory / BPE_FILE
     if not path.is_file():
@@ -498,7 +498,7 @@ def load_hf(directory: str | Path, *,
     model = LanguageModel(config, device="meta")
     model.to_empty(device="cpu")
     load_state_dict_checked(model, state, source=f"{directory} weights")
-    tokenizer = _load_hf_tokenizer(directory) if with_tokenizer else None
+    tokenizer = load_hf_tokenizer(directory) if with_tokenizer else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(
             f"{directory / BPE_FILE}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "

@@ -361,13 +361,20 @@ def check_training(config: TrainConfig, model_name: str | None = None, *, resume
     return _check(config, entry, entry.model_config(), env, resume=resume, lengthen=lengthen)
 
 
-def check_inputs(config: TrainConfig, model_name: str | None = None, *, processes: int = 1) -> None:
+def check_inputs(config: TrainConfig, model_name: str | None = None, *, processes: int = 1,
+                 data: bool = True) -> None:
     """The checks of :func:`check_training` that read (the config against the model, the backend on this
     device, run.init_from's checkpoint, the dataset), not those of the output paths: what a study checks
-    of each of its runs before it creates anything (its runner owns the runs' directories)."""
+    of each of its runs before it creates anything (its runner owns the runs' directories). Without
+    ``data``, the settings alone: nothing is read or tokenized (a study checks every run's settings so
+    before the first run's data)."""
     entry = config.model(model_name)
     env = Environment(rank=0, world_size=processes, local_rank=0, device=resolve_device(config.run.device))
-    _check_inputs(config, entry, entry.model_config(), env, resume=False)
+    model_config = entry.model_config()
+    if data:
+        _check_inputs(config, entry, model_config, env, resume=False)
+    else:
+        _check_settings(config, model_config, env, resume=False)
 
 
 def _check(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *, resume: bool,
@@ -402,9 +409,19 @@ def _check_together(config: TrainConfig, entry: ModelEntry, model_config: ModelC
     return plan
 
 
-def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *,
-                  resume: bool) -> TrainingPlan:
-    """The config, the backend, run.init_from's checkpoint and the dataset (every process)."""
+@dataclass
+class _Settings:
+    """What :func:`_check_settings` resolved: the run's directories, sequence length and starting weights."""
+
+    out_dir: Path
+    checkpoint_dir: Path
+    seq_len: int
+    init_from: Path | None  # the weights a new run starts from (None when resuming)
+
+
+def _check_settings(config: TrainConfig, model_config: ModelConfig, env: Environment, *, resume: bool) -> _Settings:
+    """The config against itself, the model and this device, and run.init_from's checkpoint: nothing
+    of the dataset is read (so a contradiction in the config is refused before a corpus is tokenized)."""
     run, data = config.run, config.data
     out_dir = Path(run.out_dir)
     checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
@@ -427,7 +444,15 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
             raise ConfigError(f"run.init_from: {init_from} is this run's checkpoint directory {checkpoint_dir} "
                               f"or inside it, which the run would replace; choose another run.out_dir / "
                               f"run.checkpoint_dir")
-    plan = DataPlan(config, seq_len, env)
+    return _Settings(out_dir, checkpoint_dir, seq_len, init_from)
+
+
+def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *,
+                  resume: bool) -> TrainingPlan:
+    """The settings (:func:`_check_settings`), then the dataset against them (every process): its
+    vocabulary within the model's, a validation window and a training batch in its splits."""
+    settings = _check_settings(config, model_config, env, resume=resume)
+    plan = DataPlan(config, settings.seq_len, env)
     if plan.vocab_size > model_config.vocab_size:
         raise ConfigError(
             f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than model "
@@ -435,13 +460,14 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
         )
     try:
         validation = plan.validation_batches()
-    except ValueError as exc:  # a validation split too short for one window
+        next(plan.micro_batches(0))  # the train split holds a window (else the run would fail at its first step)
+    except ValueError as exc:  # a split too short for one window
         raise ConfigError(f"data.dataset: {exc}") from None
-    if init_from is not None:
-        check_initial_tokenizer(init_from, plan.tokenizer)
-    return TrainingPlan(config=config, entry=entry, model_config=model_config, out_dir=out_dir,
-                        checkpoint_dir=checkpoint_dir, data=plan, validation=validation, init_from=init_from,
-                        resume=None)
+    if settings.init_from is not None:
+        check_initial_tokenizer(settings.init_from, plan.tokenizer)
+    return TrainingPlan(config=config, entry=entry, model_config=model_config, out_dir=settings.out_dir,
+                        checkpoint_dir=settings.checkpoint_dir, data=plan, validation=validation,
+                        init_from=settings.init_from, resume=None)
 
 
 def backend_problem(backend: str, device: torch.device, model_config: ModelConfig, seq_len: int, *,
