@@ -154,6 +154,23 @@ class DataPlan:
         self.eval_per_process = data.eval_sequences // env.world_size
         self.rank = env.rank
 
+    def check_train_windows(self, examples: int = 16) -> None:
+        """A ValueError naming what would fail at the first steps: a train split too short for one
+        window of seq_len (+1 target), or a task of data.mix whose examples (the first ``examples`` of
+        each) do not fit seq_len. A task with no share is never drawn: not checked."""
+        from ..data import MixedBatches
+
+        corpus = self.train.shards if isinstance(self.train, MixedBatches) else self.train
+        corpus.window_starts([0], self.seq_len, seed=self.seed)
+        if isinstance(self.train, MixedBatches):
+            for name, share in self.train.mix.items():
+                try:
+                    for index in range(examples if share > 0 else 0):
+                        self.train.generate(name, index, self.seq_len, seed=self.seed)
+                except ValueError as exc:
+                    raise ConfigError(f"data.mix: the {name!r} task at data.seq_len={self.seq_len}: {exc}; raise "
+                                      f"data.seq_len or take {name!r} out of data.mix") from None
+
     def micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This process's micro-batches of optimizer step ``step`` (0-based): (inputs, targets) (b, T)."""
         first = step * self.batch_size + self.rank * self.per_process
@@ -460,7 +477,9 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
         )
     try:
         validation = plan.validation_batches()
-        next(plan.micro_batches(0))  # the train split holds a window (else the run would fail at its first step)
+        plan.check_train_windows()
+    except ConfigError:  # data.mix: named as such
+        raise
     except ValueError as exc:  # a split too short for one window
         raise ConfigError(f"data.dataset: {exc}") from None
     if settings.init_from is not None:
