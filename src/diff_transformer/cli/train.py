@@ -11,10 +11,14 @@ from functools import partial
 
 from . import args as types
 
-CONFIG_HELP = (
-    "a YAML config file, or the name of a shipped one (tiny, long-context, ablation-1.4b, paper-3b, paper-3b-64k); "
-    "default: tiny"
-)
+
+def config_help() -> str:
+    """--config's help: every config the package ships (its configs folder), by name."""
+    from ..train.config import shipped_configs
+
+    return f"a YAML config file, or the name of a shipped one ({', '.join(shipped_configs())}); default: tiny"
+
+
 SET_HELP = (
     "override a config value, e.g. --set optim.lr=1e-3 --set run.steps=100 (repeatable; values are YAML). "
     "An optim field set so applies to every model, replacing a model's own value; "
@@ -43,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--set data.seq_len=1024.",
         epilog=TRAIN_EXIT_STATUSES,
     )
-    p.add_argument("--config", default="tiny", help=CONFIG_HELP)
+    p.add_argument("--config", default="tiny", help=config_help())
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--resume", action="store_true",
@@ -74,7 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "attention to the answer); then the evaluations of compare.evaluations on every seed's model (JSON and "
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
         "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds; the Transformer, DIFF and "
-        "DIFF V2). One comparison at a time writes into DIR (DIR/.lock names its pid). "
+        "DIFF V2). One comparison at a time writes into DIR (DIR/.lock names its pid), and a DIR that holds a "
+        "study is refused unless --resume continues it (the same study) or --overwrite replaces it. "
         "A config with a long_context section (--config long-context) runs the long-context experiment instead: "
         "the models trained short, each seed extended (run.init_from) to a longer context and a larger RoPE θ, "
         "cumulative NLL by position and retrieval by length before and after (docs/training.md, "
@@ -84,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "it ends against the Transformer (docs/training.md, \"From a pretrained Transformer\").",
         epilog=COMPARE_EXIT_STATUSES,
     )
-    c.add_argument("--config", default="tiny", help=CONFIG_HELP)
+    c.add_argument("--config", default="tiny", help=config_help())
     c.add_argument(
         "--attention",
         help="comma-separated attention kinds (standard,diff,diff_v2,diff_symmetric,gated,gated_headwise) or model "
