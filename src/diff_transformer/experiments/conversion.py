@@ -73,7 +73,7 @@ from .comparison import Evaluation, study_record
 from .config import ExperimentConfig
 from .language_models import Machine, check_runs, plan_runs, run_config, train_language_models
 from .output import check_study_output, open_study
-from .report import label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study
+from .report import interval_text, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study
 from .results import TrainingRun, diagnostics_of, seed_curves
 from .runner import PoolJob, run_jobs
 from .study import Axes, RunKey, Sweep
@@ -796,12 +796,6 @@ def write_plot(metrics: ConversionMetrics, path: Path) -> Path:
     return save_plot(fig, path)
 
 
-def _interval(d: Difference | None) -> str:
-    if d is None:
-        return "–"
-    return signed(d.delta) + (f" [{signed(d.low)}, {signed(d.high)}]" if d.low is not None else "")
-
-
 def _tokens(x: float) -> str:
     return f"{round(x):,}"
 
@@ -868,14 +862,14 @@ def render_report(metrics: ConversionMetrics) -> str:
         verdict = "the baseline" if arm.final_versus is None else arm.final_versus.words
         lines.append(f"| {arm.label} | {arm.parameters:,} | {stats_cell(arm.start)}{change} | "
                      f"{recovery_text(arm.recovery)} | {stats_cell(arm.final)} | "
-                     f"{_interval(arm.final_versus.difference if arm.final_versus else None)} | **{verdict}** |")
+                     f"{interval_text(arm.final_versus.difference if arm.final_versus else None)} | **{verdict}** |")
     if reference is not None:
         lines.append(f"| {reference.label} ({tokens_text(reference.tokens)} tokens) | {reference.parameters:,} | – "
-                     f"| – | {stats_cell(reference.final)} | {_interval(reference.final_versus.difference)} | "
+                     f"| – | {stats_cell(reference.final)} | {interval_text(reference.final_versus.difference)} | "
                      f"**{reference.final_versus.words}** |")
     if reference is not None:
         lines += ["", f"Each conversion against {reference.label} (final loss, Welch's 95% interval): "
-                  + "; ".join(f"{a.label} {_interval(reference.conversions[a.name].difference)}, "
+                  + "; ".join(f"{a.label} {interval_text(reference.conversions[a.name].difference)}, "
                               f"{reference.conversions[a.name].words}" for a in arms[1:]) + "."]
     recovery_rows = [a for a in arms if a.recovery_versus is not None]
     if recovery_rows:
@@ -919,13 +913,14 @@ def _retrieval_lines(metrics: ConversionMetrics) -> list[str]:
     for arm in metrics.arms:
         verdict = "the baseline" if arm is metrics.arms[0] else (arm.retrieval_versus.words if arm.retrieval_versus
                                                                  else "–")
+        difference = arm.retrieval_versus.difference if arm.retrieval_versus else None
         lines.append(f"| {arm.label} | {stats_cell(arm.retrieval_before)} | {stats_cell(arm.retrieval_after)} | "
-                     f"{_interval(arm.retrieval_versus.difference if arm.retrieval_versus else None)} | {verdict} |")
+                     f"{interval_text(difference)} | {verdict} |")
     reference = metrics.scratch
     if reference is not None:
+        versus = reference.retrieval_versus
         lines.append(f"| {reference.label} | – | {stats_cell(reference.retrieval_after)} | "
-                     f"{_interval(reference.retrieval_versus.difference if reference.retrieval_versus else None)} | "
-                     f"{reference.retrieval_versus.words if reference.retrieval_versus else '–'} |")
+                     f"{interval_text(versus.difference if versus else None)} | {versus.words if versus else '–'} |")
     if info.errors:
         lines += ["", "Not run on: " + "; ".join(f"{label} ({why})" for label, why in info.errors.items()) + "."]
     return lines + [""]
