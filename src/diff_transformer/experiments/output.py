@@ -192,6 +192,7 @@ def open_study(out_dir: Path, record: dict[str, Any], *, resume: bool, overwrite
                 shutil.rmtree(out_dir)
             else:
                 out_dir.rename(aside)
+                (aside / LOCK_FILE).unlink(missing_ok=True)  # this process's lock, moved with the folder
         if progress:
             print(f"{out_dir}: the earlier study moved to {aside}, deleted once this one completes",
                   file=sys.stderr, flush=True)
