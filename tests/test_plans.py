@@ -323,3 +323,30 @@ def test_compare_stopped_at_any_moment_exits_128_plus_the_signal_with_the_resume
     name = signal.Signals(signum).name
     assert code == 128 + signum, lines
     assert lines[-1].startswith(f"interrupted by {name}") and "--resume" in lines[-1], lines
+
+
+# --- other commands: what is read from config.json alone is checked before the weights ----------------------
+
+
+@pytest.fixture
+def unreadable_weights(tmp_path):
+    """Checkpoints whose weights file is damaged: a refusal that config.json decides must come first."""
+    from diff_transformer import LanguageModel, ModelConfig
+
+    made = {}
+    for name, attention in (("diff_v2", "diff_v2"), ("no-tokenizer", "diff")):
+        LanguageModel(ModelConfig.from_preset("debug", attention=attention)).save_pretrained(tmp_path / name)
+        (tmp_path / name / "model.safetensors").write_bytes(b"damaged")
+        made[name] = tmp_path / name
+    return made
+
+
+def test_export_hf_refuses_a_kind_transformers_lacks_before_reading_the_weights(unreadable_weights, tmp_path,
+                                                                                capsys):
+    line = one_error_line(capsys, "export-hf", str(unreadable_weights["diff_v2"]), str(tmp_path / "hf"))
+    assert "DIFF V2 has no Hugging Face transformers class" in line and not (tmp_path / "hf").exists()
+
+
+def test_generate_refuses_a_checkpoint_without_a_tokenizer_before_reading_the_weights(unreadable_weights, capsys):
+    line = one_error_line(capsys, "generate", str(unreadable_weights["no-tokenizer"]), "--prompt", "Hello")
+    assert line.endswith("holds no tokenizer; pass --tokenizer")

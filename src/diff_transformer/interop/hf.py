@@ -52,6 +52,7 @@ from ..checkpoint import (
     CheckpointError,
     load_checkpoint_tokenizer,
     load_state_dict_checked,
+    read_config,
     read_weights,
     write_directory_atomically,
 )
@@ -434,9 +435,11 @@ def export_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = Fals
     """A checkpoint directory of this project -> a transformers directory at ``out`` (new, empty,
     or with ``overwrite`` an earlier export; never the checkpoint itself)."""
     check_output_dir(out, "hf-export", overwrite=overwrite, reading=[checkpoint])  # before the work
+    config, _ = read_config(checkpoint)
+    check_exportable(config)  # from config.json alone, before the weights are read
+    tokenizer = load_checkpoint_tokenizer(checkpoint, config.vocab_size)
     with lock_output(out):  # one writer: a second export to ``out`` is refused before its work
         model = LanguageModel.from_pretrained(checkpoint)
-        tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
         return save_hf(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
 
 
@@ -494,16 +497,16 @@ def load_hf(directory: str | Path, *,
                               f"nothing to import; use it as it is (LanguageModel.from_pretrained, generate, eval, "
                               f"train --init-from)")
     config = model_config_from_hf(hf, path)
-    state = from_hf_state_dict(_read_hf_weights(directory), config, source=f"{directory} weights")
-    model = LanguageModel(config, device="meta")
-    model.to_empty(device="cpu")
-    load_state_dict_checked(model, state, source=f"{directory} weights")
-    tokenizer = load_hf_tokenizer(directory) if with_tokenizer else None
+    tokenizer = load_hf_tokenizer(directory) if with_tokenizer else None  # before the weights are read
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(
             f"{directory / BPE_FILE}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
             f"{config.vocab_size}"
         )
+    state = from_hf_state_dict(_read_hf_weights(directory), config, source=f"{directory} weights")
+    model = LanguageModel(config, device="meta")
+    model.to_empty(device="cpu")
+    load_state_dict_checked(model, state, source=f"{directory} weights")
     return model, tokenizer
 
 
