@@ -65,12 +65,18 @@ def empty_cache(tmp_path, monkeypatch) -> Path:
 # --- the whole plan before any work ------------------------------------------------------------------
 
 
-def test_a_contradiction_in_the_config_is_refused_before_the_corpus_is_tokenized(empty_cache, tmp_path, capsys):
+@pytest.mark.parametrize("setting, refusal", [
+    ("models.diff.scale_residual_init=false",
+     "models.diff.scale_residual_init=False disagrees with init recipe 'scaled-init'"),
+    ("run.attn_backend=decode", "run.attn_backend=decode takes one query per sequence"),
+], ids=["pinned-recipe-field", "backend-of-a-later-model"])
+def test_a_contradiction_in_the_config_is_refused_before_the_corpus_is_tokenized(setting, refusal, empty_cache,
+                                                                                 tmp_path, capsys):
     """The issue's case: the Transformer's runs come first, and their data check tokenized the corpus
-    (13 s) before DIFF's config was built and refused."""
-    line = one_error_line(capsys, "compare", "--set", "models.diff.scale_residual_init=false", "--out",
-                          str(tmp_path / "cmp"))
-    assert "models.diff.scale_residual_init=False disagrees with init recipe 'scaled-init'" in line
+    (13 s) before DIFF's config was built and refused; so for a backend DIFF's runs cannot take (the
+    Transformer's can): every run's settings are checked before any run's data."""
+    line = one_error_line(capsys, "compare", "--set", setting, "--out", str(tmp_path / "cmp"))
+    assert refusal in line
     assert list(empty_cache.iterdir()) == [] and not (tmp_path / "cmp").exists()
 
 
