@@ -68,6 +68,33 @@ def test_forward_names_the_bad_argument_and_its_value(model, tokens, targets, ki
         model(tokens(), None if targets is None else targets())
 
 
+@pytest.mark.parametrize("argument", ["tokens", "targets", "document_ids", "padding_mask"])
+def test_a_tensor_on_another_device_is_named(model, argument):
+    """torch's "Expected all tensors to be on the same device" comes from deep inside and names none;
+    the meta device stands in for another one on a machine without a GPU."""
+    tokens = ids(2, 8)
+    given = {"targets": ids(2, 8), "document_ids": torch.zeros(2, 8, dtype=torch.long),
+             "padding_mask": torch.ones(2, 8, dtype=torch.bool)}
+    given = {argument: given[argument]} if argument != "tokens" else {}
+    if argument == "tokens":
+        tokens = tokens.to("meta")
+    else:
+        given[argument] = given[argument].to("meta")
+    whose = "the model's" if argument == "tokens" else "the tokens'"
+    with pytest.raises(ValueError, match=f"^{argument} is on meta, {whose} device is cpu: move it there"):
+        model(tokens, **given)
+
+
+@pytest.mark.parametrize("document_ids, message", [
+    (torch.zeros(2, 7, dtype=torch.long), r"document_ids must be integers of the tokens' shape \(2, 8\), got "
+                                          r"torch.int64 \(2, 7\)"),
+    (torch.zeros(2, 8), r"got torch.float32 \(2, 8\)"),
+])
+def test_document_ids_of_another_shape_or_dtype_are_named(model, document_ids, message):
+    with pytest.raises(ValueError, match=message):
+        model(ids(2, 8), document_ids=document_ids)
+
+
 def test_forward_accepts_ignored_targets_and_every_valid_id(model):
     tokens = torch.tensor([[0, VOCAB - 1, 5]])
     targets = torch.tensor([[-100, VOCAB - 1, 0]])

@@ -230,3 +230,15 @@ def test_cli_table(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "DIFF vs Transformer" in out and "DiffLlama" not in out
+
+
+def test_flex_in_every_mode_is_a_table_with_the_cells_it_cannot_run_marked(capsys):
+    """FlexAttention has no CPU backward: its fwd+bwd cell says so; the others are measured (exit 0)."""
+    args = ["bench", "attention", "--device", "cpu", "--lengths", "32", "--heads", "4", "--head-dim", "16",
+            "--backends", "flex", "--modes", "fwd", "fwd+bwd", "decode", "--repeats", "1", "--no-memory"]
+    assert main(args) == 0
+    rows = {tuple(line.split()[:3]): line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("fwd", "decode"))}
+    assert rows[("fwd+bwd", "diff", "flex")].endswith("FlexAttention has no backward on the cpu")
+    for mode in ("fwd", "decode"):
+        assert rows[(mode, "diff", "flex")].split()[5] != "-"  # measured

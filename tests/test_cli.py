@@ -1,5 +1,6 @@
 """The diff-transformer command: --help of every subcommand, info, generate."""
 
+import os
 import subprocess
 import sys
 
@@ -101,3 +102,16 @@ def test_generate_takes_the_shipped_tokenizer_by_name(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "ckpt"), "--tokenizer", "default", "--prompt", "To be",
                  "--max-new-tokens", "3", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("To be")
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_help_lists_every_shipped_config(command, capsys):
+    """Derived from the configs folder: a config added there is listed without a hand-kept list."""
+    from diff_transformer.train.config import CONFIG_DIR
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    listed = help_text.split("a shipped one (", 1)[1].split(")", 1)[0].split(", ")
+    names = {name[: -len(".yaml")] for name in os.listdir(CONFIG_DIR) if name.endswith(".yaml")}
+    assert len(names) >= 11 and sorted(listed) == sorted(names)

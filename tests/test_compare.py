@@ -284,6 +284,25 @@ def test_a_signal_reaches_every_running_job_once_and_none_starts_after_it(tmp_pa
     assert not (tmp_path / "third").exists()
 
 
+def test_a_run_started_as_the_signal_came_is_stopped_and_one_the_signal_ended_counts_as_interrupted(tmp_path):
+    """A signal that lands while a run's process is being started (after the runner passed it to the
+    running ones) reaches that process too, once; a process the signal itself ended (-15: it had no
+    handler yet, still importing torch) is an interrupted run, not a failed one (the issue: "training
+    failed (exit code -2)", exit status 2)."""
+    import signal
+
+    from diff_transformer.experiments.runner import _Runner
+
+    runner = _Runner(1, 1, False, False, None)
+    runner.received.append(signal.SIGTERM)
+    job = _process_jobs(tmp_path, "wait")[0]
+    job.argv = [sys.executable, "-c", "import time; time.sleep(60)"]  # no handler: the signal ends it
+    runner._start(job)
+    [(_, process)] = runner.processes.values()
+    assert process.wait(timeout=60) == -signal.SIGTERM and runner.signalled == {process.pid}
+    assert runner._collect() == [] and runner.stopped == [signal.SIGTERM]
+
+
 @pytest.mark.slow  # three models, two recipes, both experiments, two at a time
 def test_compare_searches_each_recipe_and_reports_what_each_claim_depends_on(byte_dataset, tmp_path):  # noqa: F811
     models = {**MODELS, "diff_v2": {"attention": "diff_v2", "label": "DIFF V2"}}

@@ -329,3 +329,27 @@ def test_a_model_that_pins_a_recipe_field_is_refused_under_another_recipe():
     with pytest.raises(ConfigError,
                        match="models.diff.scale_residual_init=False disagrees with init recipe 'scaled-init'"):
         config.entry_fields("diff", "scaled-init")
+
+
+@pytest.mark.parametrize("config, overrides, label", [
+    ("alternatives", [], "Transformer 3×64"), ("alternatives", ["model.preset=debug"], "Transformer 2×32"),
+    ("tiny", ["model.preset=small"], None),
+])
+def test_the_wide_transformers_label_is_its_real_shape(config, overrides, label):
+    """The issue's "Transformer 3×64" at the debug size (2 heads × 32): the label is filled from the
+    model's own config (its DIFF head count, head dim 2d), whatever the preset."""
+    from diff_transformer.experiments import load_experiment
+
+    experiment = load_experiment(config, overrides)
+    shape = experiment.train.model("standard-wide").model_config()
+    assert experiment.model_name("standard-wide") == (label or f"Transformer {shape.n_heads}×{shape.head_dim}")
+    assert shape.n_heads * shape.head_dim == shape.d_model
+
+
+def test_a_label_naming_no_model_field_is_refused_by_name():
+    from diff_transformer.experiments import load_experiment
+    from diff_transformer.train import ConfigError
+
+    with pytest.raises(ConfigError, match=r"models.standard.label 'Transformer \{heads\}': each \{...\} must name a "
+                                          "ModelConfig field or head_dim"):
+        load_experiment("tiny", ["models.standard.label='Transformer {heads}'"])

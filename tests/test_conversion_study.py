@@ -3,6 +3,7 @@ interpolations, the verdicts against planted per-seed figures, the shipped confi
 on the meta device, what the study checks before it creates anything, and an end-to-end run at
 the debug size that --resume then reuses whole."""
 
+import dataclasses
 import json
 import math
 import statistics
@@ -17,9 +18,13 @@ from diff_transformer.convert import converted_config
 from diff_transformer.data import prepare
 from diff_transformer.evaluation.stats import mean_interval
 from diff_transformer.experiments import compare, load_experiment
+from diff_transformer.checkpoint import load_checkpoint_tokenizer
+from diff_transformer.config import ModelConfig
 from diff_transformer.experiments.conversion import (
-    CONTINUED, Recovery, check_given_source, conversion_plan, given_source, recovery_tokens, validation_windows, versus,
+    CONTINUED, Recovery, check_given_source, check_source_data, conversion_plan, given_source, given_source_tokenizer,
+    recovery_tokens, validation_windows, versus,
 )
+from diff_transformer.tokenizer import ByteTokenizer
 from diff_transformer.model import LanguageModel
 from diff_transformer.train.distributed import Environment
 from diff_transformer.train.trainer import DataPlan
@@ -164,10 +169,38 @@ def test_a_given_source_that_is_not_the_configured_model_is_refused_before_anyth
     source.save_pretrained(tmp_path / "diff-checkpoint")
     config = load_experiment("convert", [f"convert.source={tmp_path / 'diff-checkpoint'}",
                                          "convert.scratch_model=null"])
-    with pytest.raises(ConfigError, match="convert.source: .*holds another model than models.standard .*"
-                                          "attention: 'diff' in the source, 'standard' in models.standard"):
+    with pytest.raises(ConfigError, match=r"convert.source: .*diff-checkpoint: holds a model with attention='diff'; "
+                                          r"convert reads Transformers \(attention='standard'\)"):
+        compare(config, tmp_path / "out", progress=False)  # said so, not "set the model's fields to the source's"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_source_without_a_tokenizer_is_refused_before_any_run_unless_one_is_named(byte_dataset, tmp_path,  # noqa: F811
+                                                                                   capsys):
+    """The issue's case: an imported source without a tokenizer trained the whole grid, then failed with
+    advice to pass --tokenizer, which compare does not have. Refused first, naming the config field; with
+    it, the source is saved into OUT/source/imported with that tokenizer, which every later step reads."""
+    source = tmp_path / "no-tokenizer"
+    LanguageModel(ModelConfig.from_dict({k: v for k, v in LLAMA_SHAPE.items() if k != "label"})).save_pretrained(source)
+    def experiment(tokenizer=None):
+        config = llama_experiment(byte_dataset, tmp_path / "unused", source)
+        return dataclasses.replace(config, convert=dataclasses.replace(config.convert, source_tokenizer=tokenizer))
+
+    config = experiment()
+    with pytest.raises(ConfigError, match="holds no tokenizer.*set convert.source_tokenizer to it.*"
+                                          "--set convert.source_tokenizer=path/to/tokenizer.json"):
         compare(config, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+    named = experiment("bytes")
+    check_given_source(named)
+    with pytest.raises(ConfigError, match="reads another tokenizer than data.dataset"):  # the dataset's: bytes
+        check_source_data(experiment("default"))
+    check_source_data(named)
+    imported = given_source(str(source), tmp_path / "imported", tokenizer=given_source_tokenizer(named), resume=False,
+                            progress=False)
+    assert imported == tmp_path / "imported" and isinstance(load_checkpoint_tokenizer(imported), ByteTokenizer)
+    assert torch.equal(LanguageModel.from_pretrained(imported).embed.weight,
+                       LanguageModel.from_pretrained(source).embed.weight)
 
 
 @pytest.mark.parametrize("argv, expected", [

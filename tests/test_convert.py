@@ -433,3 +433,17 @@ def test_a_checkpoint_saved_before_value_factor_existed_loads_unchanged(tmp_path
     assert loaded.config == model.config and loaded.config.value_factor == 2
     tokens = torch.randint(0, 512, (2, 17))
     assert torch.equal(logits(loaded, tokens), logits(model, tokens))
+
+
+def test_too_little_text_for_the_windows_names_text_windows_and_the_numbers(tmp_path, capsys):
+    """The issue's "the evaluation text holds 15 tokens; this evaluation needs 1032 (lower its token
+    budget ...)": convert has --text and --windows, and says so (windows of 128 + 1 bytes here)."""
+    standard().save_pretrained(tmp_path / "source", ByteTokenizer())
+    (tmp_path / "short.txt").write_text("hello there\nshort text\n")  # 23 bytes + end of text: 24 tokens
+    _refused(["convert", tmp_path / "source", tmp_path / "out", "--text", tmp_path / "short.txt"], capsys,
+             tmp_path / "out", f"--text {tmp_path / 'short.txt'} holds 24 tokens, too few for --windows 8 windows of "
+             "129 tokens (1,032 needed; at most 0 windows fit): give more text or fewer --windows")
+    held_out = EvalText().stream(ByteTokenizer(), 0).numel()
+    _refused(["convert", tmp_path / "source", tmp_path / "out", "--windows", "100000"], capsys, tmp_path / "out",
+             f"the embedded corpus' validation documents hold {held_out:,} tokens, too few for --windows 100,000 "
+             f"windows of 129 tokens (12,900,000 needed; at most {held_out // 129:,} windows fit)")

@@ -1,5 +1,6 @@
 """Attention maps handed to an AttentionTap, and the attention-noise evaluation built on them."""
 
+import math
 import random
 
 import pytest
@@ -9,6 +10,7 @@ from diff_transformer import AttentionTap, LanguageModel, ModelConfig
 from diff_transformer.data.synthetic import ICL_WORDS, build_needle_example
 from diff_transformer.evaluation import EvalText, ModelUnderTest
 from diff_transformer.evaluation import attention_noise, attention_sink
+from diff_transformer.evaluation.stats import decimals
 from diff_transformer.tokenizer import ByteTokenizer
 
 KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "gda"]
@@ -100,3 +102,34 @@ def test_attention_sink_runs_on_every_kind(kind):
     if kind in ("standard", "gated", "gated_headwise"):
         assert all(0 < x <= 1 for x in result["per_layer"]["mean"])
     assert result["mean_over_layers"]["mean"] == pytest.approx(result["uniform_share"], abs=0.05)
+
+
+def test_the_attention_sink_verdict_is_printed_with_the_digits_that_show_it():
+    """The issue's "−0.000 ± 0.000 … : lower": a difference of 1.2e-4 beyond its noise of ~8e-6
+    (two standard errors of the paired per-window differences, by hand below) is printed to two
+    significant figures of the noise, so that the verdict can be read off the figures."""
+    base = [0.1, 0.1002, 0.0998, 0.1]
+    cand = [b + d for b, d in zip(base, [0.00012, 0.00011, 0.00013, 0.00012])]
+
+    def entry(kind, shares):
+        mean = sum(shares) / len(shares)
+        return {"model": {"attention": kind}, "windows": 4, "seq_len": 32, "first_query": 1, "uniform_share": 0.1,
+                "per_layer": {"mean": [mean], "std": [0.0]}, "mean_over_layers": {"mean": mean, "std": 0.0},
+                "per_window": {"mean_over_layers": shares}, "windows_fingerprint": "same"}
+
+    text = attention_sink.report({"standard": entry("standard", base), "diff": entry("diff", cand)},
+                                 attention_sink.AttentionSinkOptions(windows=4, seq_len=32))
+    line = next(line for line in text.splitlines() if line.startswith("First-token share"))
+    diffs = [c - b for b, c in zip(base, cand)]
+    mean = sum(diffs) / 4
+    noise = 2 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 3 / 4)
+    assert f"{mean:+.7f} ± {noise:.7f}" in line and line.endswith(": higher."), line
+    assert "+0.0001200 ± 0.0000082" in line
+
+
+@pytest.mark.parametrize("values, at_least, places", [
+    ((0.12, 0.03), 3, 3), ((-0.0001, 0.00004), 3, 6), ((0.0, None, float("nan")), 3, 3), ((1e-12,), 3, 10),
+    ((123.0,), 4, 4), ((0.0049,), 2, 4),
+])
+def test_decimals_show_two_significant_figures_of_every_value(values, at_least, places):
+    assert decimals(*values, at_least=at_least) == places

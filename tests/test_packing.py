@@ -125,6 +125,26 @@ def test_flex_backend_forward_equals_each_document_alone(kind):
                 start += len(document)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_flex_backend_with_gradients_on_the_cpu_equals_the_reference_forward_and_backward(kind):
+    """The issue's case: a model in eval mode called without torch.no_grad() on the CPU, where
+    FlexAttention has no backward: the same attention by SDPA on the block mask's dense mask, its
+    logits and gradients the reference backend's (fp32, 1e-5 / 1e-4)."""
+    config = ModelConfig.from_preset("debug", attention=kind)
+    flex = LanguageModel(config, attn_backend="flex").eval()
+    reference = LanguageModel(config, attn_backend="reference").eval()
+    reference.load_state_dict(flex.state_dict())
+    tokens, _ = packed_rows(config.vocab_size, LENGTHS, torch.Generator().manual_seed(5))
+    for ids in (None, document_ids(tokens, SEPARATOR)):
+        got, want = flex(tokens, document_ids=ids)[0], reference(tokens, document_ids=ids)[0]
+        assert (got - want).abs().max().item() < 1e-5
+        weights = torch.randn_like(want)
+        grads = [torch.autograd.grad((out * weights).sum(), [m.embed.weight, m.layers[0].attn.v_proj.weight])
+                 for m, out in ((flex, got), (reference, want))]
+        for a, b in zip(*grads):
+            assert (a - b).abs().max().item() < 1e-4
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("mask", ["causal", "dense", "documents"])
 def test_flex_op_equals_the_reference(mask):

@@ -118,7 +118,7 @@ CHANGES = {
     "data.dataset": ("{copy}", "data.dataset: '{dataset}' -> '{copy}'"),
     "data.seq_len": ("16", "data.seq_len: 32 -> 16"),
     "data.batch_size": ("4", "data.batch_size: 8 -> 4"),
-    "data.mix": ("{needle: 0.1}", "data.mix: {} -> {'needle': 0.1}"),
+    "data.mix": ("{mqar: 0.1}", "data.mix: {} -> {'mqar': 0.1}"),  # (needle's examples need 128 tokens)
     "data.eval_sequences": ("4", "data.eval_sequences: 8 -> 4"),
     "data.within_documents": ("true", "data.within_documents: False -> True"),
     "data.long_document_tokens": ("64", "data.long_document_tokens: None -> 64"),

@@ -66,6 +66,17 @@ class ConversionError(ValueError):
     """A source that cannot be converted as asked; the message names the source and why."""
 
 
+class TooLittleText(ValueError):
+    """The held-out text holds fewer tokens than the step-0 comparison's windows need: ``tokens`` of
+    ``needed`` (``count`` windows of ``window`` tokens), read from ``what``."""
+
+    def __init__(self, what: str, tokens: int, count: int, window: int) -> None:
+        self.what, self.tokens, self.count, self.window = what, tokens, count, window
+        self.needed = count * window
+        super().__init__(f"{what} holds {tokens:,} tokens; {count:,} windows of {window} tokens need "
+                         f"{self.needed:,}: give more text or fewer windows")
+
+
 @dataclass(frozen=True)
 class Source:
     """A Transformer read for conversion: the model (fp32, CPU), its tokenizer or None, where it
@@ -337,6 +348,9 @@ def start_windows(tokenizer, config: ModelConfig, *, count: int = START_WINDOWS,
 
     held_out = EvalText(None if text is None else [text])
     what = "the given text" if text is not None else "the embedded corpus' validation documents"
+    tokens = held_out.stream(tokenizer, 0).numel()
+    if tokens < count * (length + 1):
+        raise TooLittleText(what, tokens, count, length + 1)
     return held_out.windows(tokenizer, length, count), what
 
 

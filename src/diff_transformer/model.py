@@ -47,6 +47,14 @@ def _head_logits(x: Tensor, weight: Tensor) -> Tensor:
     return F.linear(x, weight)
 
 
+def _check_device(name: str, tensor: Tensor, device: torch.device, whose: str = "the tokens'") -> None:
+    """A ValueError naming ``name`` unless ``tensor`` lies on ``device`` (torch's own error comes from
+    deep inside the forward and names neither)."""
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device}, {whose} device is {device}: move it there "
+                         f"({name}.to({str(device)!r}))")
+
+
 def document_ids(tokens: Tensor, separator_id: int) -> Tensor:
     """tokens (B, T) -> (B, T) int64: which document each token belongs to, for documents packed
     into one sequence (``data.packing: documents``). A document starts at each ``separator_id``
@@ -293,6 +301,7 @@ class LanguageModel(nn.Module):
                 if padding_mask.shape[-1] != s or padding_mask.dtype != torch.bool:
                     got = f"{padding_mask.dtype} {tuple(padding_mask.shape)}"
                     raise ValueError(f"padding_mask must be bool (batch, {s}), got {got}")
+                _check_device("padding_mask", padding_mask, tokens.device)
                 attn_mask = key_padding_to_attn_mask(padding_mask, t, s)
         x = self.embed(tokens)
         for layer in self.layers:
@@ -327,6 +336,9 @@ class LanguageModel(nn.Module):
             raise ValueError(f"tokens must be (batch, length) with at least one token, got shape {tuple(tokens.shape)}")
         if targets is not None and targets.shape != tokens.shape:
             raise ValueError(f"targets must have the shape of tokens {tuple(tokens.shape)}, got {tuple(targets.shape)}")
+        _check_device("tokens", tokens, self.embed.weight.device, "the model's")
+        if targets is not None:
+            _check_device("targets", targets, tokens.device)
         if not check_ids:
             return
         vocab = self.config.vocab_size
@@ -355,6 +367,7 @@ class LanguageModel(nn.Module):
             got = f"{document_ids.dtype} {tuple(document_ids.shape)}" if isinstance(document_ids, Tensor) else (
                 type(document_ids).__name__)
             raise ValueError(f"document_ids must be integers of the tokens' shape {tuple(tokens.shape)}, got {got}")
+        _check_device("document_ids", document_ids, tokens.device)
         if tokens.shape[1] > self.config.max_seq_len:
             raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds max_seq_len={self.config.max_seq_len}")
 

@@ -202,7 +202,9 @@ def _call(kind: str, backend: str, mode: str, inputs: list[Tensor], causal: bool
     return run_forward_backward
 
 
-def _skip_reason(backend: str, device: torch.device) -> str:
+def _skip_reason(backend: str, mode: str, device: torch.device) -> str:
+    if backend == "flex" and mode == "fwd+bwd" and device.type != "cuda":
+        return f"FlexAttention has no backward on the {device.type}"
     if backend == "triton" and device.type != "cuda":
         return "needs a CUDA GPU (the Triton interpreter is for tests only)"
     if backend == "triton" and not TRITON_INSTALLED:
@@ -249,7 +251,7 @@ def run_attention_bench(settings: AttentionBenchSettings, *, progress: bool = Tr
 
 def _measure(case: AttentionBenchResult, settings: AttentionBenchSettings, device: torch.device, budget: int) -> None:
     """Fill in the figures of one case, or a note saying why it was not run."""
-    case.note = _skip_reason(case.backend, device)
+    case.note = _skip_reason(case.backend, case.mode, device)
     need = quadratic_bytes(
         case.kind, case.backend, case.mode, device, batch=settings.batch, heads=settings.heads,
         t=case.queries, s=case.keys,

@@ -8,6 +8,12 @@ Errors are answered here, for every command: a bad option value is refused by th
 ``error: unexpected ...`` line and exit status 1. ``--debug`` (or DIFF_TRANSFORMER_DEBUG=1)
 shows the traceback instead.
 
+SIGINT and SIGTERM that reach a command outside the work that handles them itself (a training
+loop saves a checkpoint, a study's runner stops its runs) end it with one line, "interrupted by
+SIGNAL" and what to do next (INTERRUPTED_HINTS), and the exit status a shell
+gives a process the signal stopped, 130 or 143: while it loads torch, checks its inputs, tokenizes.
+The package imports torch on first use, so the command's first second is inside this handling too.
+
 The command comes with the train extra (:mod:`diff_transformer.extras`): every command but those of
 CORE_COMMANDS checks that the extra's libraries are installed before it starts, and a library of
 another extra found missing later (transformers for ``hf``) is named with the extra that installs
@@ -17,9 +23,13 @@ it; either way exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
+from typing import Iterator
 
 from ..extras import MissingExtraError, extra_of, install_command, missing_distributions, missing_extra_message
 from .args import Parser, UsageError
@@ -27,6 +37,11 @@ from .args import Parser, UsageError
 COMMANDS = ["generate", "info", "hf", "convert", "data", "evaluate", "train", "bench"]
 DEBUG_ENV = "DIFF_TRANSFORMER_DEBUG"
 CORE_COMMANDS = ("info", "bench")  # need the core alone (bench's comparison with transformers: where installed)
+# What to do after a signal ended a command outside the work that handles it (see the docstring), by command.
+INTERRUPTED_HINTS = {
+    "train": "the run stopped without saving a checkpoint (its last one, if any, is intact)",
+    "compare": "rerun the same command with --resume to continue (the runs that finished are kept)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,12 +70,70 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, OSError, SafetensorError, TrainingError)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal that ends a command (SIGINT or SIGTERM while :func:`main` answers them): ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT and SIGTERM raise :class:`Interrupted` where the command is; while torch loads they are
+    held (raised in the middle of a C extension's import, they abort the process or leave the import
+    half done) and raised as soon as it has loaded."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.held: int | None = None
+
+    def handle(self, signum, frame) -> None:
+        if self.holding:
+            self.held = self.held or signum
+            return
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers within the block (where the signal was not ignored when the command started:
+        ``nohup``, a shell's background job), the previous ones after it."""
+        previous = {}
+        if hasattr(signal, "SIGTERM") and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(signum) not in (signal.SIG_IGN, None):
+                    previous[signum] = signal.signal(signum, self.handle)
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    @contextlib.contextmanager
+    def held_back(self) -> Iterator[None]:
+        """Signals within the block raised when it ends."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.held is not None:
+            raise Interrupted(self.held)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signals = _Signals()
+    with signals.installed():
+        return _main(argv, signals)
+
+
+def _main(argv: list[str] | None, signals: _Signals) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _debugging(argv)
     command = "diff-transformer"  # and the subcommand, once parsed
     try:
-        args = build_parser().parse_args(argv)
+        with signals.held_back():
+            args = build_parser().parse_args(argv)
+            import torch  # noqa: F401 (loaded here, where a signal waits for it: see _Signals)
         command = f"diff-transformer {args.command}"
         missing = [] if args.command in CORE_COMMANDS else missing_distributions("train")
         if missing:  # before any work: a library met halfway would leave the work half done
@@ -71,9 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         _error_line(str(exc))
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        hint = INTERRUPTED_HINTS.get(next((a for a in argv if not a.startswith("-")), ""))
+        sys.stderr.write(f"interrupted by {signal.Signals(signum).name}{f': {hint}' if hint else ''}\n")
+        sys.stderr.flush()
+        return 128 + signum
     except SystemExit:
         raise  # --help, --version
     except Exception as exc:

@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    from ..convert import convert_checkpoint
+    from ..convert import TooLittleText, convert_checkpoint
     from ..user_text import InputError, read_text_file
 
     text = None
@@ -52,8 +52,15 @@ def run_convert(args: argparse.Namespace) -> int:
             text = read_text_file(args.text)
         except InputError as exc:
             raise InputError(f"--text {exc}") from None
-    result = convert_checkpoint(args.source, args.out, to=args.to, init=args.init, seed=args.seed,
-                                with_tokenizer=not args.no_tokenizer, windows=args.windows, text=text)
+    try:
+        result = convert_checkpoint(args.source, args.out, to=args.to, init=args.init, seed=args.seed,
+                                    with_tokenizer=not args.no_tokenizer, windows=args.windows, text=text)
+    except TooLittleText as exc:  # said with the options that set the text and the windows
+        source = f"--text {args.text} holds" if args.text else "the embedded corpus' validation documents hold"
+        raise ValueError(f"{source} {exc.tokens:,} tokens, too few for --windows {exc.count:,} windows of "
+                         f"{exc.window} tokens ({exc.needed:,} needed; at most {exc.tokens // exc.window:,} "
+                         f"windows fit): give {'more text' if args.text else 'a longer --text'} or fewer "
+                         "--windows") from None
     conversion, start = result.conversion, result.start
     share = conversion.added_parameters / conversion.source_parameters
     lines = [

@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from ..checkpoint import tokenizer_for_model
+    from ..checkpoint import read_config, tokenizer_for_model
     from ..generation import stream
     from ..model import LanguageModel
 
@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(f"--prompt: {os.fsencode(args.prompt)!r} is not UTF-8 text") from None
-    model = LanguageModel.from_pretrained(args.checkpoint, device=args.device).eval()
-    tokenizer = tokenizer_for_model(args.checkpoint, model.config.vocab_size, args.tokenizer, what="--tokenizer")
+    config, _ = read_config(args.checkpoint)  # the tokenizer and the prompt checked before the weights are read
+    tokenizer = tokenizer_for_model(args.checkpoint, config.vocab_size, args.tokenizer, what="--tokenizer")
     if tokenizer is None:
         raise ValueError(f"{args.checkpoint} holds no tokenizer; pass --tokenizer")
     # A tokenizer with a begin token (a released model's) starts every sequence with it, as the model was
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     begin = getattr(tokenizer, "bos_id", None)
     start = [tokenizer.eos_id] if begin is None else [begin]
     prompt = ([] if begin is None else [begin]) + tokenizer.encode(args.prompt) if args.prompt else start
-    context = model.config.max_seq_len
+    context = config.max_seq_len
     room = context - len(prompt)
     if room <= 0:
         raise ValueError(f"--prompt: {len(prompt)} tokens (the model's context is {context})")
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.max_new_tokens} new tokens exceed the model's context of {context} tokens; "
                          f"at most {room} fit after this prompt")
     new_tokens = min(DEFAULT_NEW_TOKENS, room) if args.max_new_tokens is None else args.max_new_tokens
+    model = LanguageModel.from_pretrained(args.checkpoint, device=args.device).eval()
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     generated: list[int] = []
     shown = ""

@@ -11,10 +11,14 @@ from functools import partial
 
 from . import args as types
 
-CONFIG_HELP = (
-    "a YAML config file, or the name of a shipped one (tiny, long-context, ablation-1.4b, paper-3b, paper-3b-64k); "
-    "default: tiny"
-)
+
+def config_help() -> str:
+    """--config's help: every config the package ships (its configs folder), by name."""
+    from ..train.config import shipped_configs
+
+    return f"a YAML config file, or the name of a shipped one ({', '.join(shipped_configs())}); default: tiny"
+
+
 SET_HELP = (
     "override a config value, e.g. --set optim.lr=1e-3 --set run.steps=100 (repeatable; values are YAML). "
     "An optim field set so applies to every model, replacing a model's own value; "
@@ -43,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--set data.seq_len=1024.",
         epilog=TRAIN_EXIT_STATUSES,
     )
-    p.add_argument("--config", default="tiny", help=CONFIG_HELP)
+    p.add_argument("--config", default="tiny", help=config_help())
     p.add_argument("--model", help="which model of the config to train (needed when it defines several)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--resume", action="store_true",
@@ -77,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare.evaluations on every seed's model (JSON and "
         "plots in DIR/eval/). The report opens with a table of the paper's claims: DIFF minus the Transformer, "
         "95% interval over seeds, and a verdict. Default: the tiny config (3 seeds; the Transformer, DIFF and "
-        "DIFF V2). One comparison at a time writes into DIR (DIR/.lock names its pid). "
+        "DIFF V2). One comparison at a time writes into DIR (DIR/.lock names its pid), and a DIR that holds a "
+        "study is refused unless --resume continues it (the same study) or --overwrite replaces it. "
         "A config with a long_context section (--config long-context) runs the long-context experiment instead: "
         "the models trained short, each seed extended (run.init_from) to a longer context and a larger RoPE θ, "
         "cumulative NLL by position and retrieval by length before and after (docs/training.md, "
@@ -91,7 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "interval over windows (docs/pretrained-study.md); it takes --set, --out, --resume and --jobs.",
         epilog=COMPARE_EXIT_STATUSES,
     )
-    c.add_argument("--config", default="tiny", help=CONFIG_HELP)
+    c.add_argument("--config", default="tiny", help=config_help())
     c.add_argument(
         "--attention",
         help="comma-separated attention kinds (standard,diff,diff_v2,diff_symmetric,gated,gated_headwise) or model "
@@ -111,7 +116,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--out", default="out/compare", type=types.output_dir,
                    help="output directory (default: out/compare)")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
-    c.add_argument("--resume", action="store_true", help="reuse finished runs in --out and continue interrupted ones")
+    c.add_argument("--resume", action="store_true",
+                   help="continue the study in --out: its finished runs reused, interrupted ones continued from their "
+                   "checkpoint. Only the same study: its settings (DIR/config.yaml, with the command line's models, "
+                   "seeds, learning rates, recipes, retrieval) compared field by field, one that changes the runs "
+                   "and differs refused by name; logging, evaluation, paths, device, backend and --jobs may change")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace the study in --out as a whole: it is moved aside (.DIR.replaced beside it) and "
+                   "deleted once this one completes; refused if DIR holds files no study writes. Without --resume "
+                   "or --overwrite, a DIR holding a study is refused")
     c.add_argument("--nproc", type=types.positive_int, default=1, help="processes per model run (torchrun; default 1)")
     c.add_argument("--lr-grid", type=types.positive_float_list, metavar="LR,LR,...",
                    help="re-run the learning-rate sweep: train every model at each peak lr (min_lr keeps its ratio), "
@@ -214,7 +227,7 @@ def run_compare(args: argparse.Namespace) -> int:
             config, args.out, models=models, seeds=args.seeds, lr_grid=args.lr_grid,
             retrieval_lr_grid=args.retrieval_lr_grid, recipes=args.recipes,
             retrieval=False if args.no_retrieval else None, grounded=False if args.no_grounded else None,
-            resume=args.resume, nproc=args.nproc, jobs=args.jobs, evaluation=evaluation,
+            resume=args.resume, overwrite=args.overwrite, nproc=args.nproc, jobs=args.jobs, evaluation=evaluation,
         )
     except StudyInterrupted as exc:  # the running runs saved a checkpoint: --resume continues
         print(exc, file=sys.stderr)

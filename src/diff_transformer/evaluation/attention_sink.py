@@ -33,7 +33,7 @@ from .models import BASELINE, ModelUnderTest
 from .options import Evaluation, option
 from .output import markdown_table, model_colors, new_figure, pairs_to_compare, save_figure
 from .scoring import windows_fingerprint
-from .stats import difference_noise
+from .stats import decimals, difference_noise
 from .texts import EvalText
 
 NAME = "attention-sink"
@@ -184,8 +184,9 @@ def report(results: dict[str, dict], options: AttentionSinkOptions) -> str:
                                  {"share": results[cand]["per_window"]["mean_over_layers"],
                                   "windows_fingerprint": results[cand]["windows_fingerprint"]}, "share")
         verdict = "within noise" if abs(c - b) <= noise else ("lower" if c < b else "higher")
-        lines += ["", f"First-token share, mean over layers: {cand} {c:.3f} vs {base} {b:.3f}, "
-                      f"{c - b:+.3f} ± {noise:.3f} (two standard errors over windows): {verdict}."]
+        places = decimals(c - b, noise)  # the verdict visible in the figures
+        lines += ["", f"First-token share, mean over layers: {cand} {c:.{places}f} vs {base} {b:.{places}f}, "
+                      f"{c - b:+.{places}f} ± {noise:.{places}f} (two standard errors over windows): {verdict}."]
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..files import write_atomically, write_files_together, write_text_atomically
 from .models import BASELINE, DIFF_KINDS
+from .stats import decimals
 
 DEFAULT_OUT = Path("out/eval")
 
@@ -137,12 +138,14 @@ def comparison_sentence(
     """A plain sentence: does our small-scale result agree with the paper's direction?
 
     ``noise`` is the difference below which the two are reported as indistinguishable
-    (e.g. two standard errors of an accuracy).
+    (e.g. two standard errors of an accuracy). The figures get ``digits`` decimals, or more where
+    the difference or the noise would not show (:func:`~.stats.decimals`).
     """
     (b_label, b), (c_label, c) = baseline, candidate
     if b is None or c is None or not (math.isfinite(b) and math.isfinite(c)):
         return f"{what}: not measurable for {b_label} vs {c_label}."
     diff = c - b
+    digits = decimals(diff, noise, at_least=digits)  # enough to see the difference the verdict reads
     ours = f"{what}: {c_label} {c:.{digits}f} vs {b_label} {b:.{digits}f}"
     if abs(diff) <= noise:
         return f"{ours} — within noise (±{noise:.{digits}f}), so this run neither confirms nor contradicts the paper."

@@ -36,6 +36,17 @@ def _variance(xs: Sequence[float]) -> float:
     return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
 
 
+def decimals(*values: float | None, at_least: int = 3, significant: int = 2, at_most: int = 10) -> int:
+    """Decimal places that show every nonzero finite value of ``values`` to ``significant`` significant
+    figures, and at least ``at_least``: a difference and its noise printed with them show the verdict
+    drawn from them (never "-0.000 ± 0.000: lower")."""
+    places = at_least
+    for value in values:
+        if value is not None and math.isfinite(value) and value != 0:
+            places = max(places, significant - 1 - math.floor(math.log10(abs(value))))
+    return min(places, at_most)
+
+
 def seeded_rng(*parts: Any) -> random.Random:
     """A ``random.Random`` seeded from the parts (deterministic across runs and platforms)."""
     return random.Random("/".join(str(p) for p in parts))

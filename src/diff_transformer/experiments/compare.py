@@ -67,6 +67,7 @@ def compare(
     retrieval: bool | None = None,
     grounded: bool | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     nproc: int = 1,
     jobs: int | None = None,
     evaluation: Evaluation | None = None,
@@ -86,8 +87,11 @@ def compare(
     nothing: its work is compare.evaluations on the given checkpoints (``evaluation`` is not used;
     ``jobs`` models are measured at a time).
 
-    With ``resume``, runs that finished are reused and interrupted ones continue from their
-    checkpoint; without it, earlier runs of the same models in ``out_dir`` are replaced.
+    ``out_dir`` is new or empty, or holds a study (:mod:`.output`): ``resume`` continues it if it is
+    the same study (its runs that finished are reused, interrupted ones continue from their
+    checkpoint; a setting that differs is refused by name), ``overwrite`` replaces it as a whole
+    (moved aside, deleted once this one completes); without either it is refused. Every refusal
+    comes before any work: the runs' configs, the output folder, then what the runs read.
     """
     names = models or select_models(config, None)
     if recipes is not None:  # the full search: every recipe in both experiments
@@ -122,20 +126,21 @@ def compare(
                               "models are convert.source_model, its conversions (convert.inits, convert.diff_v2) and "
                               "convert.scratch_model")
         return run_conversion(config, Path(out_dir), seed_values, resume=resume, nproc=nproc, jobs=jobs,
-                              evaluation=evaluation, progress=progress)
+                              evaluation=evaluation, progress=progress, overwrite=overwrite)
     if config.scaling.enabled:
         if retrieval_lr_grid is not None or recipes is not None or lr_grid is not None:
             raise ConfigError(f"config {config.name!r} runs the scaling study, which takes neither --lr-grid, "
                               "--retrieval-lr-grid nor --recipes: set scaling.lr_grid (--set 'scaling.lr_grid=[...]')")
         return run_scaling(config, Path(out_dir), names, seed_values, resume=resume, nproc=nproc, jobs=jobs,
-                           evaluation=evaluation, progress=progress)
+                           evaluation=evaluation, progress=progress, overwrite=overwrite)
     if config.long_context.enabled:
         if retrieval_lr_grid is not None or recipes is not None:
             raise ConfigError(f"config {config.name!r} runs the long-context experiment, which takes neither "
                               "--retrieval-lr-grid nor --recipes: set long_context.retrieval_lr_grid "
                               "(--set 'long_context.retrieval_lr_grid=[...]') or the models' own fields")
         return run_long_context(config, Path(out_dir), names, seed_values, grid, retrieval=retrieval, resume=resume,
-                                nproc=nproc, jobs=jobs, evaluation=evaluation, progress=progress)
+                                nproc=nproc, jobs=jobs, evaluation=evaluation, progress=progress,
+                                overwrite=overwrite)
     return run_comparison(config, Path(out_dir), names, seed_values, grid, retrieval=retrieval, grounded=grounded,
                           retrieval_lr_grid=retrieval_lr_grid, resume=resume, nproc=nproc, jobs=jobs,
-                          evaluation=evaluation, progress=progress)
+                          evaluation=evaluation, progress=progress, overwrite=overwrite)

@@ -37,21 +37,21 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
-import yaml
 
 from ..checkpoint import write_directory_atomically
 from ..data import EMBEDDED_DATASETS, dataset_directory
 from ..evaluation.suite import SuiteResult
-from ..files import claim_output_dir, lock_output_dir, write_text_atomically
 from .claims import paper_claims, seed_label, variant_comparisons
 from .config import ExperimentConfig
 from .equal_cost import equal_cost
 from .language_models import (
-    LanguageModelling, Machine, axes_for, busy_load_average, check_runs, run_config, train_language_models,
+    LanguageModelling, Machine, axes_for, busy_load_average, check_runs, plan_runs, run_config, train_language_models,
 )
+from .output import check_study_output, open_study
 from .report import CompareMetrics, comparisons, render_report, write_plots, write_study
+from .grounded import check_grounded
 from .grounded import run_experiment as run_grounded
-from .retrieval import run_experiment
+from .retrieval import check_retrieval, run_experiment
 
 # The evaluation step run after training: given {label: checkpoint directory} (every seed of every
 # model, labelled by seed_label) and its output directory, it returns the suite's result, whose
@@ -64,23 +64,31 @@ __all__ = ["CompareMetrics", "Evaluation", "run_comparison"]
 def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str], seeds: Sequence[int],
                    grid: Sequence[float], *, retrieval: bool | None = None, grounded: bool | None = None,
                    retrieval_lr_grid: Sequence[float] | None = None, resume: bool = False, nproc: int = 1,
-                   jobs: int = 1, evaluation: Evaluation | None = None, progress: bool = True) -> CompareMetrics:
+                   jobs: int = 1, evaluation: Evaluation | None = None, progress: bool = True,
+                   overwrite: bool = False) -> CompareMetrics:
     """The comparison of ``names`` over ``seeds`` at the lrs of ``grid`` (empty: each model's own)
-    under the language-model recipes of ``config.compare`` (see :func:`.compare.compare`)."""
+    under the language-model recipes of ``config.compare`` (see :func:`.compare.compare`; ``resume``
+    and ``overwrite``: :mod:`.output`)."""
     start = time.perf_counter()
     lm_recipes = list(config.compare.language_model_recipes) or [None]
     axes = axes_for(config, names, seeds, grid, lm_recipes)
     configure = partial(run_config, config.train, progress=progress and jobs == 1)
-    check_runs(axes.keys(), out_dir / "runs", configure, nproc=nproc)  # before anything is created
+    with_retrieval = retrieval if retrieval is not None else config.retrieval.enabled
+    with_grounded = grounded if grounded is not None else config.grounded.enabled
+    record = study_record(config, names=list(names), seeds=len(seeds), lr_grid=list(grid), jobs=jobs,
+                          retrieval=with_retrieval, grounded=with_grounded, retrieval_lr_grid=retrieval_lr_grid)
     data_dir = [] if config.train.data.dataset in EMBEDDED_DATASETS else [config.train.data.dataset]
-    claim_output_dir(out_dir, "compare", reading=data_dir)  # a new directory, or an earlier comparison's
-    with lock_output_dir(out_dir):  # one comparison at a time in out_dir (each run locks its own directory)
-        # the embedded corpus is prepared once, here, before the runs start
+    # The whole plan before any work: every run's config, the output folder, the retrieval models, then
+    # what the runs read (the embedded corpus is tokenized, once, only after everything else passed).
+    runs = plan_runs(axes.keys(), out_dir / "runs", configure)
+    check_study_output(out_dir, record, resume=resume, overwrite=overwrite, reading=data_dir)
+    if with_retrieval:
+        check_retrieval(config, names)
+    if with_grounded:
+        check_grounded(config, names)
+    check_runs(runs, nproc=nproc)
+    with open_study(out_dir, record, resume=resume, overwrite=overwrite, reading=data_dir, progress=progress):
         dataset_directory(config.train.data.dataset, config.train.data.cache_dir, progress=progress)
-        resolved = config.to_dict()
-        resolved["compare"].update(models=list(names), seeds=len(seeds), lr_grid=list(grid), jobs=jobs)
-        write_text_atomically(out_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
-
         phases = {}
         sweeps = train_language_models(axes.keys(), out_dir / "runs", configure, resume=resume, nproc=nproc,
                                        jobs=jobs, progress=progress, name=config.model_name)
@@ -95,12 +103,12 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
                                  busy_load_average(list(lm.models.values()), machine.cpu_count) if device == "cpu"
                                  else None)
 
-        if retrieval if retrieval is not None else config.retrieval.enabled:
+        if with_retrieval:
             mark = time.perf_counter()
             metrics.retrieval = run_experiment(config, names, seeds, out_dir / "retrieval", lr_grid=retrieval_lr_grid,
                                                jobs=jobs, resume=resume, progress=progress)
             phases["retrieval"] = time.perf_counter() - mark
-        if grounded if grounded is not None else config.grounded.enabled:
+        if with_grounded:
             mark = time.perf_counter()
             metrics.grounded = run_grounded(config, names, seeds, out_dir / "grounded", lr_grid=retrieval_lr_grid,
                                             jobs=jobs, resume=resume, progress=progress)
@@ -127,6 +135,23 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
         write_plots(metrics, out_dir)
         write_study(out_dir, metrics, render_report(metrics), suite)
         return metrics
+
+
+def study_record(config: ExperimentConfig, **choices) -> dict:
+    """The study's resolved config (DIR/config.yaml; what --resume compares): the config with the
+    command line's choices written into its fields: ``names`` (compare.models), ``seeds``
+    (compare.seeds), ``lr_grid``, ``jobs``, and where given ``retrieval`` (retrieval.enabled),
+    ``grounded`` (grounded.enabled) and ``retrieval_lr_grid`` (retrieval.lr_grid)."""
+    resolved = config.to_dict()
+    fields = {"names": "models", "seeds": "seeds", "lr_grid": "lr_grid", "jobs": "jobs"}
+    resolved["compare"].update({fields[k]: v for k, v in choices.items() if k in fields})
+    if choices.get("retrieval") is not None:
+        resolved["retrieval"]["enabled"] = bool(choices["retrieval"])
+    if choices.get("grounded") is not None:
+        resolved["grounded"]["enabled"] = bool(choices["grounded"])
+    if choices.get("retrieval_lr_grid") is not None:
+        resolved["retrieval"]["lr_grid"] = list(choices["retrieval_lr_grid"])
+    return resolved
 
 
 def copy_checkpoint(source: Path, target: Path) -> None:

@@ -419,6 +419,9 @@ class ConvertConfig:
     # seed. None: the study trains one source per seed (run.steps of the config's data and optim).
     source: str | None = None
     source_tokens: int | None = None  # a given source's pretraining tokens (the from-scratch reference's share)
+    # The tokenizer a given source was trained with, where the source holds none (a tokenizers JSON
+    # file, "default" or "bytes"): it must be data.dataset's. None: the source's own.
+    source_tokenizer: str | None = None
     steps: int = 32  # fine-tuning steps of data.batch_size × data.seq_len tokens
     warmup_steps: int = 4  # the fine-tuning's warmup (a fresh optimizer and schedule)
     eval_every: int = 4  # fine-tuning steps between evaluations: the resolution of the recovery curve
@@ -444,6 +447,9 @@ class ConvertConfig:
             raise ConfigError(f"convert.source_tokens must be positive, got {self.source_tokens}")
         if self.source is not None and not self.source.strip():
             raise ConfigError("convert.source must be a directory path, or null (the study trains the source)")
+        if self.source_tokenizer is not None and self.source is None:
+            raise ConfigError("convert.source_tokenizer names the tokenizer of a given convert.source; the study "
+                              "trains its sources with data.dataset's: leave it unset (null)")
         unknown = [init for init in self.inits if init not in INITS]
         if unknown:
             raise ConfigError(f"convert.inits: no init {unknown[0]!r}; choose from {', '.join(INITS)}")

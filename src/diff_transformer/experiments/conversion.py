@@ -55,22 +55,25 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import yaml
 
-from ..checkpoint import CONFIG_FILE, CheckpointError
-from ..convert import compare_start, convert_checkpoint, converted_config, finetune_fields, source_config
+from ..checkpoint import CONFIG_FILE, CheckpointError, load_checkpoint_tokenizer
+from ..convert import (
+    check_convertible, compare_start, convert_checkpoint, converted_config, finetune_fields, source_config,
+)
 from ..data import EMBEDDED_DATASETS, TokenShards, dataset_directory
 from ..evaluation.stats import Difference, MeanStd, mean_interval, welch_difference
 from ..evaluation.suite import EVALUATIONS, run_suite
-from ..files import check_output_dir, claim_output_dir, lock_output_dir, write_text_atomically
-from ..interop.hf import import_hf
+from ..files import check_output_dir
+from ..interop.hf import import_hf, load_hf, load_hf_tokenizer
 from ..model import LanguageModel
+from ..tokenizer import as_tokenizer, same_tokenizer
 from ..train.config import ConfigError, TrainConfig
 from ..train.state import INIT_CHANGEABLE
-from .comparison import Evaluation
+from .comparison import Evaluation, study_record
 from .config import ExperimentConfig
-from .language_models import Machine, check_runs, run_config, train_language_models
-from .report import label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study
+from .language_models import Machine, check_runs, plan_runs, run_config, train_language_models
+from .output import check_study_output, open_study
+from .report import interval_text, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study
 from .results import TrainingRun, diagnostics_of, seed_curves
 from .runner import PoolJob, run_jobs
 from .study import Axes, RunKey, Sweep
@@ -184,10 +187,12 @@ def own_lr_axes(train: TrainConfig, names: Sequence[str], seeds: Sequence[int], 
 def check_given_source(config: ExperimentConfig) -> None:
     """A ConfigError unless convert.source is a Transformer checkpoint (or Llama directory) of the model
     that models.<source_model> describes (but for the context and RoPE θ, which a run started from it
-    may change), read from its config.json alone."""
+    may change), read from its config.json alone, and the study knows its tokenizer (its own, or
+    convert.source_tokenizer: the two agree where both are given)."""
     settings = config.convert
     try:
         found, _ = source_config(settings.source)
+        check_convertible(found, "diff", "exact", settings.source)
     except (ValueError, CheckpointError) as exc:
         raise ConfigError(f"convert.source: {exc}") from None
     ours = config.train.model(settings.source_model).model_config().to_dict()
@@ -196,19 +201,71 @@ def check_given_source(config: ExperimentConfig) -> None:
     if differing:
         raise ConfigError(f"convert.source: {settings.source} holds another model than models.{settings.source_model} "
                           f"describes ({'; '.join(differing)}); set the model's fields to the source's")
+    given_source_tokenizer(config)
 
 
-def given_source(path: str, imported: Path, *, resume: bool, progress: bool) -> Path:
-    """The checkpoint of this project every seed starts from: ``path`` itself, or a transformers Llama
-    directory imported into ``imported`` (``run.init_from`` reads checkpoints of this project; with
-    ``resume`` an earlier import is reused)."""
+def given_source_tokenizer(config: ExperimentConfig):
+    """The tokenizer the given convert.source reads: its own, else convert.source_tokenizer; a ConfigError
+    if it has none and none is named (advice: that field), or if the two differ."""
+    settings = config.convert
+    named = None
+    if settings.source_tokenizer is not None:
+        try:
+            named = as_tokenizer(settings.source_tokenizer, "convert.source_tokenizer")
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"convert.source_tokenizer: {exc}") from None
+    try:
+        own = source_tokenizer(settings.source)
+    except (ValueError, OSError) as exc:
+        if named is not None:  # the source's file is unreadable here; the named one stands for it
+            return named
+        raise ConfigError(f"convert.source: {exc}; set convert.source_tokenizer to the tokenizer the source was "
+                          "trained with (a tokenizers JSON file, 'default' or 'bytes')") from None
+    if own is None and named is None:
+        raise ConfigError(f"convert.source: {settings.source} holds no tokenizer, and the study must read the source "
+                          "with the one it was trained with (data.dataset must be prepared with it too): set "
+                          "convert.source_tokenizer to it (a tokenizers JSON file, 'default' or 'bytes'), e.g. "
+                          "--set convert.source_tokenizer=path/to/tokenizer.json")
+    if own is not None and named is not None and not same_tokenizer(own, named):
+        raise ConfigError(f"convert.source_tokenizer: {settings.source_tokenizer} is not the tokenizer "
+                          f"{settings.source} holds; leave it unset (null) to use the source's own")
+    return own if own is not None else named
+
+
+def source_tokenizer(path: str | Path):
+    """The tokenizer a source directory holds (a checkpoint's, or a Llama directory's tokenizer.json), or None."""
     if source_config(path)[1] == "checkpoint":
+        return load_checkpoint_tokenizer(path)
+    return load_hf_tokenizer(Path(path))
+
+
+def check_source_data(config: ExperimentConfig) -> None:
+    """A ConfigError unless the given source reads data.dataset's tokens (once the dataset is ready)."""
+    data = config.train.data
+    tokenizer = TokenShards(dataset_directory(data.dataset, data.cache_dir, progress=False), "val").tokenizer
+    if not same_tokenizer(given_source_tokenizer(config), tokenizer):
+        raise ConfigError(f"convert.source: {config.convert.source} reads another tokenizer than data.dataset "
+                          f"{data.dataset!r} was prepared with; prepare the dataset with the source's tokenizer "
+                          "(diff-transformer prepare ... --tokenizer path/to/tokenizer.json)")
+
+
+def given_source(path: str, imported: Path, *, tokenizer=None, resume: bool, progress: bool) -> Path:
+    """The checkpoint of this project every seed starts from: ``path`` itself, or ``imported``: a
+    transformers Llama directory imported there (``run.init_from`` reads checkpoints of this project),
+    or a source that holds no tokenizer saved there with ``tokenizer`` (convert.source_tokenizer). With
+    ``resume`` an earlier import is reused."""
+    kind = source_config(path)[1]
+    own = tokenizer is None or source_tokenizer(path) is not None
+    if kind == "checkpoint" and own:
         return Path(path)
     if resume and (imported / CONFIG_FILE).is_file():
         return imported
     if progress:
         print(f"importing {path} -> {imported}", file=sys.stderr, flush=True)
-    return Path(import_hf(path, imported, overwrite=True))
+    if own:
+        return Path(import_hf(path, imported, overwrite=True))
+    model = load_hf(path, with_tokenizer=False)[0] if kind == "llama" else LanguageModel.from_pretrained(path)
+    return Path(model.save_pretrained(imported, tokenizer, overwrite=True, reading=[path]))
 
 
 def validation_windows(train: TrainConfig, model: str) -> torch.Tensor:
@@ -599,7 +656,7 @@ def analyse(config: ExperimentConfig, plan: ConversionPlan, seeds: Sequence[int]
 
 def run_conversion(config: ExperimentConfig, out_dir: Path, seeds: Sequence[int], *, resume: bool = False,
                    nproc: int = 1, jobs: int = 1, evaluation: Evaluation | None = None,
-                   progress: bool = True) -> ConversionMetrics:
+                   progress: bool = True, overwrite: bool = False) -> ConversionMetrics:
     """The whole study into ``out_dir`` (see the module docstring); returns its metrics (also
     OUT/metrics.json). ``evaluation`` (compare.evaluations) runs on every fine-tuned model at its best."""
     start = time.perf_counter()
@@ -610,24 +667,26 @@ def run_conversion(config: ExperimentConfig, out_dir: Path, seeds: Sequence[int]
     finetune_axes = own_lr_axes(plan.finetune, [arm.name for arm in plan.arms], seeds, settings.lr_grid)
     scratch_axes = None if plan.scratch is None else own_lr_axes(plan.scratch, [settings.scratch_model], seeds,
                                                                   settings.scratch_lr_grid)
-    # Every run of every phase is checked before anything is created (the weights a fine-tuning run
-    # starts from do not exist yet: the trainer checks them when it starts).
+    # The whole plan before anything is created: the given source and its tokenizer, every run of every
+    # phase, the output folder, then what the runs read (the weights a fine-tuning run starts from do not
+    # exist yet: the trainer checks them when it starts).
     if settings.source is not None:
         check_given_source(config)
     phases = [(source_axes, plan.source, "source")] if settings.source is None else []
     phases.append((finetune_axes, plan.finetune, "finetune"))
     if scratch_axes is not None:
         phases.append((scratch_axes, plan.scratch, "scratch"))
-    for axes, train, where in phases:
-        check_runs(axes.keys(), out_dir / where / "runs", partial(run_config, train, progress=False), nproc=nproc)
+    runs = [run for axes, train, where in phases
+            for run in plan_runs(axes.keys(), out_dir / where / "runs", partial(run_config, train, progress=False))]
     reading = ([] if config.train.data.dataset in EMBEDDED_DATASETS else [config.train.data.dataset]) + (
         [settings.source] if settings.source else [])
-    claim_output_dir(out_dir, "compare", reading=reading)
-    with lock_output_dir(out_dir):
-        dataset_directory(config.train.data.dataset, config.train.data.cache_dir, progress=progress)
-        resolved = config.to_dict()
-        resolved["compare"].update(seeds=len(seeds), jobs=jobs)
-        write_text_atomically(out_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    record = study_record(config, seeds=len(seeds), jobs=jobs)
+    check_study_output(out_dir, record, resume=resume, overwrite=overwrite, reading=reading)
+    check_runs(runs, nproc=nproc)
+    if settings.source is not None:
+        check_source_data(config)
+    validation_windows(plan.finetune, CONTINUED)  # the windows every conversion is scored on
+    with open_study(out_dir, record, resume=resume, overwrite=overwrite, reading=reading, progress=progress):
         seconds = {}
 
         # 1. The sources.
@@ -640,7 +699,8 @@ def run_conversion(config: ExperimentConfig, out_dir: Path, seeds: Sequence[int]
             sources = {run.key.seed: run.checkpoint_dir for run in chosen}
             source_lr = chosen[0].key.lr
         else:
-            path = given_source(settings.source, out_dir / "source" / "imported", resume=resume, progress=progress)
+            path = given_source(settings.source, out_dir / "source" / "imported", resume=resume, progress=progress,
+                                tokenizer=given_source_tokenizer(config))
             sources = {seed: path for seed in seeds}
         seconds["source"] = time.perf_counter() - start
 
@@ -736,12 +796,6 @@ def write_plot(metrics: ConversionMetrics, path: Path) -> Path:
     return save_plot(fig, path)
 
 
-def _interval(d: Difference | None) -> str:
-    if d is None:
-        return "–"
-    return signed(d.delta) + (f" [{signed(d.low)}, {signed(d.high)}]" if d.low is not None else "")
-
-
 def _tokens(x: float) -> str:
     return f"{round(x):,}"
 
@@ -808,14 +862,14 @@ def render_report(metrics: ConversionMetrics) -> str:
         verdict = "the baseline" if arm.final_versus is None else arm.final_versus.words
         lines.append(f"| {arm.label} | {arm.parameters:,} | {stats_cell(arm.start)}{change} | "
                      f"{recovery_text(arm.recovery)} | {stats_cell(arm.final)} | "
-                     f"{_interval(arm.final_versus.difference if arm.final_versus else None)} | **{verdict}** |")
+                     f"{interval_text(arm.final_versus.difference if arm.final_versus else None)} | **{verdict}** |")
     if reference is not None:
         lines.append(f"| {reference.label} ({tokens_text(reference.tokens)} tokens) | {reference.parameters:,} | – "
-                     f"| – | {stats_cell(reference.final)} | {_interval(reference.final_versus.difference)} | "
+                     f"| – | {stats_cell(reference.final)} | {interval_text(reference.final_versus.difference)} | "
                      f"**{reference.final_versus.words}** |")
     if reference is not None:
         lines += ["", f"Each conversion against {reference.label} (final loss, Welch's 95% interval): "
-                  + "; ".join(f"{a.label} {_interval(reference.conversions[a.name].difference)}, "
+                  + "; ".join(f"{a.label} {interval_text(reference.conversions[a.name].difference)}, "
                               f"{reference.conversions[a.name].words}" for a in arms[1:]) + "."]
     recovery_rows = [a for a in arms if a.recovery_versus is not None]
     if recovery_rows:
@@ -859,13 +913,14 @@ def _retrieval_lines(metrics: ConversionMetrics) -> list[str]:
     for arm in metrics.arms:
         verdict = "the baseline" if arm is metrics.arms[0] else (arm.retrieval_versus.words if arm.retrieval_versus
                                                                  else "–")
+        difference = arm.retrieval_versus.difference if arm.retrieval_versus else None
         lines.append(f"| {arm.label} | {stats_cell(arm.retrieval_before)} | {stats_cell(arm.retrieval_after)} | "
-                     f"{_interval(arm.retrieval_versus.difference if arm.retrieval_versus else None)} | {verdict} |")
+                     f"{interval_text(difference)} | {verdict} |")
     reference = metrics.scratch
     if reference is not None:
+        versus = reference.retrieval_versus
         lines.append(f"| {reference.label} | – | {stats_cell(reference.retrieval_after)} | "
-                     f"{_interval(reference.retrieval_versus.difference if reference.retrieval_versus else None)} | "
-                     f"{reference.retrieval_versus.words if reference.retrieval_versus else '–'} |")
+                     f"{interval_text(versus.difference if versus else None)} | {versus.words if versus else '–'} |")
     if info.errors:
         lines += ["", "Not run on: " + "; ".join(f"{label} ({why})" for label, why in info.errors.items()) + "."]
     return lines + [""]

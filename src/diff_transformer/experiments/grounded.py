@@ -239,6 +239,15 @@ class GroundedResult:
         return self.settings.steps * self.settings.batch_size * self.settings.length
 
 
+def check_grounded(config: ExperimentConfig, names: Sequence[str]) -> None:
+    """Every model the experiment would train built on paper, under each of its recipes, before the
+    study starts (as :func:`~.retrieval.check_retrieval` for the retrieval experiment)."""
+    for name in names:
+        for recipe in tuple(config.grounded.recipes or config.compare.recipes) or (None,):
+            config.grounded.model_config(config.attention(name), diff_heads=config.train.model(name).diff_heads,
+                                         **retrieval_fields(config, name, recipe))
+
+
 def run_experiment(config: ExperimentConfig, names: Sequence[str], seeds: Sequence[int], out_dir: Path, *,
                    lr_grid: Sequence[float] | None = None, recipes: Sequence[str] | None = None, jobs: int = 1,
                    resume: bool = False, progress: bool = True) -> GroundedResult:

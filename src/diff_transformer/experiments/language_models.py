@@ -48,18 +48,27 @@ def run_config(train: TrainConfig, key: RunKey, log_dir: Path, *, progress: bool
     return resolve_steps(config, key.model, model_config, train.data.seq_len or model_config.max_seq_len)
 
 
-def check_runs(keys: Sequence[RunKey], out_dir: Path, configure: RunConfig, *, nproc: int) -> None:
-    """Every run's exact config built, and what it reads checked as the trainer checks it (the model, the
-    backend on this device, the dataset: :func:`~diff_transformer.train.trainer.check_inputs`), before
-    the study creates anything. Runs that differ only in seed and learning rate read the same inputs:
-    checked once. The weights a run starts from (run.init_from) may not exist yet: not read here."""
-    checked = set()
-    for key in keys:
-        config = configure(key, out_dir / key.path)
-        if (key.model, key.recipe, key.size, key.steps) not in checked:
-            checked.add((key.model, key.recipe, key.size, key.steps))
-            check_inputs(dataclasses.replace(config, run=dataclasses.replace(config.run, init_from=None)), key.model,
-                         processes=nproc)
+def plan_runs(keys: Sequence[RunKey], out_dir: Path, configure: RunConfig) -> list[tuple[RunKey, TrainConfig]]:
+    """Every run of ``keys`` with its exact config (into OUT/<key path>): a config a run cannot have
+    (a model field that contradicts its init recipe) is refused here, before anything is read."""
+    return [(key, configure(key, out_dir / key.path)) for key in keys]
+
+
+def check_runs(runs: Sequence[tuple[RunKey, TrainConfig]], *, nproc: int) -> None:
+    """What every run reads, checked as the trainer checks it before the study creates anything
+    (:func:`~diff_transformer.train.trainer.check_inputs`): first every run's settings (the model, the
+    backend on this device), which read nothing, then the dataset of each, which may have to be
+    tokenized first (the embedded corpus, once per cache). Runs that differ only in seed, learning
+    rate and folders read the same inputs: checked once. The weights a run starts from
+    (run.init_from) may not exist yet: not read here."""
+    groups: dict[str, tuple[RunKey, TrainConfig]] = {}
+    for key, config in runs:
+        check_inputs(config, key.model, processes=nproc, data=False)
+        alike = dataclasses.replace(config.run, seed=0, out_dir="", checkpoint_dir=None, init_from=None)
+        groups.setdefault(repr((config.data, config.model(key.model), config.optim.recipe, alike)), (key, config))
+    for key, config in groups.values():
+        check_inputs(dataclasses.replace(config, run=dataclasses.replace(config.run, init_from=None)), key.model,
+                     processes=nproc)
 
 
 def train_language_models(keys: Sequence[RunKey], out_dir: Path, configure: RunConfig, *, resume: bool, nproc: int,

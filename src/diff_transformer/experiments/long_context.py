@@ -46,14 +46,15 @@ from ..evaluation.models import load_with_context  # a checkpoint read at anothe
 from ..evaluation.position_nll import checkpoints as nll_points, cumulative_average
 from ..evaluation.scoring import token_nll
 from ..evaluation.stats import MeanStd
-from ..files import claim_output_dir, lock_output_dir, write_text_atomically
+from ..files import claim_output_dir, write_text_atomically
 from ..model import LanguageModel
 from ..paper import ATTENTION_TABLE3, PAPER_REFERENCE
 from ..train.config import TrainConfig, config_from_dict
 from .claims import Claim, Figures, deepest_measured_layer, make_claim, seed_label
-from .comparison import CompareMetrics, Evaluation, run_comparison
+from .comparison import CompareMetrics, Evaluation, run_comparison, study_record
 from .config import ExperimentConfig, LongContextConfig, RetrievalConfig
-from .language_models import LanguageModelling, axes_for, check_runs, run_config, train_language_models
+from .language_models import LanguageModelling, axes_for, check_runs, plan_runs, run_config, train_language_models
+from .output import check_study_output, open_study
 from .report import budget_lines, heading_lines, label_axes, pyplot, render_claims, save_plot, stats_cell, write_study
 from .results import AnswerShares
 from .retrieval import TASKS, accuracy, attention_allocation, evaluation_sets, retrieval_fields, train_model, \
@@ -305,7 +306,8 @@ class LongContextMetrics:
 
 def run_long_context(config: ExperimentConfig, out_dir: Path, names: Sequence[str], seeds: Sequence[int],
                      grid: Sequence[float], *, retrieval: bool | None = None, resume: bool = False, nproc: int = 1,
-                     jobs: int = 1, evaluation: Evaluation | None = None, progress: bool = True) -> LongContextMetrics:
+                     jobs: int = 1, evaluation: Evaluation | None = None, progress: bool = True,
+                     overwrite: bool = False) -> LongContextMetrics:
     """The whole study (see the module docstring) into ``out_dir``; returns the metrics (also
     OUT/metrics.json). ``grid`` is the short runs' grid (as compare's ``--lr-grid``); the
     extension's grid is ``long_context.lr_grid``. ``retrieval=False`` leaves out the retrieval part."""
@@ -313,13 +315,18 @@ def run_long_context(config: ExperimentConfig, out_dir: Path, names: Sequence[st
     settings = config.long_context
     extended = extension_config(config)
     ext_axes = extension_axes(config, names, seeds)
-    # every run of both phases is checked before anything is created
-    check_runs(axes_for(config, names, seeds, grid, list(config.compare.language_model_recipes) or [None]).keys(),
-               out_dir / "short" / "runs", partial(run_config, config.train, progress=False), nproc=nproc)
-    check_runs(ext_axes.keys(), out_dir / "extend" / "runs", partial(run_config, extended, progress=False), nproc=nproc)
+    with_retrieval = retrieval if retrieval is not None else config.retrieval.enabled
+    record = study_record(config, names=list(names), seeds=len(seeds), lr_grid=list(grid), jobs=jobs,
+                          retrieval=with_retrieval)
     data_dir = [] if config.train.data.dataset in EMBEDDED_DATASETS else [config.train.data.dataset]
-    claim_output_dir(out_dir, "compare", reading=data_dir)
-    with lock_output_dir(out_dir):
+    # Every run of both phases, the output folder, then what the runs read, before anything is created.
+    short_keys = axes_for(config, names, seeds, grid, list(config.compare.language_model_recipes) or [None]).keys()
+    runs = plan_runs(short_keys, out_dir / "short" / "runs", partial(run_config, config.train, progress=False))
+    runs += plan_runs(ext_axes.keys(), out_dir / "extend" / "runs", partial(run_config, extended, progress=False))
+    check_study_output(out_dir, record, resume=resume, overwrite=overwrite, reading=data_dir)
+    check_runs(runs, nproc=nproc)
+    validation_windows(config.train, settings.seq_len, settings.position_nll_windows)  # position-NLL's windows
+    with open_study(out_dir, record, resume=resume, overwrite=overwrite, reading=data_dir, progress=progress):
         # 1. Short: the comparison itself, without its retrieval experiment and evaluations.
         short_config = dataclasses.replace(config, long_context=LongContextConfig(enabled=False))
         short: CompareMetrics = run_comparison(short_config, out_dir / "short", names, seeds, grid, retrieval=False,
@@ -361,7 +368,7 @@ def run_long_context(config: ExperimentConfig, out_dir: Path, names: Sequence[st
         # 4. Retrieval by length.
         mark = time.perf_counter()
         by_length = None
-        if retrieval if retrieval is not None else config.retrieval.enabled:
+        if with_retrieval:
             by_length = retrieval_by_length(config, names, seeds, out_dir / "retrieval", resume=resume, jobs=jobs,
                                             progress=progress)
         seconds["retrieval"] = time.perf_counter() - mark

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..evaluation.stats import Difference, MeanStd, welch_difference
+from ..evaluation.stats import Difference, MeanStd, decimals, welch_difference
 from ..evaluation.suite import SuiteResult
 from ..files import write_atomically, write_text_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
@@ -419,13 +419,14 @@ def _verdict(c: Comparison, label: str, base_label: str, seeds: int) -> str:
     if delta is None:
         return f"- {label}: no final validation loss (see the run status)."
     direction = "lower (better)" if delta < 0 else "higher (worse)"
-    text = f"- **{label} vs {base_label}, validation loss**: {delta:+.4f} nats/token here, {direction}"
+    places = decimals(delta, noise, at_least=4)  # the difference and its noise both visible
+    text = f"- **{label} vs {base_label}, validation loss**: {delta:+.{places}f} nats/token here, {direction}"
     if paper is not None:
         text += f"; the paper's 1.4B models (Table 6): {paper:+.3f}."
     else:
         text += "; the paper has no figure for this model."
     if noise is not None and abs(delta) <= 2 * noise:
-        text += (f" The difference is within twice the standard error over {seeds} seeds (±{noise:.4f}): "
+        text += (f" The difference is within twice the standard error over {seeds} seeds (±{noise:.{places}f}): "
                  "at this scale the run shows no difference either way.")
     elif paper is not None and (delta < 0) != (paper < 0):
         text += (f" **This contradicts the paper at this scale**: here {label} is {direction}"

@@ -255,6 +255,16 @@ def retrieval_fields(config: ExperimentConfig, name: str, recipe: str | None) ->
     return {k: v for k, v in config.entry_fields(name, recipe).items() if k not in SIZE_FIELDS}
 
 
+def check_retrieval(config: ExperimentConfig, names: Sequence[str], recipes: Sequence[str] | None = None) -> None:
+    """Every model the experiment would train built on paper (:func:`run_experiment`'s ``recipes``):
+    a model field that contradicts a recipe, or a model the experiment's size cannot have, is refused
+    before the study starts, not after its language models trained."""
+    for name in names:
+        for recipe in tuple(recipes if recipes is not None else config.compare.recipes) or (None,):
+            config.retrieval.model_config(config.attention(name), diff_heads=config.train.model(name).diff_heads,
+                                          **retrieval_fields(config, name, recipe))
+
+
 @dataclass
 class RetrievalModel:
     """One model of the retrieval experiment: its runs over the search, and its best."""

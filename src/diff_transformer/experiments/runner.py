@@ -54,7 +54,9 @@ class StudyInterrupted(RuntimeError):
         self.exit_status = 128 + signum
 
 
-_INTERRUPTED = {128 + s: s for s in (signal.SIGINT, signal.SIGTERM)}  # exit status -> the signal that stopped it
+# Exit status -> the signal that stopped a training process: 128 + signal where it answered it (saved a
+# checkpoint, or stopped while starting), -signal where the signal itself ended it.
+_INTERRUPTED = {code: s for s in (signal.SIGINT, signal.SIGTERM) for code in (128 + s, -s)}
 
 
 def threads_per_job(at_once: int) -> int:
@@ -178,12 +180,20 @@ class _Runner:
         self.futures: dict[concurrent.futures.Future, PoolJob] = {}
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.stopped: list[int] = []  # signals that stopped training processes (exit status 130 / 143)
+        self.signalled: set[int] = set()  # the pids the signal received was passed to
 
     def _forward(self, signum, frame) -> None:
         if not self.received:
             self.received.append(signum)
-            for _, process in self.processes.values():
-                process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+            for _, process in list(self.processes.values()):
+                self._stop(process)
+
+    def _stop(self, process: subprocess.Popen) -> None:
+        """Pass the signal received to a training process, once (a second SIGINT would stop it at once,
+        without its checkpoint)."""
+        if process.pid not in self.signalled:
+            self.signalled.add(process.pid)
+            process.send_signal(signal.SIGINT if self.received[0] == signal.SIGINT else signal.SIGTERM)
 
     def run(self, queue: list[Job], results: dict[RunKey, Any]) -> None:
         total, finished = len(queue), 0
@@ -235,6 +245,8 @@ class _Runner:
                       file=sys.stderr, flush=True)
             process = subprocess.Popen(command, start_new_session=True, env=env)
             self.processes[process.pid] = (job, process)
+            if self.received:  # the signal came while it was being started: it stops too
+                self._stop(process)
         elif self.at_once == 1:  # one at a time: here, without a worker's start-up
             self.futures[_run_here(job)] = job
         else:

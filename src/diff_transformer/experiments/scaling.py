@@ -32,19 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import yaml
 
 from ..config import DIFF_HEAD_KINDS, PAPER_SIZES
 from ..data import EMBEDDED_DATASETS, dataset_directory
 from ..evaluation.stats import Difference, MeanStd, PowerLaw, bootstrap_interval, fit_power_law, t_quantile, \
     welch_difference
-from ..files import claim_output_dir, lock_output_dir, write_text_atomically
 from ..model import LanguageModel
 from ..paper import SCALING_FIG3
 from ..train.config import TrainConfig
-from .comparison import Evaluation
+from .comparison import Evaluation, study_record
 from .config import ExperimentConfig
-from .language_models import Machine, check_runs, run_config, train_language_models
+from .language_models import Machine, check_runs, plan_runs, run_config, train_language_models
+from .output import check_study_output, open_study
 from .report import (
     budget_lines, heading_lines, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study,
 )
@@ -381,7 +380,7 @@ def lr_note(config: ExperimentConfig) -> str:
 
 def run_scaling(config: ExperimentConfig, out_dir: Path, names: Sequence[str], seeds: Sequence[int], *,
                 resume: bool = False, nproc: int = 1, jobs: int = 1, evaluation: Evaluation | None = None,
-                progress: bool = True) -> ScalingMetrics:
+                progress: bool = True, overwrite: bool = False) -> ScalingMetrics:
     """The whole study into ``out_dir`` (see the module docstring); returns its metrics."""
     start = time.perf_counter()
     keys = scaling_keys(config, names, seeds)
@@ -389,14 +388,13 @@ def run_scaling(config: ExperimentConfig, out_dir: Path, names: Sequence[str], s
     def configure(key: RunKey, log_dir: Path) -> TrainConfig:
         return run_config(sized_train(config, key), key, log_dir, progress=progress and jobs == 1)
 
-    check_runs(keys, out_dir / "runs", configure, nproc=nproc)  # before anything is created
+    record = study_record(config, names=list(names), seeds=len(seeds), jobs=jobs)
     data_dir = [] if config.train.data.dataset in EMBEDDED_DATASETS else [config.train.data.dataset]
-    claim_output_dir(out_dir, "compare", reading=data_dir)
-    with lock_output_dir(out_dir):
+    runs = plan_runs(keys, out_dir / "runs", configure)  # every run, the output folder, then what they read
+    check_study_output(out_dir, record, resume=resume, overwrite=overwrite, reading=data_dir)
+    check_runs(runs, nproc=nproc)
+    with open_study(out_dir, record, resume=resume, overwrite=overwrite, reading=data_dir, progress=progress):
         dataset_directory(config.train.data.dataset, config.train.data.cache_dir, progress=progress)
-        resolved = config.to_dict()
-        resolved["compare"].update(models=list(names), seeds=len(seeds), jobs=jobs)
-        write_text_atomically(out_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
         sweeps = train_language_models(keys, out_dir / "runs", configure, resume=resume, nproc=nproc, jobs=jobs,
                                        progress=progress, name=config.model_name)
         phases = {"training": time.perf_counter() - start}

@@ -66,6 +66,7 @@ from ..checkpoint import (
     CheckpointError,
     TensorSpec,
     load_checkpoint_tokenizer,
+    read_config,
     write_config,
     write_directory_atomically,
     write_safetensors_streaming,
@@ -567,16 +568,18 @@ def export_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = Fals
     """A checkpoint directory of this project -> a transformers directory at ``out`` (new, empty,
     or with ``overwrite`` an earlier export; never the checkpoint itself)."""
     check_output_dir(out, "hf-export", overwrite=overwrite, reading=[checkpoint])  # before the work
+    config, _ = read_config(checkpoint)
+    check_exportable(config)  # from config.json alone, before the weights are read
+    tokenizer = load_checkpoint_tokenizer(checkpoint, config.vocab_size)
     with lock_output(out):  # one writer: a second export to ``out`` is refused before its work
         model = LanguageModel.from_pretrained(checkpoint)
-        tokenizer = load_checkpoint_tokenizer(checkpoint, model.config.vocab_size)
         return save_hf(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
 
 
 
 
-def _load_hf_tokenizer(directory: Path, eos_token: str | None = None,
-                       bos_token: str | None = None) -> ByteTokenizer | BPETokenizer | None:
+def load_hf_tokenizer(directory: Path, eos_token: str | None = None,
+                      bos_token: str | None = None) -> ByteTokenizer | BPETokenizer | None:
     """The directory's tokenizer.json as our tokenizer (ByteTokenizer if it is the byte one), or None;
     its special tokens as named, or as tokenizer_config.json / config.json beside it name them."""
     path = directory / BPE_FILE
@@ -627,10 +630,11 @@ def read_hf_directory(directory: str | Path, *, dtype: str = "float32", with_tok
                               f"nothing to import; use it as it is (LanguageModel.from_pretrained, generate, eval, "
                               f"train --init-from)")
     family = hf_family(hf, path)
+    # the tokenizer before the weights (their headers, then the plan): what decides the import comes first
+    tokenizer = load_hf_tokenizer(directory, eos_token, bos_token) if with_tokenizer else None
     weights = HFWeights(directory)
     config = model_config_from_hf(hf, path, weights.shapes)
     plan = plan_import(weights, config, family, IMPORT_DTYPES[dtype])
-    tokenizer = _load_hf_tokenizer(directory, eos_token, bos_token) if with_tokenizer else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(
             f"{directory / BPE_FILE}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "

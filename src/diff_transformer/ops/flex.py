@@ -8,6 +8,9 @@ with the same block mask, q of width d and v of width 2d, the difference taken a
 Opt-in (``backend="flex"``; "auto" never picks it): on CUDA it runs the kernel torch.compile
 generates, not yet measured on a GPU; on the CPU it runs PyTorch's unfused implementation,
 forward only (FlexAttention has no CPU backward), which the tests check against the reference.
+Off CUDA, where autograd would need that backward (an input requires grad, grad mode on: a model
+in eval mode called without ``torch.no_grad()``), the same attention is computed by SDPA on the
+block mask's dense mask, which has one.
 
 ``attn_mask`` is a :class:`BlockMask` used as it is (it holds the causal rule itself, as
 :func:`document_block_mask` builds it), or a bool mask (True = may attend, with ``causal``: the
@@ -17,10 +20,11 @@ ops' convention) from which a block mask is built at each call, or None: causal 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
 
 from .reference import visible_mask
 
@@ -32,8 +36,24 @@ def _compiled_flex_attention():
 
 
 def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask | None, scale: float | None) -> Tensor:
-    call = _compiled_flex_attention() if q.device.type == "cuda" else flex_attention
-    return call(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    gqa = q.shape[1] != k.shape[1]
+    if q.device.type != "cuda" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return _dense(q, k, v, block_mask, scale, gqa)  # no CPU backward in FlexAttention
+    if q.device.type == "cuda":
+        return _compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    with warnings.catch_warnings():  # the unfused path is the CPU's on purpose: no advice to compile it
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+def _dense(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask | None, scale: float | None, gqa: bool) -> Tensor:
+    """What FlexAttention computes, by SDPA on the dense mask (B|1, H|1, T, S) of ``block_mask``'s
+    mask_mod (None: every key visible), with a backward on every device."""
+    mask = None
+    if block_mask is not None:
+        batches, heads = block_mask.kv_num_blocks.shape[:2]
+        mask = create_mask(block_mask.mask_mod, batches, heads, q.shape[2], k.shape[2], device=q.device)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
 @functools.lru_cache(maxsize=16)

@@ -85,8 +85,10 @@ def require_seeds(section: str, values: Any, names: tuple[str, ...]) -> None:
 class ModelEntry:
     """One model of an experiment: a preset (or none) plus ModelConfig fields.
 
-    ``label`` is the name reports print; ``paper_row`` names the row of the paper's Table 6
-    (see :data:`diff_transformer.paper.PAPER_TABLE6`) that this model corresponds to.
+    ``label`` is the name reports print, its ``{field}``s filled from the model's own ModelConfig
+    (``"Transformer {n_heads}×{head_dim}"``: its real shape at whatever preset and size, never a
+    shape written by hand); ``paper_row`` names the row of the paper's Table 6 (see
+    :data:`diff_transformer.paper.PAPER_TABLE6`) that this model corresponds to.
     """
 
     name: str
@@ -115,7 +117,22 @@ class ModelEntry:
 
     @property
     def display_name(self) -> str:
-        return self.label or self.name
+        """The label with its ``{field}``s filled from the model's ModelConfig, else the name."""
+        if not self.label or "{" not in self.label:
+            return self.label or self.name
+        config = self.model_config()
+
+        class Fields(dict):
+            def __missing__(self, key: str) -> Any:  # a ModelConfig field or property (head_dim)
+                if key.startswith("_") or not hasattr(config, key):
+                    raise KeyError(key)
+                return getattr(config, key)
+
+        try:
+            return self.label.format_map(Fields())
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"models.{self.name}.label {self.label!r}: each {{...}} must name a ModelConfig field "
+                              f"or head_dim (e.g. {{n_heads}}×{{head_dim}}); {type(exc).__name__}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"attention": self.attention}
@@ -498,6 +515,7 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             diff_heads=diff_heads,
         )
         entry.model_config()  # validate now: unknown ModelConfig fields are named here
+        _ = entry.display_name  # and the fields its label names
         entries[str(name)] = entry
     return entries
 

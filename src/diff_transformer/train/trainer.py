@@ -176,6 +176,23 @@ class DataPlan:
         return DatasetRecord(dataset_fingerprint(self.directory), splits["train"]["tokens"], splits["val"]["tokens"],
                              splits["train"].get("documents", 0), splits["val"].get("documents", 0))
 
+    def check_train_windows(self, examples: int = 16) -> None:
+        """A ValueError naming what would fail at the first steps: a train split too short for one
+        window of seq_len (+1 target), or a task of data.mix whose examples (the first ``examples`` of
+        each) do not fit seq_len. A task with no share is never drawn: not checked."""
+        from ..data import MixedBatches
+
+        corpus = self.train.shards if isinstance(self.train, MixedBatches) else self.train
+        corpus.window_starts([0], self.seq_len, seed=self.seed)
+        if isinstance(self.train, MixedBatches):
+            for name, share in self.train.mix.items():
+                try:
+                    for index in range(examples if share > 0 else 0):
+                        self.train.generate(name, index, self.seq_len, seed=self.seed)
+                except ValueError as exc:
+                    raise ConfigError(f"data.mix: the {name!r} task at data.seq_len={self.seq_len}: {exc}; raise "
+                                      f"data.seq_len or take {name!r} out of data.mix") from None
+
     def micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This process's micro-batches of optimizer step ``step`` (0-based): (inputs, targets) (b, T)."""
         first = step * self.batch_size + self.rank * self.per_process
@@ -383,13 +400,20 @@ def check_training(config: TrainConfig, model_name: str | None = None, *, resume
     return _check(config, entry, entry.model_config(), env, resume=resume, lengthen=lengthen)
 
 
-def check_inputs(config: TrainConfig, model_name: str | None = None, *, processes: int = 1) -> None:
+def check_inputs(config: TrainConfig, model_name: str | None = None, *, processes: int = 1,
+                 data: bool = True) -> None:
     """The checks of :func:`check_training` that read (the config against the model, the backend on this
     device, run.init_from's checkpoint, the dataset), not those of the output paths: what a study checks
-    of each of its runs before it creates anything (its runner owns the runs' directories)."""
+    of each of its runs before it creates anything (its runner owns the runs' directories). Without
+    ``data``, the settings alone: nothing is read or tokenized (a study checks every run's settings so
+    before the first run's data)."""
     entry = config.model(model_name)
     env = Environment(rank=0, world_size=processes, local_rank=0, device=resolve_device(config.run.device))
-    _check_inputs(config, entry, entry.model_config(), env, resume=False)
+    model_config = entry.model_config()
+    if data:
+        _check_inputs(config, entry, model_config, env, resume=False)
+    else:
+        _check_settings(config, entry, model_config, env, resume=False)
 
 
 def _check(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *, resume: bool,
@@ -424,9 +448,22 @@ def _check_together(config: TrainConfig, entry: ModelEntry, model_config: ModelC
     return plan
 
 
-def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *,
-                  resume: bool) -> TrainingPlan:
-    """The config, the backend, run.init_from's checkpoint and the dataset (every process)."""
+@dataclass
+class _Settings:
+    """What :func:`_check_settings` resolved: the config (a budget in tokens or FLOPs made its run.steps),
+    the run's directories, sequence length and starting weights."""
+
+    config: TrainConfig
+    out_dir: Path
+    checkpoint_dir: Path
+    seq_len: int
+    init_from: Path | None  # the weights a new run starts from (None when resuming)
+
+
+def _check_settings(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *,
+                    resume: bool) -> _Settings:
+    """The config against itself, the model and this device, and run.init_from's checkpoint: nothing
+    of the dataset is read (so a contradiction in the config is refused before a corpus is tokenized)."""
     run, data = config.run, config.data
     out_dir = Path(run.out_dir)
     checkpoint_dir = out_dir / "checkpoint" if run.checkpoint_dir is None else Path(run.checkpoint_dir)
@@ -450,7 +487,16 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
             raise ConfigError(f"run.init_from: {init_from} is this run's checkpoint directory {checkpoint_dir} "
                               f"or inside it, which the run would replace; choose another run.out_dir / "
                               f"run.checkpoint_dir")
-    plan = DataPlan(config, seq_len, env)
+    return _Settings(config, out_dir, checkpoint_dir, seq_len, init_from)
+
+
+def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelConfig, env: Environment, *,
+                  resume: bool) -> TrainingPlan:
+    """The settings (:func:`_check_settings`), then the dataset against them (every process): its
+    vocabulary within the model's, a validation window and a training batch in its splits."""
+    settings = _check_settings(config, entry, model_config, env, resume=resume)
+    config = settings.config
+    plan = DataPlan(config, settings.seq_len, env)
     if plan.vocab_size > model_config.vocab_size:
         raise ConfigError(
             f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than model "
@@ -458,13 +504,16 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
         )
     try:
         validation = plan.validation_batches()
-    except ValueError as exc:  # a validation split too short for one window
+        plan.check_train_windows()
+    except ConfigError:  # data.mix: named as such
+        raise
+    except ValueError as exc:  # a split too short for one window
         raise ConfigError(f"data.dataset: {exc}") from None
-    if init_from is not None:
-        check_initial_tokenizer(init_from, plan.tokenizer)
-    return TrainingPlan(config=config, entry=entry, model_config=model_config, out_dir=out_dir,
-                        checkpoint_dir=checkpoint_dir, data=plan, validation=validation, init_from=init_from,
-                        resume=None)
+    if settings.init_from is not None:
+        check_initial_tokenizer(settings.init_from, plan.tokenizer)
+    return TrainingPlan(config=config, entry=entry, model_config=model_config, out_dir=settings.out_dir,
+                        checkpoint_dir=settings.checkpoint_dir, data=plan, validation=validation,
+                        init_from=settings.init_from, resume=None)
 
 
 def backend_problem(backend: str, device: torch.device, model_config: ModelConfig, seq_len: int, *,
