@@ -510,7 +510,7 @@ def analyse(cells: Sequence[Cell], x_kind: str, baseline: str = BASELINE, *, res
         if not (c.x > 0 and math.isfinite(c.x) and c.losses and all(v > 0 and math.isfinite(v) for v in c.losses)):
             raise ValueError(f"{c.kind} at x = {c.x}: x and every loss must be positive and finite, got {c.losses}")
     kinds = list(dict.fromkeys(c.kind for c in cells))
-    few = [k for k in kinds if len({c.x for c in cells if c.kind == k}) < 3]
+    few = [(labels or {}).get(k, k) for k in kinds if len({c.x for c in cells if c.kind == k}) < 3]
     if few:
         return LawAnalysis(x_kind, x_kind == "params", {}, None, {},
                            f"{', '.join(few)}: fewer than three distinct x (a law a·x^(−b) + c has three constants)")

@@ -48,7 +48,8 @@ from .comparison import Evaluation
 from .config import ExperimentConfig
 from .language_models import Machine, check_runs, run_config, train_language_models
 from .report import (
-    budget_lines, heading_lines, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study,
+    budget_lines, count_text, heading_lines, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text,
+    write_study,
 )
 from .results import TrainingRun
 from .study import Axes, RunKey, Sweep
@@ -189,7 +190,11 @@ def size_trend(model: str, baseline: str, pairs: Sequence[tuple[float, float]], 
         return Trend(model, baseline, None, None, None, len(pairs),
                      f"no trend measured: {len(pairs)} difference{'s' if len(pairs) != 1 else ''} at {sizes} "
                      f"size{'s' if sizes != 1 else ''} (a slope's interval needs two sizes and three differences)")
-    fit = linregress(xs, [d for _, d in pairs])
+    differences = [d for _, d in pairs]
+    if max(differences) == min(differences):  # no spread at all: a line through them has no error
+        return Trend(model, baseline, 0.0, 0.0, 0.0, len(pairs),
+                     f"no trend: the difference is {signed(differences[0])} at every size and seed")
+    fit = linregress(xs, differences)
     half = t_quantile(len(pairs) - 2) * fit.stderr
     low, high = fit.slope - half, fit.slope + half
     return Trend(model, baseline, fit.slope, low, high, len(pairs),
@@ -484,6 +489,8 @@ def _matching_lines(metrics: ScalingMetrics, axis: AxisLaws) -> list[str]:
     """Each model's matching fraction along one axis: the summary in words, then every reading."""
     labels = metrics.labels
     what = "parameters" if axis.x_kind == "params" else f"tokens (at {axis.size})"
+    if axis.analysis.problem:
+        return [f"- Along {what}: no fraction — {axis.analysis.problem}.", ""]
     lines = []
     for kind in [n for n in labels if n in axis.analysis.matching]:
         m = axis.analysis.matching[kind]
@@ -514,14 +521,15 @@ def render_report(metrics: ScalingMetrics) -> str:
             "data.heldout_sequences is 0), so the best lr's loss is biased low by the choice")
     lines = heading_lines(f"Scaling: {metrics.config}", metrics.description)
     lines += [
-        f"{', '.join(labels.values())} at {len(sizes)} size{'s' if len(sizes) != 1 else ''} ({', '.join(sizes)}; "
+        f"{', '.join(labels.values())} at {count_text(len(sizes), 'size')} ({', '.join(sizes)}; "
         "each kind matched as the presets are: DIFF with half the Transformer's heads, values twice as wide; each "
-        f"counted on its own parameters) and {len(budgets)} budget{'s' if len(budgets) != 1 else ''} "
-        f"({', '.join(f'{b} steps' for b in budgets)}), trained on the same data in the same order, "
-        f"{seeds} seed{'s' if seeds > 1 else ''} ({', '.join(map(str, metrics.seeds))}); {metrics.lr_note}. "
-        f"Every loss below is the final loss {held}. Device: {env.device} ({env.cpu_count} CPU cores; {env.jobs} runs "
-        f"at a time), torch {env.torch}. Wall time: {metrics.wall_seconds / 60:.1f} min for this command ("
-        + ", ".join(f"{k} {v / 60:.1f} min" for k, v in metrics.phase_seconds.items()) + ").",
+        f"counted on its own parameters) and {count_text(len(budgets), 'budget')} "
+        f"({', '.join(count_text(b, 'step') for b in budgets)}), trained on the same data in the same order, "
+        f"{count_text(seeds, 'seed')} ({', '.join(map(str, metrics.seeds))}); {metrics.lr_note}. "
+        f"Every loss below is the final loss {held}. Device: {env.device} ({env.cpu_count} CPU cores; "
+        f"{count_text(env.jobs, 'run')} at a time), torch {env.torch}. Wall time: {metrics.wall_seconds / 60:.1f} min "
+        "for this command" + (" (" + ", ".join(f"{k} {v / 60:.1f} min" for k, v in metrics.phase_seconds.items())
+                              + ")" if metrics.phase_seconds else "") + ".",
         "",
         *budget_lines(metrics.budget_note),
         "## The gap along size",
