@@ -41,6 +41,7 @@ deviation, either way.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -202,7 +203,7 @@ class _Design:
     weight: np.ndarray  # (m,) seeds
     shared_floor: bool
 
-    @property
+    @functools.cached_property
     def onehot(self) -> np.ndarray:  # (K, m)
         return (self.kind[None, :] == np.arange(len(self.kinds))[:, None]).astype(np.float64)
 
@@ -424,7 +425,12 @@ def fit_laws(cells: Sequence[Cell], x_kind: str) -> tuple[_Design, _Fits, dict[s
 
 def _fractions(fits: _Fits, design: _Design, base: int, kind: int, base_x: np.ndarray) -> np.ndarray:
     """(B, len(base_x)): the x where ``kind``'s law reaches ``base``'s law at each base x, over that x;
-    inf where it never does."""
+    inf where it never does (or where a nearly flat law's inverse overflows)."""
+    with np.errstate(over="ignore"):
+        return _crossings(fits, design, base, kind, base_x)
+
+
+def _crossings(fits: _Fits, design: _Design, base: int, kind: int, base_x: np.ndarray) -> np.ndarray:
     ref = design.x_ref
     target = fits.a[:, base, None] * (base_x[None, :] / ref[base]) ** (-fits.b[:, base, None]) + fits.c[:, base, None]
     above = target - fits.c[:, kind, None]
@@ -442,10 +448,32 @@ def _quantile_interval(values: np.ndarray) -> tuple[float, float]:
     return (float(np.quantile(values, tail, method="lower")), float(np.quantile(values, 1 - tail, method="higher")))
 
 
-def _match(design: _Design, fits: _Fits, laws: dict[str, KindFit], noise: Noise | None, cells: Sequence[Cell],
-           baseline: str, kind: str, x_kind: str, resamples: int, seed: int, labels: dict[str, str]) -> Matching:
-    """The matching fraction of ``kind`` against ``baseline`` (module docstring); ``labels`` name the kinds
-    in the reason."""
+@dataclass
+class _Perturbed:
+    """The joint fit again on perturbed cell means: each cell moved by one seed's sd either way (2m
+    fits), and the parametric bootstrap's resamples (module docstring)."""
+
+    moved: _Fits
+    resampled: _Fits
+
+
+def _perturb(design: _Design, fits: _Fits, noise: Noise, cells: Sequence[Cell], resamples: int,
+             seed: int) -> _Perturbed:
+    means = np.array([[c.mean for c in cells]])
+    moves = np.concatenate([np.eye(len(cells)), -np.eye(len(cells))]) * noise.sd
+    rng = np.random.default_rng(seed)
+    fitted = fits.a[0, design.kind] * np.exp(-fits.b[0, design.kind] * design.log_u) + fits.c[0, design.kind]
+    sd = noise.sd * np.sqrt(noise.df / rng.chisquare(noise.df, resamples))  # the noise redrawn, then the means
+    draws = fitted[None, :] + sd[:, None] * rng.standard_normal((resamples, len(cells))) / np.sqrt(design.weight)
+    chunks = [_fit_batch(design, draws[i:i + CHUNK]) for i in range(0, resamples, CHUNK)]
+    resampled = _Fits(*(np.concatenate([getattr(f, name) for f in chunks]) for name in ("a", "b", "c", "rss_by_kind")))
+    return _Perturbed(_fit_batch(design, means + moves), resampled)
+
+
+def _match(design: _Design, fits: _Fits, laws: dict[str, KindFit], perturbed: _Perturbed | None, baseline: str,
+           kind: str, x_kind: str, labels: dict[str, str]) -> Matching:
+    """The matching fraction of ``kind`` against ``baseline`` (module docstring); ``perturbed``: None when the
+    noise is unknown; ``labels`` name the kinds in the reason."""
     base_i, kind_i = design.kinds.index(baseline), design.kinds.index(kind)
     base_x = np.array(sorted(laws[baseline].x), dtype=np.float64)
     at = float(np.exp(np.mean(np.log(base_x))))
@@ -458,23 +486,13 @@ def _match(design: _Design, fits: _Fits, laws: dict[str, KindFit], noise: Noise 
     estimate = float(_fractions(fits, design, base_i, kind_i, np.array([at]))[0, 0])
     match = Matching(kind, baseline, x_kind, None, None, False, "", None if math.isinf(estimate) else estimate, at,
                      readings)
-    if noise is None:
+    if perturbed is None:
         match.reason = "the noise is unknown (one seed per cell and no degrees of freedom left by the fit)"
         return match
-    rng = np.random.default_rng(seed)
-    fitted = np.array([[_law_at(fits, design, i, c.x) for i, c in zip(design.kind, cells)]])
-    weight = design.weight
-    # Sensitivity: each cell mean moved by one seed's sd, either way (2m refits).
-    moves = np.concatenate([np.eye(len(cells)), -np.eye(len(cells))]) * noise.sd
-    moved = _fit_batch(design, np.array([[c.mean for c in cells]]) + moves)
-    shifted = _fractions(moved, design, base_i, kind_i, np.array([at]))[:, 0]
+    shifted = _fractions(perturbed.moved, design, base_i, kind_i, np.array([at]))[:, 0]
     match.sensitivity = (float(shifted.min()), float(shifted.max()))
-    # The interval: a parametric bootstrap around the fitted laws.
-    sd = noise.sd * np.sqrt(noise.df / rng.chisquare(noise.df, resamples))
-    draws = fitted + sd[:, None] * rng.standard_normal((resamples, len(cells))) / np.sqrt(weight)
-    values = np.concatenate([_fractions(_fit_batch(design, draws[i:i + CHUNK]), design, base_i, kind_i,
-                                        np.array([at]))[:, 0] for i in range(0, resamples, CHUNK)])
-    match.resamples, match.undefined = resamples, int(np.isinf(values).sum())
+    values = _fractions(perturbed.resampled, design, base_i, kind_i, np.array([at]))[:, 0]
+    match.resamples, match.undefined = len(values), int(np.isinf(values).sum())
     low, high = _quantile_interval(values)
     needed = estimate * at
     name = lambda k: labels.get(k, k)  # noqa: E731
@@ -488,15 +506,11 @@ def _match(design: _Design, fits: _Fits, laws: dict[str, KindFit], noise: Noise 
         match.reason = (f"an extrapolation: {name(kind)} would need x = {needed:,.0f}, outside its measured range "
                         f"{kind_range[0]:,.0f}–{kind_range[1]:,.0f}")
     elif math.isinf(high):
-        match.reason = (f"not identified at this range: {match.undefined} of {resamples} resamples never reach "
+        match.reason = (f"not identified at this range: {match.undefined} of {match.resamples} resamples never reach "
                         f"{name(baseline)}'s loss, so the interval has no upper end")
     else:
         match.fraction, match.interval, match.identified = estimate, (low, high), True
     return match
-
-
-def _law_at(fits: _Fits, design: _Design, i: int, x: float) -> float:
-    return float(fits.a[0, i] * (x / design.x_ref[i]) ** (-fits.b[0, i]) + fits.c[0, i])
 
 
 def analyse(cells: Sequence[Cell], x_kind: str, baseline: str = BASELINE, *, resamples: int = 2000,
@@ -519,10 +533,10 @@ def analyse(cells: Sequence[Cell], x_kind: str, baseline: str = BASELINE, *, res
     design, fits, laws, noise = fit_laws(cells, x_kind)
     matching = {}
     if baseline in laws:
+        perturbed = None if noise is None else _perturb(design, fits, noise, cells, resamples, seed)
         for kind in kinds:
             if kind != baseline:
-                matching[kind] = _match(design, fits, laws, noise, cells, baseline, kind, x_kind, resamples, seed,
-                                        labels or {})
+                matching[kind] = _match(design, fits, laws, perturbed, baseline, kind, x_kind, labels or {})
     return LawAnalysis(x_kind, design.shared_floor, laws, noise, matching)
 
 
