@@ -66,14 +66,15 @@ def test_the_axes_train_every_model_at_every_size_at_three_lrs():
     keys = scaling_keys(config, ["standard", "diff"], [0, 1, 2])
     steps = config.train.run.steps
     assert len(keys) == 3 * 4 * 2 * 3  # seeds × sizes × models × lrs, one budget
-    for size in config.scaling.sizes:
-        assert {k.lr for k in keys if k.size == size} == {4e-3, 8e-3, 1.6e-2}
+    for size, grid in {"xs": {8e-3, 1.6e-2, 3.2e-2}, "s": {4e-3, 8e-3, 1.6e-2}, "m": {4e-3, 8e-3, 1.6e-2},
+                       "l": {4e-3, 8e-3, 1.6e-2}}.items():
+        assert {k.lr for k in keys if k.size == size} == grid
     assert {k.steps for k in keys} == {steps}
     assert [k.seed for k in keys] == sorted(k.seed for k in keys)  # seeds outermost
     # Each kind matched as the presets are: DIFF with half the heads of the same width.
     standard = sized_train(config, RunKey("standard", 0, 1e-3, None, "m", steps)).model("standard").model_config()
     diff = sized_train(config, RunKey("diff", 0, 1e-3, None, "m", steps)).model("diff").model_config()
-    assert (standard.d_model, standard.n_layers) == (diff.d_model, diff.n_layers) == (44, 2)
+    assert (standard.d_model, standard.n_layers) == (diff.d_model, diff.n_layers) == (28, 2)
     assert standard.n_heads == 2 * diff.n_heads and standard.head_dim == diff.head_dim
 
 
@@ -187,7 +188,8 @@ def planted_runs(config, keys, loss):
 def test_the_report_on_two_sizes_two_budgets_odd_signs_and_few_tokens_per_parameter():
     config = load_experiment("scaling", [
         "scaling.sizes={a: {d_model: 32, n_layers: 2, n_heads: 1}, b: {d_model: 64, n_layers: 3, n_heads: 1}}",
-        "scaling.budgets=[0.5, 1.0]", "scaling.lr_grid=[4e-3]", "run.steps=2", "compare.budget_note=''",
+        "scaling.budgets=[0.5, 1.0]", "scaling.lr_grid=[4e-3]", "scaling.lr_grid_by_size={}", "run.steps=2",
+        "compare.budget_note=''",
         "data.batch_size=1", "data.seq_len=8", "scaling.bootstrap_resamples=100"])
     names = ["standard", "diff", "diff_v2"]
     keys = scaling_keys(config, names, [0, 1])
