@@ -183,6 +183,11 @@ def test_fewer_than_three_sizes_give_no_laws_and_say_why():
     assert result.fits == {} and result.matching == {} and "three distinct x" in result.problem
 
 
+def test_counts_read_as_counts_and_far_off_readings_as_powers():
+    assert scaling.x_text(17_238.4) == "17,238" and scaling.x_text(2.64e-39) == "2.64e-39"
+    assert scaling.x_text(3.1e15) == "3.1e+15"
+
+
 def test_bad_cells_are_refused_by_name():
     with pytest.raises(ValueError, match="diff at x = -1"):
         analyse([Cell("diff", -1.0, (2.0,))], "params")

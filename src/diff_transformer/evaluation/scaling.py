@@ -500,11 +500,11 @@ def _match(design: _Design, fits: _Fits, laws: dict[str, KindFit], perturbed: _P
     if flagged:
         match.reason = "not identified at this range: " + "; ".join(flagged)
     elif math.isinf(estimate):
-        match.reason = (f"{name(kind)}'s law never reaches {name(baseline)}'s loss at x = {at:,.0f} (its floor lies "
+        match.reason = (f"{name(kind)}'s law never reaches {name(baseline)}'s loss at x = {x_text(at)} (its floor lies "
                         "above it)")
     elif not kind_range[0] <= needed <= kind_range[1]:
-        match.reason = (f"an extrapolation: {name(kind)} would need x = {needed:,.0f}, outside its measured range "
-                        f"{kind_range[0]:,.0f}–{kind_range[1]:,.0f}")
+        match.reason = (f"an extrapolation: {name(kind)} would need x = {x_text(needed)}, outside its measured range "
+                        f"{x_text(kind_range[0])}–{x_text(kind_range[1])}")
     elif math.isinf(high):
         match.reason = (f"not identified at this range: {match.undefined} of {match.resamples} resamples never reach "
                         f"{name(baseline)}'s loss, so the interval has no upper end")
@@ -687,6 +687,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
+def x_text(x: float) -> str:
+    """A parameter or token count: "17,238", or "3.1e-05" / "2.4e+15" where a far-off law reads one."""
+    return f"{x:,.0f}" if 1 <= x < 1e12 else f"{x:.3g}"
+
+
 def paper_fraction(x_kind: str) -> str:
     """The paper's figure beside ours: "0.595 and 0.622" (Fig. 3a) or "0.637" (Fig. 3b)."""
     claim = paper.SCALING_FIG3
@@ -701,10 +706,10 @@ def fraction_text(m: Matching, label: str, what: str) -> str:
     if m.identified:
         low, high = m.interval
         return (f"{label} reaches the Transformer's loss with **{m.fraction:.2f}×** its {what} [{low:.2f}, {high:.2f}] "
-                f"(95%, {m.resamples} resamples, {m.undefined} never reaching it), read at {m.at:,.0f}; one point "
+                f"(95%, {m.resamples} resamples, {m.undefined} never reaching it), read at {x_text(m.at)}; one point "
                 f"moved by one seed's sd reads {m.sensitivity[0]:.2f}–{m.sensitivity[1]:.2f}. The paper: "
                 f"{paper_fraction(m.x_kind)}.")
-    reading = "" if m.estimate is None else f" (the laws read {m.estimate:.3g}× at {m.at:,.0f}: not a measurement)"
+    reading = "" if m.estimate is None else f" (the laws read {m.estimate:.3g}× at {x_text(m.at)}: not a measurement)"
     return f"{label}: no fraction — {m.reason}{reading}."
 
 
@@ -730,7 +735,7 @@ def report(result: dict[str, Any]) -> str:
                             "sensitivity": None if m["sensitivity"] is None else tuple(m["sensitivity"])})
         lines.append("- " + fraction_text(match, kind, x_name))
         lines.append("  Readings at each Transformer x: " + ", ".join(
-            f"{r.baseline_x:,.0f}: " + ("never" if r.kind_x is None else f"{r.fraction:.3g}×"
+            f"{x_text(r.baseline_x)}: " + ("never" if r.kind_x is None else f"{r.fraction:.3g}×"
                                         + ("" if r.inside else " (outside)")) for r in match.readings) + ".")
     claim = paper.SCALING_FIG3
     lines += ["", f"Paper ({claim['source']}): {claim['claim']}."]

@@ -498,9 +498,9 @@ def _matching_lines(metrics: ScalingMetrics, axis: AxisLaws) -> list[str]:
                   f"  | The Transformer's {axis.x_kind} | Its fitted loss | {labels.get(kind, kind)}'s {axis.x_kind} "
                   "for that loss | Fraction | Within its measured range |", "  |---:|---:|---:|---:|---|"]
         for r in m.readings:
-            needed = "never" if math.isinf(r.kind_x) else f"{r.kind_x:,.0f}"
+            needed = "never" if math.isinf(r.kind_x) else laws.x_text(r.kind_x)
             fraction = "–" if math.isinf(r.fraction) else f"{r.fraction:.3g}"
-            lines.append(f"  | {r.baseline_x:,.0f} | {r.loss:.4f} | {needed} | {fraction} | "
+            lines.append(f"  | {laws.x_text(r.baseline_x)} | {r.loss:.4f} | {needed} | {fraction} | "
                          f"{'yes' if r.inside else 'no'} |")
         lines.append("")
     return lines
