@@ -264,7 +264,8 @@ def test_the_study_runs_end_to_end_and_eval_scaling_reads_back_its_figures(byte_
         assert (out / plot).read_bytes()[:4] == b"\x89PNG", plot
     # eval scaling reads the study's metrics.json and gives the same figures, to the digit
     study = json.loads((out / "metrics.json").read_text())
-    assert main(["eval", "scaling", "--results", str(out / "metrics.json"), "--out", str(tmp_path / "eval")]) == 0
+    assert main(["eval", "scaling", "--results", str(out / "metrics.json"), "--out", str(tmp_path / "eval"),
+                 "--resamples", "200"]) == 0  # the study's scaling.bootstrap_resamples
     again = json.loads((tmp_path / "eval" / "scaling.json").read_text())
     ours = study["laws"][0]["analysis"]["matching"]["diff"]
     assert {k: again["matching"]["diff"][k] for k in ("fraction", "interval", "identified", "reason", "estimate")} == {

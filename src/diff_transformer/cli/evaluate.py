@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="JSON: a list of {attention, params, tokens, loss, seed}, {\"runs\": [...]} (a scaling "
                      "study's metrics.json), or a compare metrics.json")
     sub.add_argument("--x", choices=scaling.X_KINDS, default="params", help="scale variable (default: params)")
+    sub.add_argument("--resamples", type=bounded(int, 100), default=2000, metavar="N",
+                     help="resamples of each fraction's interval (default: 2000, as a scaling study's "
+                     "scaling.bootstrap_resamples)")
     sub.add_argument("--windows", type=types.positive_int, default=16,
                      help="held-out windows for a checkpoint's loss (default: 16)")
     sub.set_defaults(run=run_scaling)
@@ -156,7 +159,8 @@ def run_scaling(args: argparse.Namespace) -> int:
             runs += [scaling.run_from_checkpoint(m, text, windows=args.windows) for m in models]
         if not runs:
             raise ValueError("nothing to fit (give --results FILE and/or --checkpoint DIR)")
-        result = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(runs, args.x)}
+        result = {"evaluation": scaling.NAME, "title": scaling.TITLE,
+                  **scaling.evaluate(runs, args.x, resamples=args.resamples)}
         files = write_evaluation_result(Path(args.out), scaling.NAME, result, lambda path: scaling.plot(result, path),
                                         reading)
     print(f"## {scaling.TITLE}\n\n{scaling.report(result)}\n")

@@ -625,11 +625,12 @@ def cells_of(runs: Sequence[dict[str, Any]], x_kind: str) -> list[Cell]:
 # --- the evaluation ------------------------------------------------------------------------------------
 
 
-def evaluate(runs: list[dict[str, Any]], x_kind: str = "params") -> dict[str, Any]:
+def evaluate(runs: list[dict[str, Any]], x_kind: str = "params", *, resamples: int = 2000) -> dict[str, Any]:
     """Every architecture's law and each other kind's matching fraction against the Transformer
-    (:func:`analyse` on :func:`cells_of` the runs), as JSON data: ``matching[kind]`` holds ``fraction``
-    (None when not identified), ``interval`` ([low, high] or None), ``identified`` and ``reason``."""
-    analysis = analyse(cells_of(runs, x_kind), x_kind)
+    (:func:`analyse` on :func:`cells_of` the runs, ``resamples`` for each interval), as JSON data:
+    ``matching[kind]`` holds ``fraction`` (None when not identified), ``interval`` ([low, high] or
+    None), ``identified`` and ``reason``."""
+    analysis = analyse(cells_of(runs, x_kind), x_kind, resamples=resamples)
     return result_data(analysis)
 
 
