@@ -250,15 +250,15 @@ def _least(values: np.ndarray, axis: int) -> np.ndarray:
     return np.where(interior, np.minimum(vertex, pick(best)), pick(best))
 
 
-def _refined(values: np.ndarray, grid: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """The grid value of the least of ``values`` along ``axis`` moved to its parabola's vertex (kept at an
-    end of the grid), and the index of the least."""
+def _refined(values: np.ndarray, grid: np.ndarray, axis: int) -> np.ndarray:
+    """The grid value of the least of ``values`` along ``axis``, moved to its parabola's vertex (kept at an
+    end of the grid)."""
     best = values.argmin(axis)
     inner = np.clip(best, 1, len(grid) - 2)
     pick = lambda i: np.take_along_axis(values, np.expand_dims(i, axis), axis).squeeze(axis)  # noqa: E731
     step = np.clip(_vertex(pick(inner - 1), pick(inner), pick(inner + 1)), -0.5, 0.5)
     interior = (best > 0) & (best < len(grid) - 1)
-    return np.where(interior, grid[inner] + step * (grid[1] - grid[0]), grid[best]), best
+    return np.where(interior, grid[inner] + step * (grid[1] - grid[0]), grid[best])
 
 
 def _fit_batch(design: _Design, y: np.ndarray, *, profile: bool = False) -> _Fits:
@@ -266,7 +266,8 @@ def _fit_batch(design: _Design, y: np.ndarray, *, profile: bool = False) -> _Fit
     projected out, then refined. ``profile`` (B = 1): the profile of the error over each exponent."""
     onehot, w = design.onehot, design.weight
     powers = np.exp(-EXPONENTS[:, None] * design.log_u[None, :])  # (G, m): (x/x_ref)^(−b)
-    s_w = onehot @ w  # (K,) moments of each kind's cells, for every b of the grid
+    # The weighted moments of each kind's cells, at every exponent of the grid: (K,), (K, G), (B, K), (B, K, G).
+    s_w = onehot @ w
     s_x = np.einsum("gi,ki,i->kg", powers, onehot, w)
     s_xx = np.einsum("gi,ki,i->kg", powers**2, onehot, w)
     wy = y * w
@@ -287,12 +288,11 @@ def _fit_batch(design: _Design, y: np.ndarray, *, profile: bool = False) -> _Fit
     grid_error = error(FLOOR_STEPS[None, :, None] * top[:, None, :], s_xy[:, None], s_y[:, None], s_yy[:, None])
     at_floor = grid_error.min(-1)  # (B, T, K)
     if design.shared_floor:
-        step = np.repeat(_refined(at_floor.sum(-1), FLOOR_STEPS, 1)[0][:, None], len(design.kinds), 1)
+        step = np.repeat(_refined(at_floor.sum(-1), FLOOR_STEPS, 1)[:, None], len(design.kinds), 1)
     else:
-        step = _refined(at_floor, FLOOR_STEPS, 1)[0]  # (B, K)
+        step = _refined(at_floor, FLOOR_STEPS, 1)  # (B, K)
     c = step * top
-    log_b, _ = _refined(error(c, s_xy, s_y, s_yy), np.log(EXPONENTS), 2)
-    b = np.exp(log_b)
+    b = np.exp(_refined(error(c, s_xy, s_y, s_yy), np.log(EXPONENTS), 2))
     fits = _Fits(*_coefficients(design, y, b, c))
     if profile:
         if design.shared_floor:  # each kind's b held, the floor and the other kinds' b refitted
@@ -388,7 +388,7 @@ def _flags(law: Law, top: float, interval: tuple[float, float], at_end: bool, sh
     return flags
 
 
-def fit_laws(cells: Sequence[Cell], x_kind: str) -> tuple[_Design, _Fits, dict[str, KindFit], Noise | None]:
+def _fit_laws(cells: Sequence[Cell], x_kind: str) -> tuple[_Design, _Fits, dict[str, KindFit], Noise | None]:
     """Every kind's law, one joint fit (the floor shared on the parameter axis), flagged where it says
     nothing; and the noise it is judged against (None: unknown)."""
     from scipy.stats import f as f_distribution
@@ -530,7 +530,7 @@ def analyse(cells: Sequence[Cell], x_kind: str, baseline: str = BASELINE, *, res
                            f"{', '.join(few)}: fewer than three distinct x (a law a·x^(−b) + c has three constants)")
     if len({(c.kind, c.x) for c in cells}) != len(cells):
         raise ValueError("two cells of the same kind at the same x: give each its seeds in one cell")
-    design, fits, laws, noise = fit_laws(cells, x_kind)
+    design, fits, laws, noise = _fit_laws(cells, x_kind)
     matching = {}
     if baseline in laws:
         perturbed = None if noise is None else _perturb(design, fits, noise, cells, resamples, seed)
