@@ -708,7 +708,7 @@ def fraction_text(m: Matching, label: str, what: str) -> str:
         low, high = m.interval
         return (f"{label} reaches the Transformer's loss with **{m.fraction:.2f}×** its {what} [{low:.2f}, {high:.2f}] "
                 f"(95%, {m.resamples} resamples, {m.undefined} never reaching it), read at {x_text(m.at)}; one point "
-                f"moved by one seed's sd reads {m.sensitivity[0]:.2f}–{m.sensitivity[1]:.2f}. The paper: "
+                f"moved by one seed's sd reads {m.sensitivity[0]:.2f}–{m.sensitivity[1]:.2f}. The paper's DIFF: "
                 f"{paper_fraction(m.x_kind)}.")
     reading = "" if m.estimate is None else f" (the laws read {m.estimate:.3g}× at {x_text(m.at)}: not a measurement)"
     return f"{label}: no fraction — {m.reason}{reading}."
