@@ -215,7 +215,7 @@ def test_the_report_on_two_sizes_two_budgets_odd_signs_and_few_tokens_per_parame
     assert "x^(−-" not in report and "(−-" not in report
     # two sizes: no law (three constants), and the report says so rather than a fraction
     assert "Along parameters: no fraction — DIFF, DIFF V2, Transformer: fewer than three distinct x" in report
-    assert "the paper: 0.595 and 0.622" not in report.lower()
+    assert "0.595 and 0.622" not in report  # no fraction, so none beside the paper's
     # the gap in the table: DIFF − Transformer at b, 2 steps = +0.013 exactly (every seed shifted alike)
     assert metrics.gaps["diff"]["b"][2].delta == pytest.approx(0.013)
     assert "no trend: the difference is +0.013 at every size and seed" in report
