@@ -215,6 +215,7 @@ CASES = [
     ("eval-scaling-results-junk", ["eval", "scaling", "--results", "{junk}", "--out", "{root}/scaling"], "error: "),
     ("eval-scaling-x", ["eval", "scaling", "--results", "{text}", "--x", "flops"], "invalid choice: 'flops'"),
     ("eval-scaling-windows", ["eval", "scaling", "--windows", "0"], "--windows"),
+    ("eval-scaling-resamples", ["eval", "scaling", "--resamples", "50"], "--resamples"),
     ("eval-scaling-nothing", ["eval", "scaling", "--out", "{root}/scaling"], "nothing to fit"),
     # train
     ("train-config", ["train", "--config", "{root}/none.yaml"], "none.yaml"),

@@ -349,6 +349,26 @@ def test_val_batches_are_fixed_and_spread(byte_dataset):
     assert batches[-1][1][-1].tolist() == val.tokens[-16:].tolist()
 
 
+def test_heldout_windows_lie_midway_between_the_validation_windows(byte_dataset):
+    """The second held-out set: each window midway between two consecutive validation windows (the gaps
+    taken evenly), so no token of it is in a validation window; too close a spacing is refused."""
+    val = TokenShards(byte_dataset, "val")
+    seq_len, n, count = 16, 8, 4
+    inputs, targets = val.heldout_windows(n, count, seq_len)
+    last = val.num_tokens - seq_len - 1
+    spacing = last / (n - 1)
+    starts = [round((gap + 0.5) * spacing) for gap in (0, 2, 4, 6)]  # round(linspace(0, 6, 4)) by hand
+    assert inputs.tolist() == [val.tokens[s:s + seq_len].tolist() for s in starts]
+    assert targets.tolist() == [val.tokens[s + 1:s + seq_len + 1].tolist() for s in starts]
+    validation = [round(i * spacing) for i in range(n)]
+    covered = {t for v in validation for t in range(v, v + seq_len + 1)}
+    assert not covered & {t for s in starts for t in range(s, s + seq_len + 1)}
+    with pytest.raises(ValueError, match="at most 7"):
+        val.heldout_windows(n, 8, seq_len)
+    with pytest.raises(ValueError, match="too close"):
+        val.heldout_windows(val.num_tokens // (2 * seq_len), 2, seq_len)
+
+
 def test_truncated_shard_is_reported(tmp_path, byte_dataset):
     import shutil
 

@@ -135,14 +135,16 @@ def test_bad_input_is_one_error_line(checkpoints, tmp_path, capsys):
 
 
 def test_eval_scaling_command(tmp_path, capsys):
-    runs = [{"attention": kind, "params": n, "tokens": 1e9,
-             "loss": 2.0 + 50 * (n * (1.6 if kind == "diff" else 1)) ** -0.3}
-            for kind in ("standard", "diff") for n in (1e6, 4e6, 1.6e7, 6.4e7)]
+    runs = [{"attention": kind, "params": n, "tokens": 1e9, "seed": seed,
+             "loss": 2.0 + 50 * (n * (1.6 if kind == "diff" else 1)) ** -0.3 + 0.002 * (seed - 1)}
+            for kind in ("standard", "diff") for n in (1e6, 4e6, 1.6e7, 6.4e7) for seed in (0, 1, 2)]
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     assert main(["eval", "scaling", "--results", str(tmp_path / "runs.json"), "--out", str(tmp_path / "eval")]) == 0
     data = json.loads((tmp_path / "eval" / "scaling.json").read_text())
-    assert data["matching"]["diff"]["median_fraction"] == pytest.approx(1 / 1.6, rel=0.02)
+    assert data["matching"]["diff"]["fraction"] == pytest.approx(1 / 1.6, rel=0.02)
+    assert data["matching"]["diff"]["identified"] is True
     assert (tmp_path / "eval" / "scaling.png").exists()
+    assert "0.62×" in capsys.readouterr().out
 
 
 def test_run_suite_quick_on_two_models(checkpoints, tmp_path):

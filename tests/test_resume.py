@@ -179,7 +179,8 @@ def test_free_settings_may_differ(paused):
     config = config_module.load_config(str(paused["config"]), [
         "run.eval_every=1", "run.log_every=3", "run.diagnostics=false", "run.checkpoint_every=1",
         "run.tensorboard=false", "run.progress=false", "run.attn_backend=reference", "run.compile=true",
-        "data.micro_batch_size=2", "optim.recipe=paper-3b", "models.diff.label=D", "description=another",
+        "data.micro_batch_size=2", "data.heldout_sequences=2", "optim.recipe=paper-3b", "models.diff.label=D",
+        "description=another",
     ])
     plan = check_training(config, "diff", resume=True)
     assert plan.resume.step == 1 and plan.resume.steps == YAML_STEPS and not plan.resume.finished

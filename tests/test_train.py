@@ -154,6 +154,27 @@ def test_resume_continues_exactly_like_a_straight_run(byte_dataset, tmp_path):
     assert losses(tmp_path / "straight", "val").keys() == losses(tmp_path / "split", "val").keys() == {3, 6}
 
 
+def test_the_heldout_loss_is_the_final_model_on_the_heldout_windows(byte_dataset, tmp_path):
+    """data.heldout_sequences: scored once, at the end, on the windows between the validation windows;
+    the oracle reads those windows off the split by hand and scores the saved model on them."""
+    from diff_transformer.data import TokenShards
+
+    result = train(debug_config(byte_dataset, tmp_path, data={"heldout_sequences": 4}))
+    model = LanguageModel.from_pretrained(Path(result.checkpoint)).eval()
+    val = TokenShards(byte_dataset, "val")
+    spacing = (val.num_tokens - 33) / 7  # 8 validation windows of 32 (+1) tokens
+    starts = [round((gap + 0.5) * spacing) for gap in (0, 2, 4, 6)]
+    tokens = torch.tensor([val.tokens[s:s + 33].tolist() for s in starts])
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])[0].double()
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    assert result.final_heldout_loss == pytest.approx(float(expected), abs=1e-5)
+    assert json.loads((tmp_path / "summary.json").read_text())["final_heldout_loss"] == result.final_heldout_loss
+    assert abs(result.final_heldout_loss - result.final_val_loss) > 1e-6  # other windows than the validation's
+    with pytest.raises(ConfigError, match="data.heldout_sequences"):
+        debug_config(byte_dataset, tmp_path, data={"heldout_sequences": 8})
+
+
 @pytest.mark.slow  # trains a BPE tokenizer and a model
 def test_checkpoint_loads_as_a_model_with_its_tokenizer(byte_dataset, tmp_path):
     result = train(debug_config(byte_dataset, tmp_path))

@@ -48,15 +48,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.set_defaults(run=run_model_evaluation, spec=spec)
     sub = names.add_parser(
         scaling.NAME, help=scaling.TITLE,
-        description=f"{scaling.TITLE}: fit L(x) = a·x^(−b) + c per architecture from several runs and report the "
-        "fraction of parameters (or tokens) DIFF needs to match the Transformer. Runs come from --results files "
-        "and/or --checkpoint directories (validation loss measured on held-out text).",
+        description=f"{scaling.TITLE}: fit L(x) = a·x^(−b) + c per architecture from several runs (the runs of one "
+        "kind at one x are its seeds), flag the laws the runs do not identify, and report the fraction of "
+        "parameters (or tokens) each kind needs to reach the Transformer's loss, with its interval, or why it is "
+        "not identified. Runs come from --results files (a scaling study's metrics.json gives the study's own "
+        "figures) and/or --checkpoint directories (validation loss measured on held-out text).",
     )
     _common_flags(sub, checkpoint_required=False)
     sub.add_argument("--results", nargs="+", default=[], metavar="FILE", type=types.existing_file,
-                     help="JSON: a list of {attention, params, tokens, loss}, {\"runs\": [...]}, "
-                     "or a compare metrics.json")
+                     help="JSON: a list of {attention, params, tokens, loss, seed}, {\"runs\": [...]} (a scaling "
+                     "study's metrics.json), or a compare metrics.json")
     sub.add_argument("--x", choices=scaling.X_KINDS, default="params", help="scale variable (default: params)")
+    sub.add_argument("--resamples", type=bounded(int, 100), default=2000, metavar="N",
+                     help="resamples of each fraction's interval (default: 2000, as a scaling study's "
+                     "scaling.bootstrap_resamples)")
     sub.add_argument("--windows", type=types.positive_int, default=16,
                      help="held-out windows for a checkpoint's loss (default: 16)")
     sub.set_defaults(run=run_scaling)
@@ -154,7 +159,8 @@ def run_scaling(args: argparse.Namespace) -> int:
             runs += [scaling.run_from_checkpoint(m, text, windows=args.windows) for m in models]
         if not runs:
             raise ValueError("nothing to fit (give --results FILE and/or --checkpoint DIR)")
-        result = {"evaluation": scaling.NAME, "title": scaling.TITLE, **scaling.evaluate(runs, args.x)}
+        result = {"evaluation": scaling.NAME, "title": scaling.TITLE,
+                  **scaling.evaluate(runs, args.x, resamples=args.resamples)}
         files = write_evaluation_result(Path(args.out), scaling.NAME, result, lambda path: scaling.plot(result, path),
                                         reading)
     print(f"## {scaling.TITLE}\n\n{scaling.report(result)}\n")

@@ -84,19 +84,41 @@ def document_windows(document_ends: np.ndarray, seq_len: int) -> tuple[np.ndarra
     return firsts[fits], counts[fits], (ends - firsts)[fits]
 
 
-def spread_document_windows(document_ends: np.ndarray, seq_len: int, n: int) -> np.ndarray:
+def spread_document_windows(document_ends: np.ndarray, seq_len: int, n: int, *, heldout: int = 0) -> np.ndarray:
     """``n`` window starts evenly spaced over every start of a ``seq_len + 1`` window that lies within
     one document (all of them, documents in order, counted together), deterministic: fixed
-    evaluation windows. A ValueError if no document is long enough."""
+    evaluation windows; with ``heldout``, that many starts between those n instead
+    (:func:`heldout_positions`). A ValueError if no document is long enough."""
     firsts, counts, _ = document_windows(document_ends, seq_len)
     if not len(counts):
         longest = int(np.diff(np.concatenate([[0], np.asarray(document_ends, dtype=np.int64)])).max(initial=0))
         raise ValueError(f"no document holds a window of seq_len {seq_len} (+1 target): the longest has "
                          f"{longest} tokens; use a shorter seq_len or longer documents")
-    positions = np.linspace(0, counts.sum() - 1, n).round().astype(np.int64)
+    last = int(counts.sum()) - 1
+    if heldout:
+        positions = heldout_positions(last, n, heldout, seq_len)
+    else:
+        positions = np.linspace(0, last, n).round().astype(np.int64)
     before = np.cumsum(counts) - counts  # valid starts of the documents before each one
     document = np.searchsorted(before, positions, side="right") - 1
     return firsts[document] + positions - before[document]
+
+
+def heldout_positions(last: int, validation: int, count: int, seq_len: int) -> np.ndarray:
+    """``count`` window positions in [0, ``last``] that none of the ``validation`` windows evenly spaced
+    over it (np.linspace(0, last, validation)) overlaps: each midway between two consecutive ones, the
+    gaps taken evenly (``count`` ≤ ``validation`` − 1). A ValueError when a gap is too short to hold a
+    window of ``seq_len + 1`` tokens clear of both neighbours."""
+    if not 1 <= count < validation:
+        raise ValueError(f"held-out windows lie between the {validation} validation windows: at most "
+                         f"{validation - 1}, got {count}")
+    spacing = last / (validation - 1)
+    if spacing / 2 < seq_len + 2:  # each start rounded: a token to spare either side
+        raise ValueError(f"{validation} validation windows lie {spacing:,.0f} tokens apart, too close for held-out "
+                         f"windows of seq_len {seq_len} (+1 target) between them; use fewer eval windows or a "
+                         "longer validation split")
+    gaps = np.linspace(0, validation - 2, count).round()
+    return ((gaps + 0.5) * spacing).round().astype(np.int64)
 
 
 def permute(x: np.ndarray, n: int, key: np.ndarray) -> np.ndarray:
@@ -305,6 +327,19 @@ class TokenShards:
             )
         starts = np.linspace(0, last_start, num_batches * batch_size).round().astype(np.int64)
         return [self.read_windows(chunk, seq_len) for chunk in starts.reshape(num_batches, batch_size)]
+
+    def heldout_windows(self, validation: int, count: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of ``count`` windows that none of the ``validation`` windows of
+        ``val_batches(1, validation, seq_len)`` overlaps: a second held-out set (:func:`heldout_positions`;
+        within documents, between them in the same way)."""
+        try:
+            if self.within_documents:
+                starts = spread_document_windows(self.document_ends, seq_len, validation, heldout=count)
+            else:
+                starts = heldout_positions(self.num_tokens - seq_len - 1, validation, count, seq_len)
+        except ValueError as exc:
+            raise ValueError(f"the {self.split} split of {self.directory}: {exc}") from None
+        return self.read_windows(starts, seq_len)
 
     def read(self, start: int, length: int) -> list[int]:
         """``length`` tokens from position ``start``, wrapping around the end of the split."""

@@ -1,8 +1,8 @@
 """The project's statistics, in one module: the noise of a difference of means over windows, binomial
 standard errors, a mean that skips missing values, seeded random generators; over seeds, the mean ±
-std of a figure, Welch's interval of a difference, bootstrap intervals; the area under the ROC curve
-with its interval; and the power-law fit of the scaling laws. Quantiles, the Mann–Whitney statistic,
-bootstrap and least squares come from SciPy."""
+std of a figure and Welch's interval of a difference; the area under the ROC curve with its
+bootstrap interval. Quantiles, the Mann–Whitney statistic and the bootstrap come from SciPy. (The
+scaling laws, their fit and intervals: :mod:`diff_transformer.evaluation.scaling`.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import random
 import statistics
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,32 +130,6 @@ def welch_difference(ours: Sequence[float], base: Sequence[float], level: float 
     return Difference(delta, delta - half, delta + half)
 
 
-def bootstrap_interval(samples: Sequence[Sequence[float]], statistic: Callable[..., float | None], *,
-                       resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
-    """The percentile ``level`` interval of ``statistic(*samples)`` when every sample (the seeds of one
-    cell) is resampled with replacement, independently (scipy.stats.bootstrap). A resample where the
-    statistic is undefined (None, NaN) counts as missing; None when fewer than half are defined."""
-    import numpy as np
-    from scipy.stats import DegenerateDataWarning, bootstrap
-
-    def finite(*resampled) -> float:
-        value = statistic(*resampled)
-        return float("nan") if value is None else float(value)
-
-    arrays = [np.asarray(s, dtype=np.float64) for s in samples]
-    with warnings.catch_warnings():  # a distribution that does not vary (equal seeds) is a result, not a fault
-        warnings.simplefilter("ignore", DegenerateDataWarning)
-        result = bootstrap(arrays, finite, n_resamples=resamples, confidence_level=level, method="percentile",
-                           vectorized=False, paired=False, random_state=np.random.default_rng(seed))
-    values = np.asarray(result.bootstrap_distribution, dtype=np.float64)
-    defined = values[np.isfinite(values)]
-    if len(defined) < resamples / 2:
-        return None
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(defined, [tail, 100 - tail])
-    return float(low), float(high)
-
-
 # --- separating two groups by a score -------------------------------------------------------------------
 
 
@@ -192,74 +166,3 @@ def auroc_interval(positives: Sequence[float], negatives: Sequence[float], *, re
                            n_resamples=resamples, confidence_level=level, method="percentile", vectorized=True,
                            paired=False, random_state=np.random.default_rng(seed))
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
-
-
-# --- fits ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PowerLaw:
-    """L(x) = a·x^(−b) + c fitted to ``points`` runs; ``fixed_c`` when c was held at 0."""
-
-    a: float
-    b: float
-    c: float
-    rmse: float
-    points: int
-    fixed_c: bool = False
-
-    def __call__(self, x: float) -> float:
-        return self.a * x ** (-self.b) + self.c
-
-    def inverse(self, loss: float) -> float | None:
-        """The x where the law reaches ``loss``; None below its floor c (or for a flat law)."""
-        if loss <= self.c or self.a <= 0 or self.b == 0:
-            return None
-        return ((loss - self.c) / self.a) ** (-1.0 / self.b)
-
-
-def fit_power_law(x: Iterable[float], loss: Iterable[float]) -> PowerLaw:
-    """Least-squares fit of L = a·x^(−b) + c, c in [0, min L) (SciPy's Levenberg–Marquardt, c written
-    as min L · sigmoid(s) so that it stays there; started from the log-log line at a few floors, the
-    best kept); two distinct x fix c at 0 (a pure power law, the log-log line through them). Needs two
-    or more distinct x, every x and L positive."""
-    import numpy as np
-    from scipy.optimize import least_squares
-
-    xs = np.asarray(list(x), dtype=np.float64)
-    ys = np.asarray(list(loss), dtype=np.float64)
-    if xs.shape != ys.shape or xs.ndim != 1:
-        raise ValueError("x and loss must be two sequences of the same length")
-    if np.any(~np.isfinite(xs)) or np.any(~np.isfinite(ys)) or np.any(xs <= 0) or np.any(ys <= 0):
-        raise ValueError("x and loss must be positive and finite")
-    distinct = len(np.unique(xs))
-    if distinct < 2:
-        raise ValueError(f"a power law needs at least two distinct x, got {distinct}")
-    # x in units of its geometric mean keeps a and b apart (a·x^(−b) = a'·(x/x_ref)^(−b)).
-    x_ref = float(np.exp(np.mean(np.log(xs))))
-    u = np.log(xs / x_ref)
-    top = float(ys.min()) * (1 - 1e-9)
-
-    def as_law(log_a: float, b: float, c: float, fixed_c: bool) -> PowerLaw:
-        rmse = float(np.sqrt(np.mean((np.exp(log_a - b * u) + c - ys) ** 2)))
-        return PowerLaw(math.exp(log_a) * x_ref**b, b, c, rmse, len(ys), fixed_c)
-
-    def line(c: float) -> tuple[float, float]:
-        slope, intercept = np.polyfit(u, np.log(ys - c), 1)
-        return float(intercept), float(-slope)
-
-    if distinct == 2:
-        return as_law(*line(0.0), 0.0, fixed_c=True)
-
-    def residuals(p: np.ndarray) -> np.ndarray:
-        return np.exp(p[0] - p[1] * u) + top / (1 + np.exp(-p[2])) - ys
-
-    best = None
-    for share in (0.05, 0.5, 0.9):
-        log_a, b = line(share * top)
-        fit = least_squares(residuals, [log_a, b, math.log(share / (1 - share))], method="lm",
-                            xtol=1e-12, ftol=1e-12, gtol=1e-12)
-        if best is None or fit.cost < best.cost:
-            best = fit
-    log_a, b, s = (float(v) for v in best.x)
-    return as_law(log_a, b, top / (1 + math.exp(-s)), fixed_c=False)

@@ -362,7 +362,10 @@ class ScalingConfig:
     # reported at its own best at each size. lr_grid_by_size: another grid at a size. Empty: its own lr.
     lr_grid: list[float] = field(default_factory=list)
     lr_grid_by_size: dict[str, list[float]] = field(default_factory=dict)
-    bootstrap_resamples: int = 2000  # the matching fraction's interval: seeds resampled in every cell
+    # Where a model's best lr is the smallest or the largest of its grid at a size and budget, the study
+    # trains one lr further out (the grid's end step again, every seed), up to this many at each end.
+    lr_extend: int = 2
+    bootstrap_resamples: int = 2000  # the matching fraction's interval: resamples of the parametric bootstrap
 
     def __post_init__(self) -> None:
         require_finite("scaling", self)
@@ -387,6 +390,8 @@ class ScalingConfig:
         for lrs in [self.lr_grid, *self.lr_grid_by_size.values()]:
             if any(not lr > 0 for lr in lrs):
                 raise ConfigError(f"scaling: learning rates must be positive, got {lrs}")
+        if self.lr_extend < 0:
+            raise ConfigError(f"scaling.lr_extend must be 0 or more, got {self.lr_extend}")
         if self.bootstrap_resamples < 100:
             raise ConfigError(f"scaling.bootstrap_resamples must be at least 100, got {self.bootstrap_resamples}")
 

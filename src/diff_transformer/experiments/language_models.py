@@ -25,7 +25,7 @@ from ..train.trainer import check_inputs
 from .config import ExperimentConfig, recipe_fields
 from .results import Diagnostics, SeedCurves, TrainingRun, diagnostics_of, seed_curves
 from .runner import TrainingJob, run_jobs
-from .study import Axes, RunKey, Sweep, sweep
+from .study import Axes, RunKey, Sweep, extended_sweep
 
 RunConfig = Callable[[RunKey, Path], TrainConfig]  # a run's exact config, given its key and directory
 
@@ -72,23 +72,28 @@ def check_runs(runs: Sequence[tuple[RunKey, TrainConfig]], *, nproc: int) -> Non
 
 
 def train_language_models(keys: Sequence[RunKey], out_dir: Path, configure: RunConfig, *, resume: bool, nproc: int,
-                          jobs: int, progress: bool, name: Callable[[str], str] = str, phase: str = ""
-                          ) -> dict[tuple, Sweep[TrainingRun]]:
+                          jobs: int, progress: bool, name: Callable[[str], str] = str, phase: str = "",
+                          extend_lrs: int = 0) -> dict[tuple, Sweep[TrainingRun]]:
     """Train every run of ``keys`` into OUT/<key path> with ``configure(key, log_dir)``; each
-    (model, size, budget) swept for its best (recipe, lr) by final validation loss. ``name(model)``
-    names a model in the messages, ``phase`` prefixes the runs' labels."""
+    (model, size, budget) swept for its best (recipe, lr) by final validation loss, its lr grid
+    extended outward up to ``extend_lrs`` steps at an end where the best lies there
+    (:func:`~.study.extended_sweep`). ``name(model)`` names a model in the messages, ``phase``
+    prefixes the runs' labels."""
     prefix = f"{phase} " if phase else ""
-    training = [TrainingJob(key, f"[{prefix}{i}/{len(keys)}] {key.describe()}", out_dir / key.path, key.model,
-                            configure(key, out_dir / key.path)) for i, key in enumerate(keys, 1)]
 
     def describe(job: TrainingJob, run: TrainingRun) -> str:
         loss = run.summary.final_val_loss
         return (f"{prefix}{job.key.describe()}: {run.summary.status}, final validation loss "
                 f"{'-' if loss is None else f'{loss:.4f}'}, {run.summary.tokens_per_s:,.0f} tokens/s -> {job.log_dir}")
 
-    results = run_jobs(training, resume=resume, at_once=jobs, nproc=nproc, progress=progress,
-                       describe=describe if jobs > 1 else None)
-    return sweep(results, lambda run: run.final_val_loss, lower_is_better=True, what=lambda key: name(key.model))
+    def train(batch: Sequence[RunKey]) -> dict[RunKey, TrainingRun]:
+        training = [TrainingJob(key, f"[{prefix}{i}/{len(batch)}] {key.describe()}", out_dir / key.path, key.model,
+                                configure(key, out_dir / key.path)) for i, key in enumerate(batch, 1)]
+        return run_jobs(training, resume=resume, at_once=jobs, nproc=nproc, progress=progress,
+                        describe=describe if jobs > 1 else None)
+
+    return extended_sweep(keys, train, lambda run: run.final_val_loss, lower_is_better=True, limit=extend_lrs,
+                          what=lambda key: name(key.model), progress=progress)
 
 
 def axes_for(config: ExperimentConfig, names: Sequence[str], seeds: Sequence[int], grid: Sequence[float],

@@ -1,42 +1,44 @@
 """The scaling study: ``diff-transformer compare --config scaling`` (the paper's Figure 3).
 
-The paper's headline: over 830M–13.1B parameters at 10B tokens, DIFF reaches the Transformer's
-loss with ~62% of the parameters (Figure 3a), and a 3B DIFF trained on 160B tokens matches the
-Transformer on 251B (~64%, Figure 3b). This study measures the same on the engine's axes: every
-model of the comparison (by default the Transformer, DIFF and DIFF V2) at every size of
-``scaling.sizes`` (each kind matched as the presets are: DIFF with half the heads of the
-Transformer's width, values twice it) and every budget of ``scaling.budgets``, on the same data in
-the same order, each at its own best learning rate at each size, over several seeds. Then:
+The paper's headline: over 830M–13.1B parameters at 10B tokens, DIFF reaches the Transformer's loss with
+62.2% of the parameters (6.8B ≈ 11B) and 59.5% (7.8B ≈ 13.1B) (Figure 3a), and a 3B DIFF trained on 160B
+tokens matches the Transformer on 251B (63.7%, Figure 3b). This study measures the same on the engine's
+axes: every model of the comparison (by default the Transformer, DIFF and DIFF V2) at every size of
+``scaling.sizes`` (each kind matched as the presets are: DIFF with half the heads of the Transformer's
+width, values twice it; each kind counted on its own parameters) and every budget of
+``scaling.budgets``, on the same data in the same order, each at its own best learning rate at each size
+(the grid extended outward, up to ``scaling.lr_extend`` steps, where the best lies at an end), over
+several seeds. The lr is chosen on the validation windows; the loss every figure uses is measured on
+held-out windows the choice never saw (``data.heldout_sequences``; without them, on the validation
+windows, and the report says so). Then:
 
-- per kind, the loss against non-embedding parameters (at the largest budget) and against tokens
-  (at each size of ``budget_sizes``) with the fitted law L(x) = a·x^(−b) + c and its residuals;
-- DIFF − Transformer at every size and budget with Welch's 95% interval, and the trend of that
-  gap along size: the least-squares slope per doubling of parameters with its 95% interval, in
-  words (falls, rises, or no trend measured);
-- the matching fraction: the parameters (or tokens) DIFF needs for the Transformer's loss, as a
-  fraction of the Transformer's, from the two fitted laws, with a bootstrap interval over seeds; a
-  crossing outside the measured range is reported as an extrapolation, never as a measurement.
+- DIFF − Transformer at every size and budget with Welch's 95% interval, and the trend of that gap
+  along size: the least-squares slope per doubling of parameters with its 95% interval, in words;
+- per kind, the law L(N) = a·N^(−b) + c over its own non-embedding parameters at the largest budget
+  (the kinds sharing c) and over tokens at each size of ``budget_sizes``, each flagged where it says
+  nothing; and the matching fraction with its interval and sensitivity, or "not identified" and why:
+  :func:`diff_transformer.evaluation.scaling.analyse`, the one definition ``eval scaling`` uses too.
 
-``OUT/report.md``, ``OUT/metrics.json``, ``OUT/scaling_params.png``, ``OUT/scaling_gap.png`` and
+``OUT/report.md``, ``OUT/metrics.json`` (its ``runs``: every seed of every point, which ``eval scaling
+--results OUT/metrics.json`` reads), ``OUT/scaling_params.png``, ``OUT/scaling_gap.png`` and
 ``OUT/scaling_tokens.png``; each run under ``OUT/runs/<model>/<size>/steps-<n>/lr-<lr>/seed-<s>/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 
 from ..config import DIFF_HEAD_KINDS, PAPER_SIZES
 from ..data import EMBEDDED_DATASETS, dataset_directory
-from ..evaluation.stats import Difference, MeanStd, PowerLaw, bootstrap_interval, fit_power_law, t_quantile, \
-    welch_difference
+from ..evaluation import scaling as laws
+from ..evaluation.stats import Difference, MeanStd, t_quantile, welch_difference
 from ..model import LanguageModel
 from ..paper import SCALING_FIG3
 from ..train.config import TrainConfig
@@ -45,7 +47,8 @@ from .config import ExperimentConfig
 from .language_models import Machine, check_runs, plan_runs, run_config, train_language_models
 from .output import check_study_output, open_study
 from .report import (
-    budget_lines, heading_lines, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study,
+    budget_lines, count_text, heading_lines, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text,
+    write_study,
 )
 from .results import TrainingRun
 from .study import Axes, RunKey, Sweep
@@ -80,7 +83,8 @@ def sized_train(config: ExperimentConfig, key: RunKey) -> TrainConfig:
 
 
 def scaling_keys(config: ExperimentConfig, names: Sequence[str], seeds: Sequence[int]) -> list[RunKey]:
-    """Every model, seed, size, budget and learning rate; seeds outermost."""
+    """Every model, seed, size, budget and learning rate of the grids; seeds outermost (the runs an
+    lr grid's extension adds come after these)."""
     settings = config.scaling
     recipes = tuple(config.compare.language_model_recipes) or (None,)
     keys = []
@@ -93,9 +97,10 @@ def scaling_keys(config: ExperimentConfig, names: Sequence[str], seeds: Sequence
 
 
 def training_flops(config: ExperimentConfig, names: Sequence[str], seeds: Sequence[int]) -> float:
-    """The floating-point operations of every run of the study (Kaplan et al.'s count: 6 per parameter of
+    """The floating-point operations of every run of the grids (Kaplan et al.'s count: 6 per parameter of
     the network and LM head per token, forward and backward, and 6·L·T·d per token for the attention
-    maps; the embedding lookup is free): what a machine's sustained FLOP/s turn into its wall time."""
+    maps; the embedding lookup is free): what a machine's sustained FLOP/s turn into its wall time. An
+    extension of an lr grid adds its runs' share."""
     total = 0.0
     for key in scaling_keys(config, names, seeds):
         train = sized_train(config, key)
@@ -120,7 +125,9 @@ def non_embedding_parameters(train: TrainConfig, model: str) -> int:
 
 @dataclass
 class ScalingPoint:
-    """One model at one size and budget, at its best learning rate there, over its seeds."""
+    """One model at one size and budget, at its best learning rate there (chosen on the validation loss),
+    over its seeds: ``loss`` is what every figure uses (the held-out loss, or the validation loss where
+    the runs have no held-out windows)."""
 
     model: str
     size: str
@@ -131,48 +138,29 @@ class ScalingPoint:
     lr: float
     recipe: str | None
     final_val_loss: MeanStd
-    grid: dict[float, MeanStd]  # the final loss at every lr tried
+    loss: MeanStd
+    seeds: list[int]
+    grid: dict[float, MeanStd]  # the final validation loss at every lr tried
+    added: tuple[float, ...]  # the lrs the grid was extended by
+    edge: str | None  # "low" / "high": still best at that end of its (extended) grid
     tokens_per_s: MeanStd
 
     @property
     def tokens_per_parameter(self) -> float:
         return self.tokens / self.non_embedding
 
-    @property
-    def at_grid_edge(self) -> bool:
-        """Best at the smallest or the largest lr of a grid of several: the optimum may lie outside it."""
-        return len(self.grid) > 1 and self.lr in (min(self.grid), max(self.grid))
-
 
 def point_of(config: ExperimentConfig, sweep: Sweep[TrainingRun], size: str, steps: int) -> ScalingPoint:
     runs = sweep.chosen
     summary = runs[0].summary
     train = sized_train(config, runs[0].key)
+    heldout = [r.summary.final_heldout_loss for r in runs]
+    loss = MeanStd.of(r.final_val_loss for r in runs) if None in heldout else MeanStd.of(heldout)
     return ScalingPoint(sweep.model, size, steps, summary.tokens, summary.parameters,
                         non_embedding_parameters(train, sweep.model), sweep.lr, sweep.best_recipe,
-                        MeanStd.of(r.summary.final_val_loss for r in runs), dict(sweep.scores[sweep.best_recipe]),
-                        MeanStd.of(r.summary.tokens_per_s for r in runs))
-
-
-@dataclass
-class Fit:
-    """A model's law L(x) over ``x`` ("params": non-embedding parameters at the largest budget;
-    "tokens": training tokens at one size), the points it was fitted to and its residuals."""
-
-    model: str
-    x_kind: str
-    size: str | None  # the size of a law over tokens
-    x: list[float]
-    loss: list[float]  # the mean over seeds at each x
-    law: PowerLaw | None  # None with fewer than two distinct x
-
-    @property
-    def residuals(self) -> list[float] | None:
-        return None if self.law is None else [y - self.law(x) for x, y in zip(self.x, self.loss)]
-
-
-def fit_law(x: Sequence[float], loss: Sequence[float]) -> PowerLaw | None:
-    return fit_power_law(x, loss) if len(set(x)) >= 2 else None
+                        MeanStd.of(r.summary.final_val_loss for r in runs), loss, [r.key.seed for r in runs],
+                        dict(sweep.scores[sweep.best_recipe]), sweep.added.get(sweep.best_recipe, ()),
+                        sweep.edge(sweep.best_recipe), MeanStd.of(r.summary.tokens_per_s for r in runs))
 
 
 @dataclass
@@ -196,9 +184,16 @@ def size_trend(model: str, baseline: str, pairs: Sequence[tuple[float, float]], 
     from scipy.stats import linregress
 
     xs = [math.log2(n) for n, _ in pairs]
-    if len(set(xs)) < 2 or len(pairs) < 3:
-        return Trend(model, baseline, None, None, None, len(pairs), "no trend measured (fewer than two sizes)")
-    fit = linregress(xs, [d for _, d in pairs])
+    sizes = len(set(xs))
+    if sizes < 2 or len(pairs) < 3:
+        return Trend(model, baseline, None, None, None, len(pairs),
+                     f"no trend measured: {len(pairs)} difference{'s' if len(pairs) != 1 else ''} at {sizes} "
+                     f"size{'s' if sizes != 1 else ''} (a slope's interval needs two sizes and three differences)")
+    differences = [d for _, d in pairs]
+    if max(differences) == min(differences):  # no spread at all: a line through them has no error
+        return Trend(model, baseline, 0.0, 0.0, 0.0, len(pairs),
+                     f"no trend: the difference is {signed(differences[0])} at every size and seed")
+    fit = linregress(xs, differences)
     half = t_quantile(len(pairs) - 2) * fit.stderr
     low, high = fit.slope - half, fit.slope + half
     return Trend(model, baseline, fit.slope, low, high, len(pairs),
@@ -222,69 +217,18 @@ def trend_words(label: str, base: str, slope: float, low: float, high: float, me
 
 
 @dataclass
-class Matching:
-    """The fraction of the baseline's parameters (or tokens) ``model`` needs for the baseline's loss, from
-    the two fitted laws (the median over the baseline's measured x whose crossing lies within the
-    measured range), with its bootstrap interval over seeds; None and why when undefined.
-    ``extrapolated``: no crossing lies within the x measured."""
+class AxisLaws:
+    """The laws along one axis: parameters (at the largest budget) or tokens (at ``size``)."""
 
-    model: str
-    baseline: str
     x_kind: str
     size: str | None
-    fraction: float | None
-    interval: tuple[float, float] | None
-    extrapolated: bool
-    why: str = ""
-
-
-def matching_fraction(model_law: PowerLaw | None, base_law: PowerLaw | None, base_x: Sequence[float]
-                      ) -> tuple[float | None, bool]:
-    """The fraction of the baseline's x the model needs for the baseline's fitted loss, the median over
-    the ``base_x`` where the model's x lies within the measured range (interpolated by its law), else
-    over all of them (``True``: an extrapolation); (None, False) where the model never reaches a loss."""
-    if model_law is None or base_law is None:
-        return None, False
-    needed = [model_law.inverse(base_law(x)) for x in base_x]
-    if any(n is None for n in needed):
-        return None, False
-    inside = [n / x for n, x in zip(needed, base_x) if min(base_x) <= n <= max(base_x)]
-    if inside:
-        return statistics.median(inside), False
-    return statistics.median(n / x for n, x in zip(needed, base_x)), True
-
-
-def matching(model: str, baseline: str, x_kind: str, size: str | None, x: Sequence[float],
-             model_seeds: Sequence[Sequence[float]], base_seeds: Sequence[Sequence[float]], resamples: int) -> Matching:
-    """The matching fraction from the per-seed losses at each x (``*_seeds[i]``: the seeds at x[i]),
-    its bootstrap interval (every cell's seeds resampled, both laws fitted again)."""
-    @functools.lru_cache(maxsize=None)
-    def law(means: tuple[float, ...]) -> PowerLaw | None:  # a law depends on its cells' means alone
-        return fit_law(x, means)
-
-    def fraction(*cells) -> float | None:
-        means = tuple(statistics.fmean(c) for c in cells)
-        k = len(x)
-        return matching_fraction(law(means[:k]), law(means[k:]), x)[0]
-
-    model_law = fit_law(x, [statistics.fmean(s) for s in model_seeds])
-    base_law = fit_law(x, [statistics.fmean(s) for s in base_seeds])
-    if model_law is None or base_law is None:
-        return Matching(model, baseline, x_kind, size, None, None, False, "one x only: no law to read it off")
-    point, extrapolated = matching_fraction(model_law, base_law, x)
-    if point is None:
-        return Matching(model, baseline, x_kind, size, None, None, False,
-                        "at some x the Transformer's loss is below the floor c of this model's fitted law: the "
-                        "model would never reach it")
-    cells = [*model_seeds, *base_seeds]
-    interval = bootstrap_interval(cells, fraction, resamples=resamples) if all(len(c) > 1 for c in cells) else None
-    why = "two x only: c held at 0 (pure power laws)" if model_law.fixed_c else ""
-    return Matching(model, baseline, x_kind, size, point, interval, extrapolated, why)
+    analysis: laws.LawAnalysis
 
 
 @dataclass
 class ScalingMetrics:
-    """Everything the scaling report shows (metrics.json is its JSON)."""
+    """Everything the scaling report shows (metrics.json is its JSON; ``runs``: every seed of every point,
+    as ``eval scaling`` reads them)."""
 
     config: str
     description: str
@@ -294,12 +238,14 @@ class ScalingMetrics:
     labels: dict[str, str]
     baseline: str | None
     points: list[ScalingPoint]
-    fits: list[Fit]
+    loss_source: str  # "held-out" or "validation": the windows every figure's loss was measured on
+    laws: list[AxisLaws]
     gaps: dict[str, dict[str, dict[int, Difference]]]  # model -> size -> steps -> model − baseline
     trends: list[Trend]
-    matching: list[Matching]
     machine: Machine
     lr_note: str
+    lr_extend: int
+    runs: list[dict[str, Any]]
     wall_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     paper: dict = field(default_factory=lambda: dict(SCALING_FIG3))
@@ -311,35 +257,52 @@ class ScalingMetrics:
     def full_steps(self) -> int:
         return max(p.steps for p in self.points)
 
+    def budgets(self) -> list[int]:
+        return sorted({p.steps for p in self.points})
+
+
+def run_records(config: ExperimentConfig, points: Sequence[ScalingPoint]) -> list[dict[str, Any]]:
+    """Every seed of every point as an ``eval scaling`` run: {attention, label, model, size, params (the
+    model's own non-embedding parameters), tokens, loss (the reported one), seed}."""
+    records = []
+    for p in points:
+        for seed, loss in zip(p.seeds, p.loss.per_seed):
+            records.append({"attention": config.attention(p.model), "label": config.model_name(p.model),
+                            "model": p.model, "size": p.size, "params": p.non_embedding, "tokens": p.tokens,
+                            "loss": loss, "seed": seed})
+    return records
+
 
 def analyse(config: ExperimentConfig, names: Sequence[str], sweeps: dict[tuple, Sweep[TrainingRun]],
             seeds: Sequence[int], machine: Machine) -> ScalingMetrics:
-    """The points, fits, gaps, trends and matching fractions of the study's runs."""
+    """The points, laws, matching fractions, gaps and trends of the study's runs."""
     settings = config.scaling
     points = [point_of(config, sweep, size, steps) for (model, size, steps), sweep in sweeps.items()]
-    per_seed = {(model, size, steps): [r.summary.final_val_loss for r in sweep.chosen]
-                for (model, size, steps), sweep in sweeps.items()}
+    heldout = all(r.summary.final_heldout_loss is not None for s in sweeps.values() for r in s.chosen)
     labels = {name: config.model_name(name) for name in names}
     baseline = next((n for n in names if config.attention(n) == "standard"), None)
     full = config.train.run.steps
     sizes = list(settings.sizes)
+    runs = run_records(config, points)
     metrics = ScalingMetrics(config.name, config.train.description, config.compare.budget_note,
                              {s: dict(f) for s, f in settings.sizes.items()}, list(seeds), labels, baseline, points,
-                             [], {}, [], [], machine, lr_note(config))
-    for name in names:
-        at_full = [metrics.point(name, size, full) for size in sizes]
-        x = [float(p.non_embedding) for p in at_full]
-        metrics.fits.append(Fit(name, "params", None, x, [p.final_val_loss.mean for p in at_full],
-                                fit_law(x, [p.final_val_loss.mean for p in at_full])))
-        for size in sizes:
-            steps = settings.budget_steps(full, size)
-            if len(steps) > 1:
-                along = [metrics.point(name, size, s) for s in steps]
-                tokens = [float(p.tokens) for p in along]
-                losses = [p.final_val_loss.mean for p in along]
-                metrics.fits.append(Fit(name, "tokens", size, tokens, losses, fit_law(tokens, losses)))
+                             "held-out" if heldout else "validation", [], {}, [], machine, lr_note(config),
+                             settings.lr_extend, runs)
     if baseline is None:
         return metrics
+    # The laws: the one definition (evaluation.scaling) on the runs eval scaling reads, each model its own
+    # kind (two models of one attention kind stay apart here).
+    by_model = [{**r, "attention": r["model"]} for r in runs]
+    metrics.laws.append(AxisLaws("params", None, laws.analyse(
+        laws.cells_of(by_model, "params"), "params", baseline, resamples=settings.bootstrap_resamples,
+        labels=labels)))
+    for size in sizes:
+        if len(settings.budget_steps(full, size)) > 1:
+            along = [r for r in by_model if r["size"] == size]
+            metrics.laws.append(AxisLaws("tokens", size, laws.analyse(
+                laws.cells_of(along, "tokens"), "tokens", baseline, resamples=settings.bootstrap_resamples,
+                labels=labels)))
+    per_seed = {(p.model, p.size, p.steps): list(p.loss.per_seed) for p in points}
     for name in names:
         if name == baseline:
             continue
@@ -349,19 +312,6 @@ def analyse(config: ExperimentConfig, names: Sequence[str], sweeps: dict[tuple, 
         pairs = [(metrics.point(baseline, size, full).non_embedding, m - b) for size in sizes
                  for m, b in zip(per_seed[name, size, full], per_seed[baseline, size, full])]
         metrics.trends.append(size_trend(name, baseline, pairs, labels))
-        x = [float(metrics.point(baseline, size, full).non_embedding) for size in sizes]
-        metrics.matching.append(matching(name, baseline, "params", None, x,
-                                         [per_seed[name, size, full] for size in sizes],
-                                         [per_seed[baseline, size, full] for size in sizes],
-                                         settings.bootstrap_resamples))
-        for size in sizes:
-            steps = settings.budget_steps(full, size)
-            if len(steps) > 1:
-                tokens = [float(metrics.point(baseline, size, s).tokens) for s in steps]
-                metrics.matching.append(matching(name, baseline, "tokens", size, tokens,
-                                                 [per_seed[name, size, s] for s in steps],
-                                                 [per_seed[baseline, size, s] for s in steps],
-                                                 settings.bootstrap_resamples))
     return metrics
 
 
@@ -372,7 +322,11 @@ def lr_note(config: ExperimentConfig) -> str:
         return "each model at its own configured lr at every size (no grid: `scaling.lr_grid` searches one)"
     grids = {size: settings.grid(size) for size in settings.sizes}
     shown = "; ".join(f"{size}: {', '.join(f'{lr:g}' for lr in lrs) or 'its own'}" for size, lrs in grids.items())
-    return f"each model at its own best lr at each size, from a grid per size ({shown})"
+    extend = (f"; where a model's best lr lay at an end of its grid, the grid went on one step outward, at most "
+              f"{settings.lr_extend} step{'s' if settings.lr_extend != 1 else ''} at each end"
+              if settings.lr_extend else "; no grid extended (scaling.lr_extend: 0)")
+    return f"each model at its own best lr at each size (chosen on the validation loss), from a grid per size " \
+           f"({shown}){extend}"
 
 
 # --- the study ----------------------------------------------------------------------------------------
@@ -396,10 +350,13 @@ def run_scaling(config: ExperimentConfig, out_dir: Path, names: Sequence[str], s
     with open_study(out_dir, record, resume=resume, overwrite=overwrite, reading=data_dir, progress=progress):
         dataset_directory(config.train.data.dataset, config.train.data.cache_dir, progress=progress)
         sweeps = train_language_models(keys, out_dir / "runs", configure, resume=resume, nproc=nproc, jobs=jobs,
-                                       progress=progress, name=config.model_name)
+                                       progress=progress, name=config.model_name,
+                                       extend_lrs=config.scaling.lr_extend)
         phases = {"training": time.perf_counter() - start}
         device = next(iter(sweeps.values())).chosen[0].summary.device
+        mark = time.perf_counter()
         metrics = analyse(config, names, sweeps, seeds, Machine.of(device, nproc, jobs))
+        phases["analysis"] = time.perf_counter() - mark
         suite = None
         if evaluation is not None:  # on every seed's model at the largest size and budget
             largest, full = list(config.scaling.sizes)[-1], config.train.run.steps
@@ -418,161 +375,246 @@ def run_scaling(config: ExperimentConfig, out_dir: Path, names: Sequence[str], s
 
 
 def write_plots(metrics: ScalingMetrics, out_dir: Path) -> list[Path]:
-    """scaling_params.png (loss against non-embedding parameters per model, with its law),
-    scaling_gap.png (each model − the Transformer against size) and, where a size has several
-    budgets, scaling_tokens.png (loss against tokens)."""
+    """scaling_params.png (loss against each model's own non-embedding parameters, with its law, and the
+    profile of the fit error over each exponent), scaling_gap.png (each model − the Transformer against
+    size) and, where a size has several budgets, scaling_tokens.png (loss against tokens)."""
     plt = pyplot()
     paths = []
     full = metrics.full_steps
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, fit in enumerate(f for f in metrics.fits if f.x_kind == "params"):
-        stds = [metrics.point(fit.model, size, full).final_val_loss.std or 0.0 for size in metrics.sizes]
-        ax.errorbar(fit.x, fit.loss, yerr=stds, fmt="o", color=f"C{i}", capsize=3, label=metrics.labels[fit.model])
-        if fit.law is not None:
+    colors = {name: f"C{i}" for i, name in enumerate(metrics.labels)}
+    fig, (ax, ax_profile) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in metrics.labels:
+        at_full = [metrics.point(name, size, full) for size in metrics.sizes]
+        ax.errorbar([p.non_embedding for p in at_full], [p.loss.mean for p in at_full],
+                    yerr=[p.loss.std or 0.0 for p in at_full], fmt="o", color=colors[name], capsize=3,
+                    label=metrics.labels[name])
+    params = next((axis.analysis for axis in metrics.laws if axis.x_kind == "params"), None)
+    if params is not None:
+        for name, fit in params.fits.items():
             grid = [min(fit.x) * (max(fit.x) / min(fit.x) * 1.5) ** (k / 60) / 1.2 for k in range(61)]
-            ax.plot(grid, [fit.law(x) for x in grid], color=f"C{i}", linewidth=1,
-                    label=f"{fit.law.a:.3g}·N^−{fit.law.b:.3f} + {fit.law.c:.3f}"
-                    + (" (c = 0)" if fit.law.fixed_c else ""))
+            ax.plot(grid, [fit.law(x) for x in grid], color=colors[name], linewidth=1,
+                    linestyle=":" if fit.flags else "-",
+                    label=f"{fit.law.text()}" + (" (flagged: says nothing)" if fit.flags else ""))
+            ax_profile.plot(laws.EXPONENTS, fit.profile, color=colors[name], label=metrics.labels[name])
+        if params.noise is not None:
+            from scipy.stats import f as f_distribution
+
+            ax_profile.axhline(float(f_distribution.ppf(laws.LEVEL, 1, params.noise.df)), color="grey",
+                               linestyle="--", label="95% threshold")
     ax.set_xscale("log")
-    label_axes(ax, "non-embedding parameters N", "final validation loss (nats/token)",
+    label_axes(ax, "non-embedding parameters N (each model its own)", f"final {metrics.loss_source} loss (nats/token)",
                f"Loss against size at {tokens_text(max(p.tokens for p in metrics.points))} tokens "
-               "(cf. paper Fig. 3a)", 7)
+               "(cf. paper Fig. 3a; dotted: a flagged law)", 7)
+    ax_profile.set_xscale("log")
+    ax_profile.set_yscale("symlog")
+    label_axes(ax_profile, "exponent b", "extra fit error / a seed's variance",
+               "Profile of the fit error over b (identified: rises above the line both sides)", 7)
     fig.tight_layout()
     paths.append(save_plot(fig, out_dir / "scaling_params.png"))
 
     if metrics.gaps:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         base = metrics.baseline
-        for i, (name, by_size) in enumerate(metrics.gaps.items(), 1):
+        for name, by_size in metrics.gaps.items():
             xs = [metrics.point(base, size, full).non_embedding for size in metrics.sizes]
             d = [by_size[size][full] for size in metrics.sizes]
             lower = [x.delta - x.low if x.low is not None else 0.0 for x in d]
             upper = [x.high - x.delta if x.high is not None else 0.0 for x in d]
-            ax.errorbar(xs, [x.delta for x in d], yerr=[lower, upper], fmt="o-", color=f"C{i}", capsize=3,
+            ax.errorbar(xs, [x.delta for x in d], yerr=[lower, upper], fmt="o-", color=colors[name], capsize=3,
                         label=f"{metrics.labels[name]} − {metrics.labels[base]}")
         ax.axhline(0.0, color="grey", linestyle=":")
         ax.set_xscale("log")
-        label_axes(ax, "non-embedding parameters N", "difference in final loss (nats/token)",
+        label_axes(ax, "the Transformer's non-embedding parameters N", "difference in final loss (nats/token)",
                    "The gap along size, 95% intervals (negative: better than the Transformer)", 7)
         fig.tight_layout()
         paths.append(save_plot(fig, out_dir / "scaling_gap.png"))
 
-    token_fits = [f for f in metrics.fits if f.x_kind == "tokens"]
-    if token_fits:
+    token_laws = [axis for axis in metrics.laws if axis.x_kind == "tokens"]
+    if token_laws:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        colors = {name: f"C{i}" for i, name in enumerate(metrics.labels)}
-        for fit in token_fits:
-            ax.plot(fit.x, fit.loss, "o", color=colors[fit.model], label=f"{metrics.labels[fit.model]} ({fit.size})")
-            if fit.law is not None:
-                grid = [min(fit.x) * (max(fit.x) / min(fit.x)) ** (k / 40) for k in range(41)]
-                ax.plot(grid, [fit.law(x) for x in grid], color=colors[fit.model], linewidth=1)
+        for axis in token_laws:
+            for name in metrics.labels:
+                along = [metrics.point(name, axis.size, s) for s in metrics.budgets()]
+                along = [p for p in along if p is not None]
+                ax.plot([p.tokens for p in along], [p.loss.mean for p in along], "o", color=colors[name],
+                        label=f"{metrics.labels[name]} ({axis.size})")
+                fit = axis.analysis.fits.get(name)
+                if fit is not None:
+                    grid = [min(fit.x) * (max(fit.x) / min(fit.x)) ** (k / 40) for k in range(41)]
+                    ax.plot(grid, [fit.law(x) for x in grid], color=colors[name], linewidth=1,
+                            linestyle=":" if fit.flags else "-")
         ax.set_xscale("log")
-        label_axes(ax, "training tokens D", "final validation loss (nats/token)",
-                   "Loss against tokens (cf. Fig. 3b)", 7)
+        label_axes(ax, "training tokens D", f"final {metrics.loss_source} loss (nats/token)",
+                   "Loss against tokens (cf. Fig. 3b; dotted: a flagged law)", 7)
         fig.tight_layout()
         paths.append(save_plot(fig, out_dir / "scaling_tokens.png"))
     return paths
 
 
-def _fraction_text(m: Matching, labels: dict[str, str]) -> str:
-    what = "parameters" if m.x_kind == "params" else f"tokens at {m.size}"
-    paper = SCALING_FIG3
-    theirs = (f"{paper['parameter_fraction'][0]:.2f}–{paper['parameter_fraction'][1]:.2f}" if m.x_kind == "params"
-              else f"{paper['token_fraction']:.2f}")
-    head = f"- **{labels[m.model]}, {what}**: "
-    if m.fraction is None:
-        return head + f"undefined: {m.why} (the paper: {theirs})."
-    interval = f" [{m.interval[0]:.2f}, {m.interval[1]:.2f}] (bootstrap over seeds, 95%)" if m.interval else \
-        " (no interval: one seed in a cell)"
-    where = (" — **an extrapolation**: every crossing lies outside the range measured, so this is where the laws "
-             "would cross, not a measurement" if m.extrapolated else " (read within the measured range)")
-    note = f"; {m.why}" if m.why else ""
-    return head + (f"{m.fraction:.2f}× the Transformer's {what.split(' at')[0]}{interval}{where}{note}; "
-                   f"the paper: {theirs}.")
+def ratio_text(x: float) -> str:
+    """A ratio with two significant figures at least: 12, 2.8, 0.23, 0.016."""
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def _law_lines(metrics: ScalingMetrics, axis: AxisLaws) -> list[str]:
+    """The laws of one axis: a table with each law's exponent set, residuals and flags; the noise."""
+    analysis = axis.analysis
+    where = "parameters" if axis.x_kind == "params" else f"tokens at {axis.size}"
+    if analysis.problem:
+        return [f"Along {where}: no laws — {analysis.problem}.", ""]
+    labels = metrics.labels
+    noise = analysis.noise
+    floor = ("the models share the floor c (the same data at the same budget has one irreducible loss)"
+             if analysis.shared_floor else "each model has its own floor c (its loss trained without end)")
+    if noise is None:
+        judged = "the noise is unknown, so nothing is identified."
+    else:
+        source = ("pooled within cells" if noise.source == "seeds"
+                  else "the fit's residuals, larger than the seeds' spread")
+        test = f"; lack of fit p = {noise.lack_of_fit_p:.2g}" if noise.lack_of_fit_p is not None else ""
+        judged = f"a seed's noise {noise.sd:.4f} nats ({source}, {noise.df} degrees of freedom{test})."
+    lines = [f"Along {where}: {floor}; {judged}",
+             "", "| Model | Law | b within the noise (95%) | RMSE | Residuals | Flags |", "|---|---|---|---:|---|---|"]
+    for kind in [n for n in labels if n in analysis.fits]:
+        fit = analysis.fits[kind]
+        low, high = fit.exponent_interval
+        lines.append(f"| {labels.get(kind, kind)} | {fit.law.text()} | {low:.3g}–{high:.3g} | {fit.rmse:.4f} | "
+                     + ", ".join(f"{r:+.4f}" for r in fit.residuals) + f" | {'; '.join(fit.flags) or '–'} |")
+    return lines + [""]
+
+
+def _matching_lines(metrics: ScalingMetrics, axis: AxisLaws) -> list[str]:
+    """Each model's matching fraction along one axis: the summary in words, then every reading."""
+    labels = metrics.labels
+    what = "parameters" if axis.x_kind == "params" else f"tokens (at {axis.size})"
+    if axis.analysis.problem:
+        return [f"- Along {what}: no fraction — {axis.analysis.problem}.", ""]
+    lines = []
+    for kind in [n for n in labels if n in axis.analysis.matching]:
+        m = axis.analysis.matching[kind]
+        lines += ["- " + laws.fraction_text(m, labels.get(kind, kind), what), "",
+                  f"  | The Transformer's {axis.x_kind} | Its fitted loss | {labels.get(kind, kind)}'s {axis.x_kind} "
+                  "for that loss | Fraction | Within its measured range |", "  |---:|---:|---:|---:|---|"]
+        for r in m.readings:
+            needed = "never" if math.isinf(r.kind_x) else laws.x_text(r.kind_x)
+            fraction = "–" if math.isinf(r.fraction) else f"{r.fraction:.3g}"
+            lines.append(f"  | {laws.x_text(r.baseline_x)} | {r.loss:.4f} | {needed} | {fraction} | "
+                         f"{'yes' if r.inside else 'no'} |")
+        lines.append("")
+    return lines
 
 
 def render_report(metrics: ScalingMetrics) -> str:
-    """report.md: the gap at every size with its interval, the trend along size, the matching fraction,
-    the laws, then the tables of every point."""
+    """report.md: the gap at every size with its interval, the trend along size, the matching fractions
+    with their readings, the laws, then the tables of every point."""
     labels, full = metrics.labels, metrics.full_steps
     names = list(labels)
     env = metrics.machine
     seeds = len(metrics.seeds)
     sizes = list(metrics.sizes)
+    budgets = metrics.budgets()
+    held = ("measured on held-out windows the lr choice never saw (data.heldout_sequences)"
+            if metrics.loss_source == "held-out" else
+            "measured on the validation windows the lr was chosen on (no held-out windows: "
+            "data.heldout_sequences is 0), so the best lr's loss is biased low by the choice")
     lines = heading_lines(f"Scaling: {metrics.config}", metrics.description)
     lines += [
-        f"{', '.join(labels.values())} at {len(sizes)} sizes ({', '.join(sizes)}; each kind matched as the presets "
-        f"are: DIFF with half the Transformer's heads, values twice as wide), trained on the same data in the same "
-        f"order, {seeds} seed{'s' if seeds > 1 else ''} ({', '.join(map(str, metrics.seeds))}); {metrics.lr_note}. "
-        f"Device: {env.device} ({env.cpu_count} CPU cores; {env.jobs} runs at a time), torch {env.torch}. Wall time: "
-        f"{metrics.wall_seconds / 60:.1f} min for this command ("
-        + ", ".join(f"{k} {v / 60:.1f} min" for k, v in metrics.phase_seconds.items()) + ").",
+        f"{', '.join(labels.values())} at {count_text(len(sizes), 'size')} ({', '.join(sizes)}; "
+        "each kind matched as the presets are: DIFF with half the Transformer's heads, values twice as wide; each "
+        f"counted on its own parameters) and {count_text(len(budgets), 'budget')} "
+        f"({', '.join(count_text(b, 'step') for b in budgets)}), trained on the same data in the same order, "
+        f"{count_text(seeds, 'seed')} ({', '.join(map(str, metrics.seeds))}); {metrics.lr_note}. "
+        f"Every loss below is the final loss {held}. Device: {env.device} ({env.cpu_count} CPU cores; "
+        f"{count_text(env.jobs, 'run')} at a time), torch {env.torch}. Wall time: {metrics.wall_seconds / 60:.1f} min "
+        "for this command" + (" (" + ", ".join(f"{k} {v / 60:.1f} min" for k, v in metrics.phase_seconds.items())
+                              + ")" if metrics.phase_seconds else "") + ".",
         "",
         *budget_lines(metrics.budget_note),
         "## The gap along size",
         "",
-        f"Final validation loss at the largest budget ({full} steps), mean ± std over seeds; each model − the "
-        "Transformer with Welch's 95% interval (negative: lower loss than the Transformer). Tokens per parameter: "
-        f"training tokens over non-embedding parameters (the paper's Figure 3a: 10B tokens over 0.83–13.1B "
-        f"parameters, {PAPER_TOKENS / PAPER_SIZES['830m']:.1f} down to {PAPER_TOKENS / PAPER_SIZES['13.1b']:.2f}).",
+        f"Final loss at the largest budget ({full} steps), mean ± std over seeds; each model − the Transformer with "
+        "Welch's 95% interval (negative: lower loss than the Transformer). Each model's own non-embedding "
+        "parameters; tokens per parameter: training tokens over the Transformer's (the paper's Figure 3a: 10B "
+        f"tokens over 0.83–13.1B parameters, {ratio_text(PAPER_TOKENS / PAPER_SIZES['830m'])} down to "
+        f"{ratio_text(PAPER_TOKENS / PAPER_SIZES['13.1b'])}).",
         "",
-        "| Size | Non-embedding parameters | Tokens | Tokens / parameter | "
+        "| Size | " + " | ".join(f"{labels[n]} parameters" for n in names) + " | Tokens | Tokens / parameter | "
         + " | ".join(labels[n] for n in names)
         + "".join(f" | {labels[n]} − {labels[metrics.baseline]} [95% CI]" for n in metrics.gaps) + " |",
-        "|---|---:|---:|---:|" + "---:|" * (len(names) + len(metrics.gaps)),
+        "|---|" + "---:|" * (2 * len(names) + 2 + len(metrics.gaps)),
     ]
     for size in sizes:
         base = metrics.point(metrics.baseline or names[0], size, full)
-        cells = [stats_cell(metrics.point(n, size, full).final_val_loss) for n in names]
+        counts = [f"{metrics.point(n, size, full).non_embedding:,}" for n in names]
+        cells = [stats_cell(metrics.point(n, size, full).loss) for n in names]
         cells += [_interval(metrics.gaps[n][size][full]) for n in metrics.gaps]
-        lines.append(f"| {size} | {base.non_embedding:,} | {tokens_text(base.tokens)} | "
-                     f"{base.tokens_per_parameter:.1f} | "
-                     + " | ".join(cells) + " |")
+        lines.append(f"| {size} | " + " | ".join(counts) + f" | {tokens_text(base.tokens)} | "
+                     f"{ratio_text(base.tokens_per_parameter)} | " + " | ".join(cells) + " |")
     lines += ["", "![the gap along size](scaling_gap.png)", ""]
     if metrics.trends:
         lines += ["**The trend along size** (least squares over every seed's difference against log2 of the "
-                  "parameters, Student's 95% interval):", ""]
+                  "Transformer's parameters, Student's 95% interval):", ""]
         lines += [f"- **{labels[t.model]}**: {t.words}." for t in metrics.trends] + [""]
-    if metrics.matching:
-        lines += ["## The matching fraction (paper: DIFF matches the Transformer with ~62–65% of the parameters, "
-                  "~64% of the tokens)", "",
-                  "What each model needs, as a fraction of the Transformer's, to reach the Transformer's loss, read "
-                  "off the two fitted laws at each size the Transformer was measured at (the median), with a bootstrap "
-                  "interval over seeds (every cell's seeds resampled, both laws fitted again).", ""]
-        lines += [_fraction_text(m, labels) for m in metrics.matching] + [""]
-    lines += ["## The laws", "", "L(x) = a·x^(−b) + c per model, least squares on the means over seeds; residual = "
-              "measured − law.", "", "| Model | x | Law | RMSE | Residuals |", "|---|---|---|---:|---|"]
-    for fit in metrics.fits:
-        x_name = "parameters" if fit.x_kind == "params" else f"tokens at {fit.size}"
-        if fit.law is None:
-            lines.append(f"| {labels[fit.model]} | {x_name} | – (one x) | – | – |")
-            continue
-        law = f"{fit.law.a:.4g}·x^(−{fit.law.b:.4f}) + {fit.law.c:.4f}" + (" (c held at 0)" if fit.law.fixed_c else "")
-        lines.append(f"| {labels[fit.model]} | {x_name} | {law} | {fit.law.rmse:.4f} | "
-                     + ", ".join(f"{r:+.4f}" for r in fit.residuals) + " |")
-    lines += ["", "![loss against size](scaling_params.png)", ""]
-    if any(f.x_kind == "tokens" for f in metrics.fits):
+    paper = metrics.paper
+    lines += ["## The matching fraction",
+              "",
+              f"The paper: DIFF reaches the Transformer's loss with {paper['parameter_fraction'][1]:.3f} and "
+              f"{paper['parameter_fraction'][0]:.3f} of its parameters (Figure 3a: 6.8B ≈ 11B, 7.8B ≈ 13.1B) and "
+              f"{paper['token_fraction']:.3f} of its tokens (Figure 3b). Here: at each size the Transformer was "
+              "measured at, its fitted loss and the parameters (or tokens) each model's law needs for it, over the "
+              "Transformer's (the readings); the figure summarised is the reading at the geometric centre of the "
+              "Transformer's measured range, where the laws are best determined. It is stated beside the paper's "
+              "only when both laws are identified and the crossing lies within the model's measured range; its "
+              "interval is a parametric bootstrap (every cell mean redrawn around the laws with the seeds' noise, "
+              "the noise redrawn too, both laws refitted; resamples that never reach the loss counted, not "
+              "dropped), and its sensitivity the fraction when any one cell mean moves by one seed's standard "
+              "deviation.", ""]
+    for axis in metrics.laws:
+        lines += _matching_lines(metrics, axis)
+    lines += ["## The laws", "",
+              "L(x) = a·x^(−b) + c per model, fitted jointly by variable projection (for each floor c and exponent "
+              "b, a by non-negative least squares; c and b on a grid, refined by SciPy), cell means weighted by "
+              "their seeds; residual = measured − law. A law is flagged, and says nothing, when a constant sits at "
+              "its bound or the profile of the fit error over b stays within the noise up to an end of the range "
+              "searched (0.01–2): then the data do not identify how fast the loss falls, and any fraction read "
+              "from it is a statement about the fit, not the models.", ""]
+    for axis in metrics.laws:
+        lines += _law_lines(metrics, axis)
+    lines += ["![loss against size](scaling_params.png)", ""]
+    if any(axis.x_kind == "tokens" for axis in metrics.laws):
         lines += ["![loss against tokens](scaling_tokens.png)", ""]
-    lines += ["## Every run", "", "Each model at its best lr at each size and budget (the lrs tried and the final loss "
-              "at each).", "",
-              "| Model | Size | Steps | Tokens | Best lr | Final val loss | Every lr | Train tokens/s |",
-              "|---|---|---:|---:|---:|---:|---|---:|"]
+    lines += ["## Every run", "", "Each model at its best lr at each size and budget (the validation loss at every lr "
+              f"tried; the loss column is the {metrics.loss_source} loss).", "",
+              "| Model | Size | Steps | Tokens | Best lr | Validation loss | Loss | Every lr | Train tokens/s |",
+              "|---|---|---:|---:|---:|---:|---:|---|---:|"]
     for p in sorted(metrics.points, key=lambda p: (names.index(p.model), sizes.index(p.size), p.steps)):
-        grid = "; ".join(f"{lr:g}: {s.mean:.4f}" if s.mean is not None else f"{lr:g}: –" for lr, s in p.grid.items())
-        lines.append(f"| {labels[p.model]} | {p.size} | {p.steps} | {tokens_text(p.tokens)} | {p.lr:g}"
-                     f"{' (edge)' if p.at_grid_edge else ''} | {stats_cell(p.final_val_loss)} | {grid} | "
+        grid = "; ".join(f"{lr:g}: {s.mean:.4f}" if s.mean is not None else f"{lr:g}: –"
+                         for lr, s in sorted(p.grid.items()))
+        mark = f" ({p.edge} edge)" if p.edge else ""
+        added = f" (added {', '.join(f'{lr:g}' for lr in p.added)})" if p.added else ""
+        lines.append(f"| {labels[p.model]} | {p.size} | {p.steps} | {tokens_text(p.tokens)} | {p.lr:g}{mark} | "
+                     f"{stats_cell(p.final_val_loss)} | {stats_cell(p.loss)} | {grid}{added} | "
                      f"{stats_cell(p.tokens_per_s, 0)} |")
-    edge = [p for p in metrics.points if p.at_grid_edge]
+    edge = [p for p in metrics.points if p.edge]
+    extended = [p for p in metrics.points if p.added]
+    lines += [""]
+    if extended:
+        lines.append(f"{len(extended)} of {len(metrics.points)} points had their lr grid extended outward (the lrs "
+                     "added are named).")
     if edge:
-        lines += ["", f"{len(edge)} of {len(metrics.points)} points are best at the edge of their lr grid (marked "
-                  "edge): their best lr may lie outside it, and their loss is an upper bound on their best."]
+        limit = (f"the limit of {metrics.lr_extend} added lr{'s' if metrics.lr_extend != 1 else ''} per end was "
+                 "reached" if metrics.lr_extend else "no extension was allowed (scaling.lr_extend: 0)")
+        lines.append(f"{len(edge)} of {len(metrics.points)} points are still best at an end of their grid (marked "
+                     f"edge): {limit}; their best lr may lie beyond, and their loss is an upper bound on their best.")
+    elif not extended:
+        lines.append("Every point's best lr lies inside its grid.")
     lines += ["", "## How to read this", "",
               f"- The paper ({metrics.paper['source']}): {metrics.paper['claim']}. Its models are 830M–13.1B "
               "parameters at 10B tokens; these are tiny, so only the direction and the trend can be compared, and a "
               "law fitted to a few small sizes says nothing certain about billions of parameters.",
               "- A matching fraction below 1 means the model needs fewer parameters (or tokens) than the "
-              "Transformer for the same loss; an extrapolated one is where the two laws would cross, not a "
-              "measurement.", ""]
+              "Transformer for the same loss. Where the laws are nearly flat a small loss offset is a large factor "
+              "in parameters: the sensitivity says how far one point's noise moves it.", ""]
     return "\n".join(lines)
 
 
@@ -580,4 +622,4 @@ def _interval(d: Difference) -> str:
     return signed(d.delta) + (f" [{signed(d.low)}, {signed(d.high)}]" if d.low is not None else "")
 
 
-__all__ = ["ScalingMetrics", "analyse", "matching", "run_scaling", "size_trend", "trend_words"]
+__all__ = ["AxisLaws", "ScalingMetrics", "analyse", "run_scaling", "size_trend", "trend_words"]

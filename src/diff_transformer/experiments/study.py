@@ -2,7 +2,8 @@
 learning rate; the init recipe; the model size; the training budget), every combination of which
 is one run, identified by a :class:`RunKey`. :class:`Axes` expands into keys; the runner
 (:mod:`.runner`) trains them; :func:`sweep` reads each model's best learning rate and init recipe
-off the results, at every size and budget.
+off the results, at every size and budget; :func:`extended_sweep` trains more learning rates where a
+best one lies at an end of its grid.
 
     axes = Axes(models=("standard", "diff"), seeds=(0, 1, 2), recipes=("scaled-init",),
                 lrs={("standard", "scaled-init"): (1e-3, 2e-3), ("diff", "scaled-init"): (1e-3, 2e-3)})
@@ -12,7 +13,8 @@ off the results, at every size and budget.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Callable, Generic, Sequence, TypeVar
 
@@ -97,6 +99,7 @@ class Sweep(Generic[R]):
     missing: dict[str | None, dict[float, int]]  # recipe -> lr -> runs without a score (diverged)
     best_lr: dict[str | None, float]
     best_recipe: str | None
+    added: dict[str | None, tuple[float, ...]] = field(default_factory=dict)  # lrs extended_sweep added
 
     @property
     def chosen(self) -> list[R]:
@@ -110,6 +113,15 @@ class Sweep(Generic[R]):
     @property
     def lr(self) -> float:
         return self.best_lr[self.best_recipe]
+
+    def edge(self, recipe: str | None) -> str | None:
+        """"low" or "high" when the best lr under ``recipe`` is the smallest or the largest of several
+        tried (its optimum may lie beyond), else None."""
+        lrs = sorted(self.runs[recipe])
+        best = self.best_lr[recipe]
+        if len(lrs) < 2 or lrs[0] < best < lrs[-1]:
+            return None
+        return "low" if best == lrs[0] else "high"
 
 
 class NoBestLearningRate(RuntimeError):
@@ -142,4 +154,51 @@ def sweep(results: dict[RunKey, R], score: Callable[[R], float | None], *, lower
             best_lr[recipe] = min(complete, key=lambda lr: sign * scores[recipe][lr].mean)
         best_recipe = min(by_recipe, key=lambda r: sign * scores[r][best_lr[r]].mean)
         sweeps[cell] = Sweep(cell[0], by_recipe, scores, missing, best_lr, best_recipe)
+    return sweeps
+
+
+def outward_keys(sweeps: dict[tuple, Sweep], keys: Sequence[RunKey], added: dict[tuple, int], limit: int
+                 ) -> list[RunKey]:
+    """The runs one step beyond each grid whose best lr lies at its end (the step: the ratio of that end
+    to its neighbour, so a geometric grid goes on as it was), every seed of the cell, while fewer than
+    ``limit`` lrs were added at that end (``added``: (cell, recipe, end) -> lrs added so far, updated)."""
+    new = []
+    for cell, found in sweeps.items():
+        for recipe, by_lr in found.runs.items():
+            end = found.edge(recipe)
+            if end is None or added.get((cell, recipe, end), 0) >= limit:
+                continue
+            lrs = sorted(by_lr)
+            lr = lrs[0] ** 2 / lrs[1] if end == "low" else lrs[-1] ** 2 / lrs[-2]
+            added[cell, recipe, end] = added.get((cell, recipe, end), 0) + 1
+            seeds = sorted({k.seed for k in keys if k.cell == cell and k.recipe == recipe})
+            new += [RunKey(cell[0], seed, lr, recipe, cell[1], cell[2]) for seed in seeds]
+    return new
+
+
+def extended_sweep(keys: Sequence[RunKey], train: Callable[[Sequence[RunKey]], dict[RunKey, R]],
+                   score: Callable[[R], float | None], *, lower_is_better: bool, limit: int,
+                   what: Callable[[RunKey], str] = lambda key: key.model, progress: bool = False
+                   ) -> dict[tuple, Sweep[R]]:
+    """:func:`sweep` of the runs ``train(keys)`` returns, where every cell whose best lr lies at an end
+    of its grid has the grid extended one step outward (:func:`outward_keys`; ``train`` trains the new
+    runs) until the best lies inside or ``limit`` lrs were added at that end; each Sweep's ``added``
+    names the lrs added. ``limit`` 0: the plain sweep."""
+    results = dict(train(keys))
+    added: dict[tuple, int] = {}
+    while True:
+        sweeps = sweep(results, score, lower_is_better=lower_is_better, what=what)
+        new = outward_keys(sweeps, list(results), added, limit)
+        if not new:
+            break
+        if progress:
+            where = sorted({(what(k), k.size or "", k.steps or 0, k.recipe or "", k.lr) for k in new})
+            print("best lr at an end of its grid, one step further: " + "; ".join(
+                " ".join(str(p) for p in (name, size, f"{steps} steps" if steps else "", recipe, f"lr {lr:g}") if p)
+                for name, size, steps, recipe, lr in where), file=sys.stderr, flush=True)
+        results.update(train(new))
+    original = {(k.cell, k.recipe, k.lr) for k in keys}
+    for cell, found in sweeps.items():
+        found.added = {r: tuple(sorted(lr for lr in by_lr if (cell, r, lr) not in original))
+                       for r, by_lr in found.runs.items()}
     return sweeps

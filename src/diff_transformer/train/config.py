@@ -162,6 +162,10 @@ class DataConfig:
     micro_batch_size: int | None = None  # sequences per forward pass and process; None = batch_size / processes
     mix: dict[str, float] = field(default_factory=dict)  # generator name -> fraction of training sequences
     eval_sequences: int = 64  # validation sequences scored at every evaluation (the same ones each time)
+    # A second held-out set, scored once at the end (summary.json's final_heldout_loss): this many windows,
+    # each between two validation windows, never overlapping them (at most eval_sequences − 1; 0: none).
+    # A study that chooses on the validation loss reports this one, which the choice never saw.
+    heldout_sequences: int = 0
     # Long-context training (see diff_transformer.data.shards): windows (training and validation) that
     # never cross a document boundary, from the documents of at least seq_len + 1 tokens; and long
     # documents up-sampled, within documents or across them.
@@ -198,6 +202,9 @@ class DataConfig:
             raise ConfigError(f"data.micro_batch_size must be positive, got {self.micro_batch_size}")
         if self.eval_sequences <= 0:
             raise ConfigError(f"data.eval_sequences must be positive, got {self.eval_sequences}")
+        if not 0 <= self.heldout_sequences < self.eval_sequences:
+            raise ConfigError(f"data.heldout_sequences lie between the {self.eval_sequences} validation windows: "
+                              f"0 to {self.eval_sequences - 1}, got {self.heldout_sequences}")
         from ..data.synthetic import GENERATORS
 
         for name, fraction in self.mix.items():

@@ -282,6 +282,7 @@ RESUME_RULES: dict[str, str | dict[str, str]] = {
         "micro_batch_size": FREE,  # how the global batch is cut: the same mean loss, to rounding (tested)
         "mix": SAME,
         "eval_sequences": SAME,  # the validation windows every "val" record measures: the run keeps one curve
+        "heldout_sequences": FREE,  # scored once, at the end: observes only
         "within_documents": SAME, "long_document_tokens": SAME, "long_document_weight": SAME,
         "packing": SAME,  # the attention masks and positions of every sequence
     },

@@ -120,6 +120,8 @@ class TrainResult:
     # kind the formula has no term for
     flops_per_token: float | None = None
     flops: float | None = None
+    # the loss on the data.heldout_sequences windows when the run completed (None: none configured, or not completed)
+    final_heldout_loss: float | None = None
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -162,8 +164,12 @@ class DataPlan:
         if data.eval_sequences % env.world_size:
             raise ConfigError(f"data.eval_sequences={data.eval_sequences} must be divisible by the "
                               f"{env.world_size} processes")
+        if data.heldout_sequences % env.world_size:
+            raise ConfigError(f"data.heldout_sequences={data.heldout_sequences} must be divisible by the "
+                              f"{env.world_size} processes")
         self.eval_sequences = data.eval_sequences
-        self.eval_per_process = data.eval_sequences // env.world_size
+        self.heldout_sequences = data.heldout_sequences
+        self.world_size = env.world_size
         self.rank = env.rank
 
     @functools.cached_property
@@ -208,7 +214,20 @@ class DataPlan:
     def validation_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This process's share of the fixed validation windows, in micro-batches."""
         inputs, targets = self.validation.val_batches(1, self.eval_sequences, self.seq_len)[0]
-        mine = slice(self.rank * self.eval_per_process, (self.rank + 1) * self.eval_per_process)
+        return self._share(inputs, targets)
+
+    def heldout_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This process's share of the held-out windows (data.heldout_sequences, between the validation
+        windows), in micro-batches; none when there are none."""
+        if not self.heldout_sequences:
+            return []
+        return self._share(*self.validation.heldout_windows(self.eval_sequences, self.heldout_sequences,
+                                                            self.seq_len))
+
+    def _share(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This process's part of the windows (B, T), in micro-batches."""
+        per_process = len(inputs) // self.world_size
+        mine = slice(self.rank * per_process, (self.rank + 1) * per_process)
         return list(zip(inputs[mine].split(self.micro_batch_size), targets[mine].split(self.micro_batch_size)))
 
 
@@ -368,6 +387,7 @@ class TrainingPlan:
     checkpoint_dir: Path
     data: DataPlan
     validation: list  # this process's validation micro-batches (DataPlan.validation_batches)
+    heldout: list  # this process's held-out micro-batches (DataPlan.heldout_batches; empty: none)
     init_from: Path | None  # the weights a new run starts from (run.init_from)
     resume: ResumePoint | None  # where a resumed run goes on; None for a new run
 
@@ -504,15 +524,16 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
         )
     try:
         validation = plan.validation_batches()
+        heldout = plan.heldout_batches()
         plan.check_train_windows()
     except ConfigError:  # data.mix: named as such
         raise
-    except ValueError as exc:  # a split too short for one window
+    except ValueError as exc:  # a split too short for one window, or for held-out windows between the validation ones
         raise ConfigError(f"data.dataset: {exc}") from None
     if settings.init_from is not None:
         check_initial_tokenizer(settings.init_from, plan.tokenizer)
     return TrainingPlan(config=config, entry=entry, model_config=model_config, out_dir=settings.out_dir,
-                        checkpoint_dir=settings.checkpoint_dir, data=plan, validation=validation,
+                        checkpoint_dir=settings.checkpoint_dir, data=plan, validation=validation, heldout=heldout,
                         init_from=settings.init_from, resume=None)
 
 
@@ -666,6 +687,10 @@ def _read_summary(path: Path) -> TrainResult | None:
 def _train_holding(plan: TrainingPlan, env: Environment, held: contextlib.ExitStack, wall_start: float) -> TrainResult:
     run = _Run.prepare(plan, env, held, wall_start)
     status, message, final_val = _loop(run)
+    final_heldout = None
+    if status == "completed" and plan.heldout:  # scored once, on the final weights
+        final_heldout = evaluate(run.forward_model, plan.heldout, env, run.autocast, run.plan.separator)
+        run.log.write(dict(kind="heldout", step=run.progress.step, tokens=run.progress.tokens, loss=final_heldout))
     run.log.close()
     run.account()
     saved = run.last_saved or find_checkpoint(run.checkpoint_dir)  # diverged, or a rank other than 0
@@ -695,6 +720,7 @@ def _train_holding(plan: TrainingPlan, env: Environment, held: contextlib.ExitSt
         grad_norm_spikes=run.spikes.count,
         init_from=run.config.run.init_from,
         resumed_from=plan.resume.step if plan.resume is not None else None,
+        final_heldout_loss=final_heldout,
         **_cost(plan, progress.tokens),
     )
     if env.is_main:
