@@ -15,6 +15,12 @@ on each head's output before ``o_proj`` (Qiu et al. 2025, position G1): one gate
 (``gate_proj`` d_model -> n_heads·d, one d_model² matrix per layer more) or one per head
 (d_model -> n_heads).
 
+``"mta"`` is multi-token attention (Golovneva et al. 2025): the matched Transformer's heads whose logits
+and maps are convolved over nearby queries and keys (on every ``mta_conv_every``-th layer) and mixed
+across heads (every layer), with a per-head norm and a gate (``docs/attention-module.md``). ``"xsa"`` is
+exclusive self-attention (Zhai 2026): the matched Transformer's heads, each output minus its component
+along the token's own value vector; ``xsa_gate`` scales that component by a learned gate per head.
+
 ``value_factor=1`` gives DIFF heads a value of width d instead of 2d (``head_dim = d_model /
 n_heads``): a Transformer's heads, each kept as the first map of one DIFF head, which is what
 ``diff-transformer convert --init exact`` builds (:mod:`diff_transformer.convert`).
@@ -27,12 +33,20 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise")
+ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "mta", "xsa")
 # Kinds built of DIFF heads (two d-wide query/key groups, a 2d-wide value, λ vectors, head norm):
 # n_heads counts DIFF heads, presets keep their head counts, λ_init applies.
 DIFF_HEAD_KINDS = ("diff", "diff_symmetric")
 # Kinds that gate each head's attention output by sigmoid(x · gate_proj) before o_proj (Qiu et al. 2025).
 GATED_KINDS = ("gated", "gated_headwise")
+# Multi-token attention's settings, each None but with attention="mta", where None means the authors' value
+# (facebookresearch/RAM, projects/mta/configs/*_mta.yaml, the paper's 880M model among them).
+MTA_DEFAULTS = {
+    "mta_query_kernel": 6,  # c_q: the key-query convolution spans this query and the c_q − 1 before it
+    "mta_key_kernel": 11,  # c_k (odd): the keys centred on each key
+    "mta_conv_every": 4,  # the convolutions sit on layers l with l % every == every // 2 (the authors' 2, 6, 10, ...)
+    "mta_head_group": None,  # c_h: heads mixed together after the softmax; None = all n_heads (the authors' 16 of 16)
+}
 
 # The paper's sizes (Table 10 and Table 9) and small CPU sizes. Head counts are DIFF heads;
 # from_preset doubles them for the other kinds. Vocabulary: cl100k's 100,288 for the
@@ -80,7 +94,8 @@ class ModelConfig:
     n_layers: int = 4
     n_heads: int = 3  # DIFF heads for "diff" and "diff_symmetric"; ordinary heads for the other kinds
     n_kv_heads: int | None = None  # key/value heads (groups) for GQA; None = n_heads (MHA)
-    attention: str = "diff"  # "standard" | "diff" | "diff_v2" | "diff_symmetric" | "gated" | "gated_headwise"
+    attention: str = "diff"  # "standard" | "diff" | "diff_v2" | "diff_symmetric" | "gated" | "gated_headwise" | "mta"
+    # | "xsa"
     ffn_hidden: int | None = None  # SwiGLU inner width; None = 8/3·d_model rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     max_seq_len: int = 256
@@ -90,10 +105,17 @@ class ModelConfig:
     # Differential attention
     lambda_init: float | None = None  # None = the depth schedule; a number = constant (Table 6 ablation)
     lambda_std: float = 0.1  # std of the four λ vectors at init
-    head_norm: bool | None = None  # per-head RMSNorm; None = on for the DIFF-head kinds, off otherwise
+    head_norm: bool | None = None  # per-head RMSNorm; None = on for the DIFF-head kinds and "mta", off otherwise
     # A DIFF head's value width in units of head_dim d: 2 (the paper's 2d) or, for attention="diff", 1
     # (d: a Transformer's heads converted one for one). None = the kind's own: 2 for DIFF heads, 1 otherwise.
     value_factor: int | None = None
+    # Multi-token attention (attention="mta"; None there = MTA_DEFAULTS, the authors' values)
+    mta_query_kernel: int | None = None
+    mta_key_kernel: int | None = None
+    mta_conv_every: int | None = None
+    mta_head_group: int | None = None  # stays None (all heads) unless set
+    # Exclusive self-attention (attention="xsa"): scale the removed component by sigmoid(β_h), one β per head
+    xsa_gate: bool = False
     # Initialisation
     init_std: float = 0.02
     # o_proj and down_proj (they write into the residual stream) at init_std / sqrt(2·n_layers), as
@@ -136,8 +158,8 @@ class ModelConfig:
             self.ffn_hidden = self.ffn_multiple_of * math.ceil(8 * self.d_model / 3 / self.ffn_multiple_of)
         if not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0:
             raise ConfigError(f"ffn_hidden must be a positive integer, got {self.ffn_hidden!r}")
-        if self.head_norm is None:
-            self.head_norm = self.attention in DIFF_HEAD_KINDS
+        if self.head_norm is None:  # MTA's group norm is a per-head RMSNorm too (the authors' subln)
+            self.head_norm = self.attention in (*DIFF_HEAD_KINDS, "mta")
         if self.head_norm and self.attention == "diff_v2":
             raise ConfigError("head_norm: DIFF V2 has no per-head norm; leave head_norm unset or False")
         if self.head_norm and self.attention in GATED_KINDS:
@@ -155,9 +177,37 @@ class ModelConfig:
             # the output is scaled by 1 − λ_init: 1 or more would silence or flip every layer (paper: 0.2 to 0.8)
             raise ConfigError(f"lambda_init must be a number in [0, 1) or null (the depth schedule), "
                               f"got {self.lambda_init!r}")
-        for name in ("tie_embeddings", "head_norm", "scale_residual_init"):
+        self._check_mta()
+        if self.xsa_gate is not False and self.attention != "xsa":
+            raise ConfigError(f"xsa_gate only applies to attention='xsa', not {self.attention!r}")
+        for name in ("tie_embeddings", "head_norm", "scale_residual_init", "xsa_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def _check_mta(self) -> None:
+        """Fill MTA's settings with the authors' values where unset; refuse them for other kinds."""
+        if self.attention != "mta":
+            for name in MTA_DEFAULTS:
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{name} only applies to attention='mta', not {self.attention!r}")
+            return
+        for name, default in MTA_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        for name in MTA_DEFAULTS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.mta_key_kernel % 2 == 0:
+            raise ConfigError(f"mta_key_kernel must be odd (keys centred on each key, as the authors pad both "
+                              f"sides), got {self.mta_key_kernel}")
+        if self.mta_head_group is not None and self.n_heads % self.mta_head_group:
+            raise ConfigError(f"mta_head_group={self.mta_head_group} must divide n_heads={self.n_heads} (heads are "
+                              "mixed in groups of that many)")
+
+    def mta_conv_layer(self, layer_index: int) -> bool:
+        """Whether the 0-based layer carries MTA's key-query convolutions (attention="mta" only)."""
+        return self.attention == "mta" and layer_index % self.mta_conv_every == self.mta_conv_every // 2
 
     @property
     def head_dim(self) -> int:
