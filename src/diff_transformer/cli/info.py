@@ -13,9 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "info",
         help="list model presets, or describe a checkpoint",
         description="Without an argument: the named presets with their DIFF, matched-Transformer, symmetric-DIFF, "
-        "gated-attention (a gate per channel) and head-wise gated parameter counts (the wide-head Transformer, "
-        "n_heads halved, has the matched Transformer's). With a checkpoint directory: its config, parameters and "
-        "λ per layer.",
+        "gated-attention (a gate per channel), head-wise gated and multi-token-attention (MTA) parameter counts (the "
+        "wide-head Transformer, n_heads halved, and exclusive self-attention have the matched Transformer's; XSA with "
+        "xsa_gate n_heads more per layer). With a checkpoint directory: its config, parameters and λ per layer.",
     )
     p.add_argument("checkpoint", nargs="?", type=checkpoint_dir, help="checkpoint directory")
     p.set_defaults(run=run)
@@ -26,9 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from ..model import LanguageModel
 
     if args.checkpoint is None:
-        kinds = ("diff", "standard", "diff_symmetric", "gated", "gated_headwise")
+        kinds = ("diff", "standard", "diff_symmetric", "gated", "gated_headwise", "mta")
         print(f"{'preset':<8} {'d_model':>7} {'layers':>6} {'heads':>9} {'d':>4} {'DIFF params':>14} "
-              f"{'Transformer':>14} {'Symmetric':>14} {'Gated':>14} {'Gated/head':>14}")
+              f"{'Transformer':>14} {'Symmetric':>14} {'Gated':>14} {'Gated/head':>14} {'MTA':>14}")
         for name in PRESETS:
             diff, std, *others = (ModelConfig.from_preset(name, attention=kind) for kind in kinds)
             counts = "".join(f" {LanguageModel(c, device='meta').num_parameters():>14,}" for c in (diff, std, *others))

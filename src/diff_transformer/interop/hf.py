@@ -30,11 +30,12 @@ Weight mapping, per layer (H DIFF heads, Hkv KV groups, head dim d; HF's DiffLla
    our head-norm weight to ones and keeps the folded W_o, which computes the same function.
 5. λ vectors, MLP, block norms, embeddings and the LM head copy over unchanged.
 
-What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2, symmetric DIFF and
-gated attention (no HF class computes them), a constant λ_init (HF hard-codes the depth
-schedule), DIFF without its head norm, a block ``norm_eps`` other than the head norm's 1e-5 (HF
-shares one eps between them), DIFF heads with d-wide values (``value_factor=1``: a converted
-Transformer), and a standard model with the head-norm ablation (no Llama equivalent).
+What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2, symmetric DIFF,
+gated attention, multi-token attention and exclusive self-attention (no HF class computes them), a
+constant λ_init (HF hard-codes the depth schedule), DIFF without its head norm, a block
+``norm_eps`` other than the head norm's 1e-5 (HF shares one eps between them), DIFF heads with
+d-wide values (``value_factor=1``: a converted Transformer), and a standard model with the
+head-norm ablation (no Llama equivalent).
 """
 
 from __future__ import annotations
@@ -221,6 +222,16 @@ def check_exportable(config: ModelConfig) -> None:
         raise HFConversionError(
             f"gated attention (attention={config.attention!r}) has no transformers equivalent: its classes with an "
             "output gate (Qwen3-Next and others) also normalise queries and keys; it cannot be exported"
+        )
+    if config.attention == "mta":
+        raise HFConversionError(
+            "multi-token attention (attention='mta') has no transformers equivalent: no class there convolves "
+            "attention logits over queries and keys or mixes the maps of heads; it cannot be exported"
+        )
+    if config.attention == "xsa":
+        raise HFConversionError(
+            "exclusive self-attention (attention='xsa') has no transformers equivalent: Llama's attention keeps each "
+            "output's component along the token's own value; it cannot be exported"
         )
     if config.attention == "standard":
         if config.head_norm:
