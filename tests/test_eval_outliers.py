@@ -39,14 +39,14 @@ def test_subsampled_median_is_close():
     assert summary["top1"] == pytest.approx(float(values.abs().max()))
 
 
-@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2"])
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "mta", "xsa"])
 def test_outliers_run(kind):
     torch.manual_seed(0)
     config = ModelConfig.from_preset("debug", attention=kind, max_seq_len=64)
     mut = ModelUnderTest(kind, LanguageModel(config).eval(), ByteTokenizer())
     result = outliers.run(mut, outliers.OutlierOptions(tokens=128, batch_size=2), TEXT, progress=False)
     logits, hidden = result["attention_logits"], result["hidden_states"]
-    maps = config.n_heads * (2 if kind != "standard" else 1)  # DIFF: two maps per head; V2: 2H query heads
+    maps = config.n_heads * (1 if kind in ("standard", "mta", "xsa") else 2)  # DIFF: two per head; V2: 2H query heads
     assert logits["count"] == 2 * config.n_layers * maps * 64 * 65 // 2  # only the visible (causal) logits
     assert hidden["count"] == 2 * config.n_layers * 64 * config.d_model
     for stats in (logits, hidden):

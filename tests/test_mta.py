@@ -17,11 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from diff_transformer import AttentionTap, LanguageModel, ModelConfig
+from diff_transformer.checkpoint import CheckpointError
 from diff_transformer.cli import main as cli_main
 from diff_transformer.config import PRESETS, ConfigError
+from diff_transformer.generation import generate
 from diff_transformer.model import document_ids
 from diff_transformer.ops.mta import MTAWeights, mta_attention, reference_mta_attention
+from diff_transformer.train import train
 from test_model import rope_complex
+from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset: a fixture)
 
 
 def authors_convolution(scores, kernel, mask):
@@ -375,3 +379,23 @@ def test_export_hf_refuses_it_by_name(tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert "multi-token attention (attention='mta') has no transformers equivalent" in err
     assert not (tmp_path / "hf").exists()
+
+
+def test_it_trains_resumes_and_generates_and_a_changed_setting_refuses_the_resume(byte_dataset,  # noqa: F811
+                                                                                   tmp_path):
+    """Through the trainer (its kernels and head mixing decayed as matrices): a run stopped after one step
+    resumes to the end; a resume with another kernel is refused by the field's name (every ModelConfig
+    field is compared, state.RESUME_RULES "fields"); batched generation with left padding gives each
+    prompt what it gives alone."""
+    models = {"mta": {"attention": "mta", "mta_conv_every": 1}}
+    train(debug_config(byte_dataset, tmp_path, models, run={"stop_at_step": 1}))
+    changed = {"mta": {"attention": "mta", "mta_conv_every": 1, "mta_key_kernel": 7}}
+    with pytest.raises(CheckpointError, match=r"model\.mta_key_kernel: 11 -> 7"):
+        train(debug_config(byte_dataset, tmp_path, changed), resume=True)
+    result = train(debug_config(byte_dataset, tmp_path, models), resume=True)
+    assert result.status == "completed" and result.steps == 6
+    model = LanguageModel.from_pretrained(tmp_path / "checkpoint").eval()
+    assert model.config.mta_conv_every == 1 and model.config.mta_key_kernel == 11
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    batched = generate(model, prompts, 8, temperature=0)
+    assert batched == [generate(model, [p], 8, temperature=0)[0] for p in prompts]

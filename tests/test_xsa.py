@@ -10,11 +10,14 @@ import torch
 
 from diff_transformer import AttentionTap, LanguageModel, ModelConfig
 from diff_transformer.attention import exclude_own_value
+from diff_transformer.checkpoint import CheckpointError
 from diff_transformer.cli import main as cli_main
 from diff_transformer.config import PRESETS, ConfigError
 from diff_transformer.model import document_ids
 from diff_transformer.ops import BACKEND_NAMES
+from diff_transformer.train import train
 from test_model import causal_softmax, rope_complex
+from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset: a fixture)
 
 
 def naive_xsa_module(m, x, w=None):
@@ -227,3 +230,13 @@ def test_checkpoints_round_trip_and_export_hf_refuses_it_by_name(tmp_path, capsy
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert "exclusive self-attention (attention='xsa') has no transformers equivalent" in err
     assert not (tmp_path / "hf").exists()
+
+
+def test_it_trains_and_a_resume_that_drops_the_gate_is_refused(byte_dataset, tmp_path):  # noqa: F811
+    """The gate (a vector: no weight decay) trains; turning it off for the resume is refused by name."""
+    train(debug_config(byte_dataset, tmp_path, {"xsa": {"attention": "xsa", "xsa_gate": True}},
+                       run={"stop_at_step": 2}))
+    with pytest.raises(CheckpointError, match=r"model\.xsa_gate: True -> False"):
+        train(debug_config(byte_dataset, tmp_path, {"xsa": {"attention": "xsa"}}), resume=True)
+    gates = LanguageModel.from_pretrained(tmp_path / "checkpoint").layers[0].attn.xsa_gate
+    assert gates.abs().max() > 0  # moved from 0
