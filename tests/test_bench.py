@@ -184,3 +184,45 @@ def test_cli_table(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "DIFF vs Transformer" in out and "DiffLlama" not in out
+
+
+def test_mta_and_xsa_flops_by_hand():
+    """XSA counts as standard attention; MTA adds per visible pair and head 2·(2·6·11) for its convolutions
+    and 2·(2h) for its head mixings, three times that with the backward."""
+    kw = dict(batch=2, heads=8, t=128, s=128, head_dim=64, causal=False)
+    pairs = 2 * 8 * 128 * 128
+    assert attention_flops("xsa", "fwd+bwd", **kw) == attention_flops("standard", "fwd+bwd", **kw)
+    assert attention_flops("mta", "fwd", **kw) == pairs * (4 * 64 + 264 + 32)
+    assert attention_flops("mta", "fwd+bwd", **kw) == pairs * (14 * 64 + 3 * (264 + 32))
+    cpu = torch.device("cpu")
+    assert quadratic_bytes("mta", "fast", "fwd+bwd", cpu, batch=1, heads=8, t=64, s=64) == 10 * 8 * 64**2 * 4
+
+
+def test_attention_bench_measures_mta_and_xsa():
+    """MTA's decoding step computes the new row and the 10 rows its convolutions read."""
+    settings = AttentionBenchSettings(lengths=(48,), heads=4, kv_heads=2, head_dim=16, repeats=1, warmup=0,
+                                      kinds=("standard", "mta", "xsa"), backends=())
+    results = run_attention_bench(settings, progress=False)
+    cases = {(r.mode, r.kind, r.backend): r for r in results}
+    assert set(cases) == {(m, k, b) for m in ("fwd", "fwd+bwd", "decode")
+                          for k, b in (("standard", "sdpa"), ("mta", "fast"), ("xsa", "sdpa"))}
+    assert cases[("decode", "mta", "fast")].queries == 11 and cases[("decode", "xsa", "sdpa")].queries == 1
+    assert all(r.seconds > 0 and r.tflops > 0 for r in results)
+    with pytest.raises(ValueError, match=r"unknown kind\(s\) \['gda'\]"):
+        AttentionBenchSettings(kinds=("gda",))
+
+
+def test_model_bench_measures_further_kinds_with_their_ratios(capsys):
+    settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, repeats=1, warmup=0, compare_hf=False,
+                                  kinds=("mta", "xsa"))
+    results = run_model_bench(settings, progress=False)
+    assert [r.model for r in results] == ["DIFF", "Transformer", "MTA", "XSA"]
+    assert results[2].parameters == LanguageModel(model_config(settings, "mta"), device="meta").num_parameters()
+    table = format_table(settings, results)
+    assert "MTA vs Transformer (throughput ratio), eager: train" in table
+    assert "XSA vs Transformer (throughput ratio), eager: train" in table
+    with pytest.raises(ValueError, match="kinds must be distinct attention kinds other than diff and standard"):
+        ModelBenchSettings(kinds=("standard",))
+    assert main(["bench", "model", "--attention", "mta,bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "argument --attention: 'mta,bogus': name distinct kinds from" in err

@@ -6,6 +6,8 @@ Models, all with random weights and the same shape:
     DiffLlama     transformers' DiffLlamaForCausalLM built from the DIFF config (num_attention_heads
                   = 2H, num_key_value_heads = 2Hkv, head_dim d, intermediate_size = ffn_hidden),
                   when transformers is installed
+    others        any further attention kinds asked for (``kinds``; e.g. MTA and XSA), each at the
+                  preset as ``ModelConfig.from_preset`` builds it (the Transformer's heads)
 
 Measured:
     train     B·L tokens / (forward + backward + AdamW step) on random tokens of length L
@@ -38,7 +40,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..config import PRESETS, ModelConfig
+from ..config import ATTENTION_KINDS, PRESETS, ModelConfig
 from ..model import LanguageModel
 from .attention import DTYPES
 from ..ops import MATH_MAX_KEYS
@@ -59,10 +61,16 @@ class ModelBenchSettings:
     compare_hf: bool = True  # also measure transformers' DiffLlama when transformers is installed
     threads: int | None = None  # torch CPU threads while measuring; None = leave as is
     compile: bool = False  # also measure our models through torch.compile (compiled during the warm-up)
+    kinds: tuple[str, ...] = ()  # further attention kinds measured beside DIFF and the Transformer
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        unknown = [k for k in self.kinds if k not in ATTENTION_KINDS or k in ("diff", "standard")]
+        if unknown or len(set(self.kinds)) < len(self.kinds):
+            raise ValueError(f"kinds must be distinct attention kinds other than diff and standard (measured "
+                             f"always), from {', '.join(k for k in ATTENTION_KINDS if k not in ('diff', 'standard'))}; "
+                             f"got {', '.join(self.kinds)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("length", "batch", "repeats"):
@@ -116,21 +124,30 @@ class Contender:
         return f"{self.name} (compiled)" if self.compiled else self.name
 
 
+# fp32 T × S maps per head that a training step keeps, per kind that materialises them: DIFF's "math" backend
+# (on CPU, up to MATH_MAX_KEYS keys) keeps P1 and P2; MTA about eight (the logits, their convolution and mixing,
+# the softmax, its convolution and mixing, the masks' copies) on every device
+KEPT_MAPS = {"diff": 2, "mta": 8}
+
+
 def planned_bytes(settings: ModelBenchSettings) -> int:
     """About the most memory the benchmark holds at once (an upper estimate, before anything is
     allocated): every model's weights, gradients and two AdamW states (4 copies of its parameters in
     the measured dtype; DiffLlama counted as DIFF), a training step's activations (per layer and
-    token about 12·E + 3·F values, and on CPU the two fp32 maps the "math" backend keeps, T per
-    head), and three (B, L, V) fp32 logits (a prefill's, DiffLlama's and its loss's)."""
-    configs = [model_config(settings, "diff"), model_config(settings, "standard")]
+    token about 12·E + 3·F values, and the fp32 maps a kind keeps, ``KEPT_MAPS``, S per head; the
+    most of any model), and three (B, L, V) fp32 logits (a prefill's, DiffLlama's and its loss's)."""
+    configs = [model_config(settings, kind) for kind in ("diff", "standard", *settings.kinds)]
     models = len(configs) + (1 if settings.compare_hf and hf_available() else 0)
     itemsize = DTYPES[settings.dtype].itemsize
     parameters = max(LanguageModel(config, device="meta").num_parameters() for config in configs)
     config, tokens = configs[0], settings.batch * settings.length
     per_token = (12 * config.d_model + 3 * config.ffn_hidden) * itemsize
-    if not settings.device.startswith("cuda") and settings.length <= MATH_MAX_KEYS:
-        per_token += 2 * config.n_heads * settings.length * 4  # P1 and P2 of each DIFF head over the keys, fp32
-    return (4 * parameters * itemsize * models + tokens * per_token * config.n_layers
+    maps = 0
+    for c in configs:
+        if c.attention == "mta" or (c.attention == "diff" and not settings.device.startswith("cuda")
+                                    and settings.length <= MATH_MAX_KEYS):
+            maps = max(maps, KEPT_MAPS[c.attention] * c.n_heads * settings.length * 4)
+    return (4 * parameters * itemsize * models + tokens * (per_token + maps) * config.n_layers
             + 3 * tokens * config.vocab_size * 4)
 
 
@@ -273,7 +290,9 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
     torch.manual_seed(0)
     diff_config = model_config(settings, "diff")
     ours = {}  # name -> (model, optimizer)
-    for name, config in (("DIFF", diff_config), ("Transformer", model_config(settings, "standard"))):
+    named = [("DIFF", diff_config), ("Transformer", model_config(settings, "standard"))]
+    named += [(KIND_NAMES.get(kind, kind), model_config(settings, kind)) for kind in settings.kinds]
+    for name, config in named:
         model = LanguageModel(config, device=device, attn_backend=settings.backend).to(dtype)
         ours[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-5))
     contenders = [_ours(name, *pair, device, compile=False) for name, pair in ours.items()]
@@ -308,6 +327,10 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
     ]
 
 
+KIND_NAMES = {"mta": "MTA", "xsa": "XSA", "diff_v2": "DIFF V2", "diff_symmetric": "Symmetric DIFF",
+              "gated": "Gated attention", "gated_headwise": "Gated (head-wise)"}  # the models' names in the table
+
+
 def _ratios(a: ModelBenchResult, b: ModelBenchResult) -> str:
     return (f"train {a.train_tokens_per_s / b.train_tokens_per_s:.3f}, "
             f"prefill {a.prefill_tokens_per_s / b.prefill_tokens_per_s:.3f}, "
@@ -334,6 +357,10 @@ def format_table(settings: ModelBenchSettings, results: list[ModelBenchResult]) 
         diff, std = by_name.get(("DIFF", compiled)), by_name.get(("Transformer", compiled))
         if diff and std:
             lines.append(f"DIFF vs Transformer (throughput ratio), {mode}: {_ratios(diff, std)}")
+        for kind in settings.kinds:
+            other = by_name.get((KIND_NAMES.get(kind, kind), compiled))
+            if other and std:
+                lines.append(f"{other.model} vs Transformer (throughput ratio), {mode}: {_ratios(other, std)}")
         if diff and hf:
             lines.append(f"DIFF vs DiffLlama (throughput ratio; DiffLlama eager), {mode} DIFF: {_ratios(diff, hf)}")
     return "\n".join(lines)

@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-from ..bench.attention import DEFAULT_BACKENDS, DTYPES, MODES
-from ..config import PRESETS
+from ..bench.attention import DEFAULT_BACKENDS, DTYPES, KINDS, MODES
+from ..config import ATTENTION_KINDS, PRESETS
 from ..ops import BACKEND_NAMES, DIFF_BACKENDS
 from .args import device as device_type, output_dir, positive_float
 
@@ -57,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="DIFF backends to measure (default: all but flex; standard SDPA is always measured)",
     )
     a.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="default: all three")
+    a.add_argument("--kinds", nargs="+", choices=KINDS, default=["standard", "diff"],
+                   help="attention kinds: standard (SDPA), diff (on --backends), mta (multi-token attention, its "
+                   "materialised fast path, a layer with the convolutions) and xsa (exclusive self-attention: SDPA "
+                   "and its correction), at the standard kind's shapes (default: standard diff)")
     a.add_argument("--repeats", type=int, default=3, help="timed runs per case; the best is kept (default 3)")
     a.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     a.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory run")
@@ -67,12 +71,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     m = benchmarks.add_parser(
         "model",
-        help="training / prefill / decode tokens/s: DIFF vs Transformer vs transformers' DiffLlama",
+        help="training / prefill / decode tokens/s: DIFF vs Transformer vs transformers' DiffLlama (and other kinds)",
         description="The paper's Table 7 on this machine: training tokens/s (forward, backward, AdamW "
         "step), prefill tokens/s (one forward filling the KV cache) and decode tokens/s (one token "
         "per step through the KV cache, greedy) of the DIFF model and the matched Transformer at a "
         "preset and length, random weights; and of transformers' DiffLlamaForCausalLM of the same "
-        "shape when transformers is installed. Figures are the best of --repeats runs.",
+        "shape when transformers is installed; and of the kinds --attention names (e.g. mta,xsa). Figures are the "
+        "best of --repeats runs.",
     )
     m.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size (default tiny)")
     m.add_argument("--length", type=int, default=None,
@@ -94,6 +99,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also measure our models through torch.compile (training, prefill and decoding, compiled in the "
         "warm-up), in the same run as eager, with the ratios of both; DiffLlama stays eager",
     )
+    m.add_argument("--attention", type=_kinds, default=(), metavar="KINDS",
+                   help="further attention kinds to measure beside DIFF and the Transformer, comma-separated "
+                   "(e.g. mta,xsa), each at the preset with the Transformer's heads, with its ratios to the "
+                   "Transformer's")
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     m.set_defaults(run=run_model)
 
@@ -116,6 +125,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.set_defaults(run=run_gpu)
 
 
+def _kinds(value: str) -> tuple[str, ...]:
+    """--attention: comma-separated kinds other than diff and standard, each named once."""
+    kinds = tuple(item.strip() for item in value.split(",") if item.strip())
+    bad = [k for k in kinds if k not in ATTENTION_KINDS or k in ("diff", "standard")]
+    if bad or not kinds or len(set(kinds)) < len(kinds):
+        others = ", ".join(k for k in ATTENTION_KINDS if k not in ("diff", "standard"))
+        raise argparse.ArgumentTypeError(f"{value!r}: name distinct kinds from {others} (DIFF and the Transformer "
+                                         "are always measured)")
+    return kinds
+
+
 def _dtype(args: argparse.Namespace) -> str:
     return args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
 
@@ -135,6 +155,7 @@ def run_attention(args: argparse.Namespace) -> int:
         heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch, causal=args.causal,
         backends=tuple(args.backends), modes=tuple(args.modes), warmup=args.warmup, repeats=args.repeats,
         measure_memory=args.memory, memory_budget_gib=args.memory_budget_gib, threads=args.threads,
+        kinds=tuple(args.kinds),
     )
     results = run_attention_bench(settings, progress=not args.json)
     out = report(settings, results)
@@ -159,7 +180,7 @@ def run_model(args: argparse.Namespace) -> int:
     settings = ModelBenchSettings(
         preset=args.preset, length=length, batch=args.batch, decode_tokens=args.decode_tokens,
         device=args.device, dtype=_dtype(args), backend=args.backend, warmup=args.warmup, repeats=args.repeats,
-        compare_hf=args.hf, threads=args.threads, compile=args.compile,
+        compare_hf=args.hf, threads=args.threads, compile=args.compile, kinds=args.attention,
     )
     results = run_model_bench(settings, progress=not args.json)
     out = report(settings, results)
