@@ -84,7 +84,8 @@ def lambda_init_schedule(layer_index: int) -> float:
 
 @dataclass
 class ModelConfig:
-    """A decoder-only LLaMA-style language model with standard, DIFF, DIFF V2 or gated attention.
+    """A decoder-only LLaMA-style language model with standard, DIFF, DIFF V2, gated, multi-token or
+    exclusive self-attention.
 
     Fields left as None are derived in ``__post_init__``; everything is validated there.
     """
