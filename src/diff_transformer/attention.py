@@ -450,8 +450,9 @@ class MultiTokenAttention(Attention):
             raise TypeError("attention='mta' materialises its maps and needs a bool attn_mask, not a FlexAttention "
                             "BlockMask (LanguageModel gives it one under every backend)")
         t, s = q.shape[2], k.shape[2]
-        if cache is None or not self.halo:
-            return q, visible_mask(t, s, causal=True, attn_mask=attn_mask, device=q.device)
+        if cache is None or not self.halo:  # the plain causal mask as None: the convolution's one-call path
+            return q, None if attn_mask is None else visible_mask(t, s, causal=True, attn_mask=attn_mask,
+                                                                  device=q.device)
         positions = self.new_key_positions(cache, t, s, q.device)
         stored = cache.update_queries(self.layer_index, q, positions)
         if cache.static:  # the same halo at every step (one graph): rows before position 0 see slot 0, unread
