@@ -277,6 +277,7 @@ CASES = [
     ("bench-attention-warmup", ["bench", "attention", "--warmup", "-1"], "warmup must be >= 0"),
     ("bench-attention-memory", ["bench", "attention", "--memory-budget-gib", "-2"], "memory_budget_gib must be > 0"),
     ("bench-attention-threads", ["bench", "attention", "--threads", "0"], "threads must be >= 1"),
+    ("bench-attention-kinds", ["bench", "attention", "--kinds", "gda"], "invalid choice: 'gda'"),
     # bench model
     ("bench-model-preset", ["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
     ("bench-model-length", ["bench", "model", "--length", "0"], "length must be >= 1"),
@@ -299,6 +300,8 @@ CASES = [
     ("bench-model-repeats", ["bench", "model", "--repeats", "0"], "repeats must be >= 1"),
     ("bench-model-warmup", ["bench", "model", "--warmup", "-1"], "warmup must be >= 0"),
     ("bench-model-threads", ["bench", "model", "--threads", "0"], "threads must be >= 1"),
+    ("bench-model-attention", ["bench", "model", "--attention", "mta,diff"],
+     "argument --attention: 'mta,diff': name distinct kinds from"),
     # the parser itself
     ("no-command", [], "the following arguments are required: COMMAND"),
     ("unknown-command", ["fly"], "invalid choice: 'fly'"),
