@@ -13,7 +13,7 @@ tensors keep their addresses. Per layer:
               q (B, H, L, d)      the rotated queries: a new query's map is convolved with the maps of
                                   the 2(c_q − 1) queries before it (``MultiTokenAttention``)
 
-Two kinds, one interface (``positions``, ``update``, ``advance``, ``expand``, ``reset``):
+Two kinds, one interface (``positions``, ``update``, ``update_queries``, ``advance``, ``expand``, ``reset``):
 
 - :class:`KVCache` keeps its length as a Python int and attends over the filled prefix only:
   the least work per step, what eager decoding and the evaluations use.

@@ -32,6 +32,8 @@ Backends of ``diff_attention``:
                   BENCHMARKS.md), else "sdpa_split"
 
 ``triton_diff`` imports Triton, so it is imported on first use of the "triton" backend only.
+Multi-token attention has its own module, ``ops.mta`` (a fast path and a reference, both on
+materialised maps: no SDPA or flash kernel computes its convolutions of the logits).
 """
 
 from __future__ import annotations
