@@ -12,7 +12,7 @@ With ``config.value_factor = 1`` (a converted Transformer) a DIFF head's value i
 Symmetric DIFF has one qk_proj in the place of q_proj and k_proj: its keys are its queries.
 Gated attention is the standard kind plus gate_proj (E -> H·d, or E -> H for one gate per head).
 MTA is the standard kind's projections plus its convolution kernels, head mixing, head norm and gate
-(a few hundred numbers per layer); XSA the standard kind's, plus one gate per head with ``xsa_gate``.
+(hundreds to thousands of numbers per layer); XSA the standard kind's, plus one gate per head with ``xsa_gate``.
 """
 
 from __future__ import annotations
