@@ -226,3 +226,23 @@ def test_model_bench_measures_further_kinds_with_their_ratios(capsys):
     assert main(["bench", "model", "--attention", "mta,bogus"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "argument --attention: 'mta,bogus': name distinct kinds from" in err
+
+
+def test_model_bench_lets_every_compiled_model_keep_its_graphs(monkeypatch):
+    """Four models compiled share LanguageModel.forward's graph cache: while measuring, dynamo's recompile
+    limit leaves room for each model's training, prefill and decoding graphs (at 8, the fourth model's
+    prefill ran eager). torch.compile is replaced here by a model that records the limit when called."""
+    seen = []
+
+    def recording(model, **kw):
+        def call(*args, **kwargs):
+            seen.append(torch._dynamo.config.recompile_limit)
+            return model(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(torch, "compile", recording)
+    settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, repeats=1, compile=True,
+                                  compare_hf=False, kinds=("mta", "xsa"))
+    run_model_bench(settings, progress=False)
+    assert seen and min(seen) >= 3 * 4
+    assert torch._dynamo.config.recompile_limit == 8  # restored

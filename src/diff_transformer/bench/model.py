@@ -307,10 +307,14 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
         "prefill": {c.key: (lambda c=c: c.prefill(tokens)) for c in contenders},
         "decode": {c.key: (lambda c=c: c.decode_steps(tokens, n)) for c in contenders},
     }
+    # Each compiled model adds its graphs (training, prefill, decoding) to dynamo's cache of the one
+    # LanguageModel.forward; past the recompile limit (8: two models' worth) a model would run eager unsaid.
+    limit = max(torch._dynamo.config.recompile_limit, 4 * len(ours))
     try:
-        best = {phase: _best_times(calls, device, settings) for phase, calls in tqdm(
-            phases.items(), desc="bench model", disable=not progress, file=sys.stderr
-        )}
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            best = {phase: _best_times(calls, device, settings) for phase, calls in tqdm(
+                phases.items(), desc="bench model", disable=not progress, file=sys.stderr
+            )}
     finally:
         torch.set_num_threads(threads)
     tokens_in = settings.batch * settings.length
