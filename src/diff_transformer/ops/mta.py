@@ -99,12 +99,16 @@ def _conv(x: Tensor, kernel: Tensor, ok: Tensor | None) -> Tensor:
     :func:`row_sources` (B|1, 1, c_q, R), or None: every earlier row of the block (plain causal)."""
     h, cq, ck = kernel.shape
     c = (ck - 1) // 2
+    # The heads as channels last: the CPU's (oneDNN) depthwise convolution runs about 4x faster so, forward and
+    # backward, copies included (tiny's maps, batch 8, 256 tokens: 59 against 204 ms).
     if ok is None:  # rows above the block are zeros: the authors' conv2d as it is
-        return F.conv2d(F.pad(x, (c, c, cq - 1, 0)), kernel.unsqueeze(1), groups=h)
+        padded = F.pad(x, (c, c, cq - 1, 0)).contiguous(memory_format=torch.channels_last)
+        return F.conv2d(padded, kernel.unsqueeze(1), groups=h).contiguous()
     # along the keys for every row offset δ at once, (B, H, c_q, R, S); then each offset's rows moved
     # down by δ where row i may read row i − δ
     r = x.shape[-2]
-    y = F.conv2d(F.pad(x, (c, c)), kernel.flip(1).reshape(h * cq, 1, 1, ck), groups=h).unflatten(1, (h, cq))
+    padded = F.pad(x, (c, c)).contiguous(memory_format=torch.channels_last)
+    y = F.conv2d(padded, kernel.flip(1).reshape(h * cq, 1, 1, ck), groups=h).contiguous().unflatten(1, (h, cq))
     out = y[:, :, 0].clone()  # δ = 0: a row reads itself
     for delta in range(1, min(cq, r)):
         out[..., delta:, :] += y[:, :, delta, :-delta] * ok[:, :, delta, delta:, None]
