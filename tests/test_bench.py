@@ -242,3 +242,65 @@ def test_flex_in_every_mode_is_a_table_with_the_cells_it_cannot_run_marked(capsy
     assert rows[("fwd+bwd", "diff", "flex")].endswith("FlexAttention has no backward on the cpu")
     for mode in ("fwd", "decode"):
         assert rows[(mode, "diff", "flex")].split()[5] != "-"  # measured
+
+
+def test_mta_and_xsa_flops_by_hand():
+    """XSA counts as standard attention; MTA adds per visible pair and head 2·(2·6·11) for its convolutions
+    and 2·(2h) for its head mixings, three times that with the backward."""
+    kw = dict(batch=2, heads=8, t=128, s=128, head_dim=64, causal=False)
+    pairs = 2 * 8 * 128 * 128
+    assert attention_flops("xsa", "fwd+bwd", **kw) == attention_flops("standard", "fwd+bwd", **kw)
+    assert attention_flops("mta", "fwd", **kw) == pairs * (4 * 64 + 264 + 32)
+    assert attention_flops("mta", "fwd+bwd", **kw) == pairs * (14 * 64 + 3 * (264 + 32))
+    cpu = torch.device("cpu")
+    assert quadratic_bytes("mta", "fast", "fwd+bwd", cpu, batch=1, heads=8, t=64, s=64) == 10 * 8 * 64**2 * 4
+
+
+def test_attention_bench_measures_mta_and_xsa():
+    """MTA's decoding step computes the new row and the 10 rows its convolutions read."""
+    settings = AttentionBenchSettings(lengths=(48,), heads=4, kv_heads=2, head_dim=16, repeats=1, warmup=0,
+                                      kinds=("standard", "mta", "xsa"), backends=())
+    results = run_attention_bench(settings, progress=False)
+    cases = {(r.mode, r.kind, r.backend): r for r in results}
+    assert set(cases) == {(m, k, b) for m in ("fwd", "fwd+bwd", "decode")
+                          for k, b in (("standard", "sdpa"), ("mta", "fast"), ("xsa", "sdpa"))}
+    assert cases[("decode", "mta", "fast")].queries == 11 and cases[("decode", "xsa", "sdpa")].queries == 1
+    assert all(r.seconds > 0 and r.tflops > 0 for r in results)
+    with pytest.raises(ValueError, match=r"unknown kind\(s\) \['linear'\]"):
+        AttentionBenchSettings(kinds=("linear",))
+
+
+def test_model_bench_measures_further_kinds_with_their_ratios(capsys):
+    settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, repeats=1, warmup=0, compare_hf=False,
+                                  architectures=("diff", "standard", "mta", "xsa"))
+    results = run_model_bench(settings, progress=False)
+    assert [r.model for r in results] == ["DIFF", "Transformer", "MTA", "XSA"]
+    assert results[2].parameters == LanguageModel(model_config(settings, "mta"), device="meta").num_parameters()
+    table = format_table(settings, results)
+    assert "MTA vs Transformer (throughput ratio), eager: train" in table
+    assert "XSA vs Transformer (throughput ratio), eager: train" in table
+    with pytest.raises(ValueError, match="architectures must be distinct names among"):
+        ModelBenchSettings(architectures=("mta", "mta"))
+    assert main(["bench", "model", "--architectures", "mta", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "invalid choice: 'bogus'" in err
+
+
+def test_model_bench_lets_every_compiled_model_keep_its_graphs(monkeypatch):
+    """Four models compiled share LanguageModel.forward's graph cache: while measuring, dynamo's recompile
+    limit leaves room for each model's training, prefill and decoding graphs (at 8, the fourth model's
+    prefill ran eager). torch.compile is replaced here by a model that records the limit when called."""
+    seen = []
+
+    def recording(model, **kw):
+        def call(*args, **kwargs):
+            seen.append(torch._dynamo.config.recompile_limit)
+            return model(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(torch, "compile", recording)
+    settings = ModelBenchSettings(preset="debug", length=16, decode_tokens=3, repeats=1, compile=True,
+                                  compare_hf=False, architectures=("diff", "standard", "mta", "xsa"))
+    run_model_bench(settings, progress=False)
+    assert seen and min(seen) >= 3 * 4
+    assert torch._dynamo.config.recompile_limit == 8  # restored

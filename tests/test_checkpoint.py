@@ -17,7 +17,8 @@ from diff_transformer.checkpoint import (
 from diff_transformer.tokenizer import ByteTokenizer
 
 
-@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise"])
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "mta",
+                                  "xsa"])
 @pytest.mark.parametrize("tied", [False, True])
 def test_round_trip(tmp_path, kind, tied):
     config = ModelConfig.from_preset("debug", attention=kind, vocab_size=257, tie_embeddings=tied)

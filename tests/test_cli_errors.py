@@ -297,6 +297,7 @@ CASES = [
     ("bench-attention-threads", ["bench", "attention", "--threads", "0"], "threads must be >= 1"),
     ("bench-attention-gda-ratio", ["bench", "attention", "--gda-ratio", "3"],
      "gda_ratio=3 must divide the signal heads heads/2 = 8"),
+    ("bench-attention-kinds", ["bench", "attention", "--kinds", "linear"], "invalid choice: 'linear'"),
     # bench model
     ("bench-model-preset", ["bench", "model", "--preset", "huge"], "invalid choice: 'huge'"),
     ("bench-model-length", ["bench", "model", "--length", "0"], "length must be >= 1"),

@@ -18,7 +18,8 @@ def count(config: ModelConfig, **kw) -> int:
         (dict(n_heads=4, n_kv_heads=3, d_model=128), "n_kv_heads=3 must be a positive divisor of n_heads=4"),
         (dict(d_model=36, n_heads=2), "head_dim=9 .* must be even for RoPE"),
         (dict(attention="linear"),
-         "attention must be one of standard, diff, diff_v2, diff_symmetric, gated, gated_headwise, gda, got 'linear'"),
+         "attention must be one of standard, diff, diff_v2, diff_symmetric, gated, gated_headwise, gda, mta, xsa, "
+         "got 'linear'"),
         (dict(vocab_size=0), "vocab_size must be a positive integer"),
         (dict(attention="diff_v2", head_norm=True, n_heads=2, d_model=64), "head_norm: DIFF V2 has no per-head norm"),
         (dict(attention="standard", lambda_init=0.8, n_heads=2, d_model=64), "lambda_init only applies"),

@@ -13,7 +13,7 @@ from diff_transformer.evaluation import attention_noise, attention_sink
 from diff_transformer.evaluation.stats import decimals
 from diff_transformer.tokenizer import ByteTokenizer
 
-KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "gda"]
+KINDS = ["standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "gda", "mta", "xsa"]
 TOK = ByteTokenizer()
 TEXT = EvalText([" ".join(random.Random(0).choices(ICL_WORDS, k=6000))])
 
@@ -34,8 +34,9 @@ class Recorder(AttentionTap):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_effective_map_rows_sum_as_expected(kind):
-    """Softmax rows sum to 1 (gated attention's too: its gate acts after the map); DIFF rows to 1 − λ (GDA's
-    signed map of each signal head too); DIFF V2 rows to 1 − σ(λ_h(x_t))."""
+    """Softmax rows sum to 1 (gated attention's too: its gate acts after the map; MTA's at init, its mixing
+    the identity); DIFF rows to 1 − λ (GDA's signed map of each signal head too); DIFF V2 rows to
+    1 − σ(λ_h(x_t)); XSA's map is the softmax map but at each query's own key."""
     m = model(kind)
     inputs = {}
     hooks = [layer.attn.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0]))
@@ -50,7 +51,11 @@ def test_effective_map_rows_sum_as_expected(kind):
         for probs in maps.probs:
             torch.testing.assert_close(probs.sum(-1), torch.ones_like(probs.sum(-1)), atol=1e-5, rtol=0)
         sums = maps.combined.sum(-1)  # (B, H, T)
-        if kind in ("standard", "gated", "gated_headwise"):
+        if kind == "xsa":
+            off_own = ~torch.eye(40, dtype=torch.bool)
+            torch.testing.assert_close(maps.combined[..., off_own], maps.probs[0][..., off_own], atol=0, rtol=0)
+            expected = sums
+        elif kind in ("standard", "gated", "gated_headwise", "mta"):
             expected = torch.ones_like(sums)
         elif kind in ("diff", "diff_symmetric", "gda"):
             expected = torch.full_like(sums, 1.0 - float(layer.attn.lam().detach()))

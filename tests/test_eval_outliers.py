@@ -39,7 +39,7 @@ def test_subsampled_median_is_close():
     assert summary["top1"] == pytest.approx(float(values.abs().max()))
 
 
-@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "gda"])
+@pytest.mark.parametrize("kind", ["standard", "diff", "diff_v2", "gda", "mta", "xsa"])
 def test_outliers_run(kind):
     torch.manual_seed(0)
     config = ModelConfig.from_preset("debug", attention=kind, max_seq_len=64,
@@ -47,8 +47,9 @@ def test_outliers_run(kind):
     mut = ModelUnderTest(kind, LanguageModel(config).eval(), ByteTokenizer())
     result = outliers.run(mut, outliers.OutlierOptions(tokens=128, batch_size=2), TEXT, progress=False)
     logits, hidden = result["attention_logits"], result["hidden_states"]
-    # DIFF: two maps per head; V2: 2H query heads; GDA: H signal and H / r noise maps
-    maps = {"standard": config.n_heads, "gda": config.n_heads + config.n_heads // 2}.get(kind, 2 * config.n_heads)
+    # DIFF: two maps per head; V2: 2H query heads; GDA: H signal and H / r noise maps; MTA, XSA: one per head
+    maps = {"standard": config.n_heads, "mta": config.n_heads, "xsa": config.n_heads,
+            "gda": config.n_heads + config.n_heads // 2}.get(kind, 2 * config.n_heads)
     assert logits["count"] == 2 * config.n_layers * maps * 64 * 65 // 2  # only the visible (causal) logits
     assert hidden["count"] == 2 * config.n_layers * 64 * config.d_model
     for stats in (logits, hidden):

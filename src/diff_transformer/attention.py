@@ -1,5 +1,5 @@
-"""The attention modules: standard, differential (DIFF), DIFF V2, symmetric DIFF, gated and grouped
-differential attention (GDA).
+"""The attention modules: standard, differential (DIFF), DIFF V2, symmetric DIFF, gated attention,
+grouped differential attention (GDA), multi-token attention (MTA) and exclusive self-attention (XSA).
 
 Shapes: B batch, T new tokens, S keys (T plus what the KV cache holds), E = d_model,
 H heads of this module, Hkv key/value heads, d = config.head_dim.
@@ -13,6 +13,8 @@ Symmetric DIFF has one qk_proj in the place of q_proj and k_proj: its keys are i
 Gated attention is the standard kind plus gate_proj (E -> H·d, or E -> H for one gate per head).
 GDA is DIFF with fewer second maps: q_proj (E -> (H + N)·d) holds N groups of gda_ratio signal
 sub-heads and one noise sub-head each; keys, values, λ, head norm and o_proj are DIFF's.
+MTA is the standard kind's projections plus its convolution kernels, head mixing, head norm and gate
+(hundreds to thousands of numbers per layer); XSA the standard kind's, plus one gate per head with ``xsa_gate``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 from .config import ModelConfig, RopeScaling
 from .ops import (
     AttentionMaps,
+    BlockMask,
     LogitsTransform,
     attention,
     diff_attention_packed,
@@ -35,7 +38,9 @@ from .ops import (
     reference_attention,
     reference_diff_attention,
     reference_gda_attention,
+    visible_mask,
 )
+from .ops.mta import MTAWeights, mta_attention, reference_mta_attention
 
 if TYPE_CHECKING:
     from .cache import KVCache
@@ -123,8 +128,9 @@ class Attention(nn.Module):
 
     A kind sets the projection widths and supplies how it attends: :meth:`attend` (the fast ops,
     dispatched by ``self.backend``) and :meth:`attend_with_maps` (the reference, which hands its
-    maps to a tap). Both take q (B, Hq, T, d) and the cached k (B, Hk, S, d), v (B, Hkv, S, w)
-    and return the (B, H, T, out) heads that the head norm and o_proj read.
+    maps to a tap). Both take q (B, Hq, T, d), the cached k (B, Hk, S, d), v (B, Hkv, S, w) and the
+    cache itself (None without one) and return the (B, H, T, out) heads that the head norm,
+    :meth:`finish_heads` and o_proj read.
     """
 
     def __init__(
@@ -144,6 +150,8 @@ class Attention(nn.Module):
         self.out_scale = 1.0  # a constant on the normed heads (DIFF: 1 − λ_init)
         self.backend = "auto"  # runtime choice (see diff_transformer.ops); not part of the checkpoint
         self.tap: AttentionTap | None = None
+
+    takes_block_mask = True  # whether attend takes a FlexAttention BlockMask (backend "flex", packed documents)
 
     @torch.no_grad()
     def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
@@ -203,7 +211,9 @@ class Attention(nn.Module):
             out = self.attend(q, k, v, x, cache=cache, attn_mask=attn_mask)
         else:
             transform = partial(self.tap.transform_logits, self.layer_index)
-            out, maps = self.attend_with_maps(q, k, v, x, attn_mask=attn_mask, logits_transform=transform)
+            out, maps = self.attend_with_maps(
+                q, k, v, x, cache=cache, attn_mask=attn_mask, logits_transform=transform
+            )
             self.tap.record(self.layer_index, maps)
         if self.head_norm is not None:  # the constant scale rides on the 2d-wide weight, not the activations
             weight = self.head_norm.weight
@@ -212,7 +222,12 @@ class Attention(nn.Module):
             out = rms_norm(out, weight, self.head_norm.eps)
         elif self.out_scale != 1.0:
             out = out * self.out_scale
+        out = self.finish_heads(out)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, H, T, w) -> (B, T, E)
+
+    def finish_heads(self, out: Tensor) -> Tensor:
+        """The (B, H, T, w) heads after the head norm -> what o_proj reads: as they are (MTA gates them)."""
+        return out
 
     def _scaled_norm_weight(self) -> Tensor:
         return self.head_norm.weight * self.out_scale
@@ -234,9 +249,17 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     def attend_with_maps(
-        self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, *, attn_mask: Tensor | None, logits_transform: LogitsTransform
+        self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, *, cache: "KVCache | None", attn_mask: Tensor | None,
+        logits_transform: LogitsTransform,
     ) -> tuple[Tensor, AttentionMaps]:
         raise NotImplementedError
+
+    @staticmethod
+    def new_key_positions(cache: "KVCache | None", t: int, s: int, device: torch.device) -> Tensor:
+        """(T,) long: the key index of each new query's own token among the S keys that attend reads."""
+        if cache is not None and cache.static:  # the whole buffer: a token's slot is its position
+            return cache.positions(t)
+        return torch.arange(s - t, s, device=device)
 
 
 class StandardAttention(Attention):
@@ -249,7 +272,7 @@ class StandardAttention(Attention):
     def attend(self, q, k, v, x, *, cache, attn_mask):
         return attention(q, k, v, causal=True, attn_mask=attn_mask, backend=self.backend, check=False)
 
-    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+    def attend_with_maps(self, q, k, v, x, *, cache, attn_mask, logits_transform):
         return reference_attention(q, k, v, causal=True, attn_mask=attn_mask, logits_transform=logits_transform)
 
 
@@ -292,7 +315,7 @@ class DiffAttention(Attention):
         lam = self._fixed(cache, "lambda", self.lam)
         return diff_attention_packed(q, k, v, lam, causal=True, attn_mask=attn_mask, backend=self.backend)
 
-    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+    def attend_with_maps(self, q, k, v, x, *, cache, attn_mask, logits_transform):
         return reference_diff_attention(
             q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2], v, self.lam(),
             causal=True, attn_mask=attn_mask, logits_transform=logits_transform,
@@ -360,7 +383,7 @@ class GroupedDiffAttention(DiffAttention):
         return gda_attention(signal, noise, k[:, 0::2], k[:, 1::2], v, lam, causal=True, attn_mask=attn_mask,
                              backend=self.backend, check=False)
 
-    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+    def attend_with_maps(self, q, k, v, x, *, cache, attn_mask, logits_transform):
         signal, noise = self.split_queries(q)
         return reference_gda_attention(
             signal, noise, k[:, 0::2], k[:, 1::2], v, self.lam(),
@@ -394,7 +417,7 @@ class DiffV2Attention(Attention):
         out = attention(q, k, v, causal=True, attn_mask=attn_mask, backend=self.backend, check=False)  # (B, 2H, T, d)
         return out[:, 0::2] - self._gate(x).to(out.dtype) * out[:, 1::2]
 
-    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
+    def attend_with_maps(self, q, k, v, x, *, cache, attn_mask, logits_transform):
         out, maps = reference_attention(q, k, v, causal=True, attn_mask=attn_mask, logits_transform=logits_transform)
         gate = self._gate(x)
         p = maps.probs[0]
@@ -430,9 +453,173 @@ class GatedAttention(StandardAttention):
         out = super().attend(q, k, v, x, cache=cache, attn_mask=attn_mask)  # (B, H, T, d)
         return out * self._gate(x).to(out.dtype)
 
-    def attend_with_maps(self, q, k, v, x, *, attn_mask, logits_transform):
-        out, maps = super().attend_with_maps(q, k, v, x, attn_mask=attn_mask, logits_transform=logits_transform)
+    def attend_with_maps(self, q, k, v, x, *, cache, attn_mask, logits_transform):
+        out, maps = super().attend_with_maps(q, k, v, x, cache=cache, attn_mask=attn_mask,
+                                             logits_transform=logits_transform)
         return out * self._gate(x).to(out.dtype), maps  # the maps are softmax maps: the gate acts after them
+
+
+class MultiTokenAttention(Attention):
+    """Multi-token attention (Golovneva et al. 2025, arXiv 2504.00927) as the authors' code and released
+    configs define it (facebookresearch/RAM, projects/mta: mta_transformer.py, configs/*_mta.yaml): the
+    matched Transformer's H heads of width d whose logits and maps are convolved and mixed
+    (:mod:`diff_transformer.ops.mta`).
+
+    Every layer: head mixing before the softmax, head_mix_pre (H, H), and after it, head_mix_post
+    (H/c_h, c_h, c_h); the per-head RMSNorm (the authors' group norm, eps 1e-5, weight 1:
+    ``head_norm``, on by default); and the gate sigmoid(gate_proj(head)) on each normed head,
+    gate_proj d -> 1 with a bias, one for every head (the authors' ``gate_1d``). Layers with
+    ``config.mta_conv_layer(l)`` (every ``mta_conv_every``-th): the key-query convolutions before and
+    after the softmax, kq_conv_pre and kq_conv_post (H, c_q, c_k). Initialised as the authors': every
+    kernel and mixing the identity (at step 0 the maps are softmax attention's), gate_proj.weight
+    N(0, init_std) like the input projections, its bias 0 (the authors' code leaves the bias to the
+    memory ``to_empty`` gave it).
+
+    The maps are materialised on every backend name: "reference" runs the readable statement, any
+    other the fast path. With a KV cache, a layer with the convolutions keeps its rotated queries in
+    the cache: a new query's map is convolved with the maps of the c_q − 1 rows above it, each of
+    which was convolved with the c_q − 1 rows above that, so the new rows are computed together
+    with the 2(c_q − 1) rows before them (the "halo"), as a full forward computes them.
+    """
+
+    takes_block_mask = False  # its maps are materialised under every backend name: a bool mask
+
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        h, hkv, d = config.n_heads, config.n_kv_heads, config.head_dim
+        super().__init__(config, layer_index, q_heads=h, k_heads=hkv, value_width=d, out_heads=h)
+        group = config.mta_head_group or h
+        self.head_mix_pre = nn.Parameter(torch.empty(h, h))
+        self.head_mix_post = nn.Parameter(torch.empty(h // group, group, group))
+        self.gate_proj = nn.Linear(d, 1)
+        self.convolved = config.mta_conv_layer(layer_index)
+        if self.convolved:
+            self.kq_conv_pre = nn.Parameter(torch.empty(h, config.mta_query_kernel, config.mta_key_kernel))
+            self.kq_conv_post = nn.Parameter(torch.empty(h, config.mta_query_kernel, config.mta_key_kernel))
+        # rows above the new ones that a cached step recomputes: each convolution reaches c_q − 1 rows up
+        self.halo = 2 * (config.mta_query_kernel - 1) if self.convolved else 0
+
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
+        """As every attention; the kernels and mixings the identity; gate_proj.weight N(0, std), its bias 0."""
+        super().init_weights(std, out_std, generator)
+        self.head_mix_pre.copy_(torch.eye(self.head_mix_pre.shape[0]))
+        self.head_mix_post.copy_(torch.eye(self.head_mix_post.shape[1]).expand_as(self.head_mix_post))
+        self.gate_proj.weight.normal_(0.0, std, generator=generator)
+        self.gate_proj.bias.zero_()
+        if self.convolved:
+            for kernel in (self.kq_conv_pre, self.kq_conv_post):
+                kernel.zero_()
+                kernel[:, -1, kernel.shape[2] // 2] = 1.0  # the pair itself: this query, this key
+
+    def weights(self) -> MTAWeights:
+        pre, post = (self.kq_conv_pre, self.kq_conv_post) if self.convolved else (None, None)
+        return MTAWeights(pre, post, self.head_mix_pre, self.head_mix_post)
+
+    def finish_heads(self, out: Tensor) -> Tensor:
+        return out * torch.sigmoid(self.gate_proj(out))  # (B, H, T, d) * (B, H, T, 1)
+
+    def _rows(self, q: Tensor, k: Tensor, cache: "KVCache | None", attn_mask: Tensor | None):
+        """The query rows the maps are computed for, (B, H, R, d), and their mask (B|1, 1, R, S) or None
+        (the causal mask): the new queries, and with a cache on a convolved layer the halo above them."""
+        if isinstance(attn_mask, BlockMask):
+            raise TypeError("attention='mta' materialises its maps and needs a bool attn_mask, not a FlexAttention "
+                            "BlockMask (LanguageModel gives it one under every backend)")
+        t, s = q.shape[2], k.shape[2]
+        if cache is None or not self.halo:  # the plain causal mask as None: the convolution's one-call path
+            return q, None if attn_mask is None else visible_mask(t, s, causal=True, attn_mask=attn_mask,
+                                                                  device=q.device)
+        positions = self.new_key_positions(cache, t, s, q.device)
+        stored = cache.update_queries(self.layer_index, q, positions)
+        if cache.static:  # the same halo at every step (one graph): rows before position 0 see slot 0, unread
+            row_pos = positions[:1] - self.halo + torch.arange(self.halo + t, device=q.device)
+            rows = stored.index_select(2, row_pos.clamp_min(0))
+        else:
+            halo = min(self.halo, s - t)
+            row_pos = torch.arange(s - t - halo, s, device=q.device)
+            rows = stored[:, :, s - t - halo :]
+        if attn_mask is None:  # the plain causal mask, end-aligned over the R rows
+            return rows, None
+        # A halo row sees what the first new query sees before it (the padding flags), and itself.
+        keys = torch.arange(s, device=q.device)
+        above = row_pos[: rows.shape[2] - t, None]  # (R − T, 1) the halo rows' positions
+        first = attn_mask[..., :1, :]  # (B|1, 1, 1, S)
+        halo_mask = (first & (keys <= above)) | (keys == above.clamp_min(0))
+        full = torch.cat([halo_mask, attn_mask.expand(*halo_mask.shape[:-2], t, s)], dim=-2)
+        return rows, visible_mask(rows.shape[2], s, causal=True, attn_mask=full, device=q.device)
+
+    def attend(self, q, k, v, x, *, cache, attn_mask):
+        rows, visible = self._rows(q, k, cache, attn_mask)
+        if self.backend == "reference":
+            out = reference_mta_attention(rows, k, v, self.weights(), visible=visible)[0]
+        else:
+            out = mta_attention(rows, k, v, self.weights(), visible=visible)
+        return out[:, :, rows.shape[2] - q.shape[2]:]
+
+    def attend_with_maps(self, q, k, v, x, *, cache, attn_mask, logits_transform):
+        rows, visible = self._rows(q, k, cache, attn_mask)
+        out, maps = reference_mta_attention(rows, k, v, self.weights(), visible=visible,
+                                            logits_transform=logits_transform)
+        first = rows.shape[2] - q.shape[2]  # the maps of the new queries only
+        new = AttentionMaps(tuple(m[..., first:, :] for m in maps.logits), tuple(m[..., first:, :] for m in maps.probs),
+                            maps.combined[..., first:, :])
+        return out[:, :, first:], new
+
+
+def exclude_own_value(out: Tensor, own: Tensor, gate: Tensor | None) -> tuple[Tensor, Tensor]:
+    """XSA's correction. out (B, H, T, d) heads, own (B, Hkv, T, d) the values of the same tokens
+    (head h reads value head h // (H / Hkv)), gate (H,) or None (1) -> out − c·own with
+    c = gate · outᵀown / ‖own‖², and c (B, H, T, 1) fp32."""
+    b, h, t, d = out.shape
+    hkv = own.shape[1]
+    y = out.float().reshape(b, hkv, h // hkv, t, d)  # the heads that read one value head, together
+    v = own.float().unsqueeze(2)  # (B, Hkv, 1, T, d)
+    coef = (y * v).sum(-1, keepdim=True) / (v * v).sum(-1, keepdim=True).clamp_min(1e-30)
+    if gate is not None:
+        coef = coef * gate.float().view(hkv, h // hkv, 1, 1)
+    return (y - coef * v).reshape(b, h, t, d).to(out.dtype), coef.reshape(b, h, t, 1)
+
+
+class ExclusiveSelfAttention(StandardAttention):
+    """Exclusive self-attention (XSA; Zhai 2026, arXiv 2603.09078): the standard kind's heads, each
+    head's output y_i minus its component along the token's own value vector v_i (of the head's
+    key/value group), before the head norm (if any) and o_proj:
+
+        z_i = y_i − g_h · (y_iᵀ v_i / ‖v_i‖²) v_i
+
+    g_h = 1 is the paper's parameter-free form. With ``config.xsa_gate``, g_h = sigmoid(β_h): one fp32
+    β per head and layer (``xsa_gate``), initialised at 0, so g = 0.5, midway between softmax attention
+    (g = 0) and XSA (g = 1), as this project's other sigmoid gates start. A cheap correction after any
+    attention: every backend, the KV caches, compiled decoding. Under a tap the effective map is the
+    softmax map with c_i = g_h · y_iᵀ v_i / ‖v_i‖² taken off the token's own key: z = (P − diag c) V.
+    """
+
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__(config, layer_index)
+        self.xsa_gate = nn.Parameter(torch.empty(config.n_heads, dtype=torch.float32)) if config.xsa_gate else None
+
+    @torch.no_grad()
+    def init_weights(self, std: float, out_std: float, generator: torch.Generator | None = None) -> None:
+        """As the standard kind, and β = 0 (a gate of 0.5)."""
+        super().init_weights(std, out_std, generator)
+        if self.xsa_gate is not None:
+            self.xsa_gate.zero_()
+
+    def _exclude(self, out: Tensor, v: Tensor, cache: "KVCache | None") -> tuple[Tensor, Tensor, Tensor]:
+        """-> the corrected heads, c (B, H, T, 1) and the own keys' indices (T,)."""
+        own_keys = self.new_key_positions(cache, out.shape[2], v.shape[2], out.device)
+        own = v.index_select(2, own_keys) if cache is not None and cache.static else v[:, :, v.shape[2] - out.shape[2]:]
+        gate = None if self.xsa_gate is None else torch.sigmoid(self.xsa_gate)
+        return *exclude_own_value(out, own, gate), own_keys
+
+    def attend(self, q, k, v, x, *, cache, attn_mask):
+        return self._exclude(super().attend(q, k, v, x, cache=cache, attn_mask=attn_mask), v, cache)[0]
+
+    def attend_with_maps(self, q, k, v, x, *, cache, attn_mask, logits_transform):
+        out, maps = super().attend_with_maps(q, k, v, x, cache=cache, attn_mask=attn_mask,
+                                             logits_transform=logits_transform)
+        out, coef, own_keys = self._exclude(out, v, cache)
+        own = torch.arange(v.shape[2], device=v.device) == own_keys[:, None]  # (T, S): each query's own key
+        return out, AttentionMaps(maps.logits, maps.probs, maps.combined - coef * own)
 
 
 ATTENTION_CLASSES: dict[str, type[Attention]] = {
@@ -443,4 +630,6 @@ ATTENTION_CLASSES: dict[str, type[Attention]] = {
     "gated": GatedAttention,
     "gated_headwise": GatedAttention,
     "gda": GroupedDiffAttention,
+    "mta": MultiTokenAttention,
+    "xsa": ExclusiveSelfAttention,
 }

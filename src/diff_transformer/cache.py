@@ -7,9 +7,13 @@ tensors keep their addresses. Per layer:
     diff      k (B, 2Hkv, L, d)   v (B, Hkv, L, 2d)   K1/K2 interleaved as sub-heads 2g, 2g+1
               (v (B, Hkv, L, d) with value_factor = 1)
               (diff_symmetric alike, its keys being its rotated queries)
-    diff_v2   k (B, Hkv, L, d)    v (B, Hkv, L, d)    (gated, gated_headwise alike: the gate is computed from x)
+    diff_v2   k (B, Hkv, L, d)    v (B, Hkv, L, d)    (gated, gated_headwise alike: the gate is computed from x;
+                                                        xsa alike: the own value is the stored v)
+    mta       k (B, Hkv, L, d)    v (B, Hkv, L, d)    and, on the layers with the key-query convolution,
+              q (B, H, L, d)      the rotated queries: a new query's map is convolved with the maps of
+                                  the 2(c_q − 1) queries before it (``MultiTokenAttention``)
 
-Two kinds, one interface (``positions``, ``update``, ``advance``, ``expand``, ``reset``):
+Two kinds, one interface (``positions``, ``update``, ``update_queries``, ``advance``, ``expand``, ``reset``):
 
 - :class:`KVCache` keeps its length as a Python int and attends over the filled prefix only:
   the least work per step, what eager decoding and the evaluations use.
@@ -64,6 +68,10 @@ class KVCache:
             k_shape = v_shape = (batch_size, hkv, max_len, d)
         self.keys = [torch.zeros(k_shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.values = [torch.zeros(v_shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        # MTA's layers that convolve over earlier queries keep them (MultiTokenAttention)
+        keeps_queries = [config.mta_conv_layer(i) and config.mta_query_kernel > 1 for i in range(config.n_layers)]
+        q_shape = (batch_size, config.n_heads, max_len, d)
+        self.queries = [torch.zeros(q_shape, device=device, dtype=dtype) if keep else None for keep in keeps_queries]
         self.batch_size = batch_size
         self.max_len = max_len
         self.max_seq_len = config.max_seq_len  # the model's limit (its RoPE table)
@@ -91,6 +99,13 @@ class KVCache:
         end = self.length + k.shape[2]
         return keys[:, :, :end], values[:, :, :end]
 
+    def update_queries(self, layer_index: int, q: Tensor, positions: Tensor) -> Tensor:
+        """Store the rotated queries q (B, H, T, d) at ``positions`` (a layer of MTA with the key-query
+        convolution) and return every stored query, (B, H, S, d) as :meth:`update` returns keys."""
+        queries = self.queries[layer_index]
+        queries.index_copy_(2, positions, q)
+        return queries[:, :, : self.length + q.shape[2]]
+
     def advance(self, n: int) -> None:
         """Called by the model once every layer has stored the n new tokens."""
         self.length += n
@@ -104,9 +119,12 @@ class KVCache:
         if repeats < 1 or max_len < n:
             raise ValueError(f"expand needs repeats >= 1 and max_len >= {n} cached tokens, got {repeats}, {max_len}")
         new = copy.copy(self)  # every setting as here; buffers, rows, room and constants replaced below
-        new.keys, new.values = [], []
-        for stored, out in ((self.keys, new.keys), (self.values, new.values)):
+        new.keys, new.values, new.queries = [], [], []
+        for stored, out in ((self.keys, new.keys), (self.values, new.values), (self.queries, new.queries)):
             for buffer in stored:
+                if buffer is None:  # a layer that keeps no queries
+                    out.append(None)
+                    continue
                 b, heads, _, width = buffer.shape
                 branched = buffer.new_zeros(b * repeats, heads, max_len, width)
                 branched[:, :, :n] = buffer[:, :, :n].repeat_interleave(repeats, dim=0)
@@ -155,7 +173,8 @@ class StaticKVCache(KVCache):
 
     def _mark_static(self) -> None:
         """Tell torch.compile that these tensors keep their addresses (CUDA graphs then need no copies)."""
-        for tensor in (*self.keys, *self.values, self.position, self.real, self.slots):
+        kept_queries = [q for q in self.queries if q is not None]
+        for tensor in (*self.keys, *self.values, *kept_queries, self.position, self.real, self.slots):
             torch._dynamo.mark_static_address(tensor)
 
     @property
@@ -176,6 +195,12 @@ class StaticKVCache(KVCache):
         keys.index_copy_(2, positions, k)
         values.index_copy_(2, positions, v)
         return keys, values
+
+    def update_queries(self, layer_index: int, q: Tensor, positions: Tensor) -> Tensor:
+        """Store q (B, H, T, d) at ``positions``; return the whole buffer (B, H, L, d)."""
+        queries = self.queries[layer_index]
+        queries.index_copy_(2, positions, q)
+        return queries
 
     def attn_mask(self, positions: Tensor, padding_mask: Tensor | None) -> Tensor:
         """(B or 1, 1, T, L) bool: slot j is visible to the query at position p when j <= p and

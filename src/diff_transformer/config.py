@@ -15,6 +15,12 @@ on each head's output before ``o_proj`` (Qiu et al. 2025, position G1): one gate
 (``gate_proj`` d_model -> n_heads·d, one d_model² matrix per layer more) or one per head
 (d_model -> n_heads).
 
+``"mta"`` is multi-token attention (Golovneva et al. 2025): the matched Transformer's heads whose logits
+and maps are convolved over nearby queries and keys (on every ``mta_conv_every``-th layer) and mixed
+across heads (every layer), with a per-head norm and a gate (``docs/attention-module.md``). ``"xsa"`` is
+exclusive self-attention (Zhai 2026): the matched Transformer's heads, each output minus its component
+along the token's own value vector; ``xsa_gate`` scales that component by a learned gate per head.
+
 ``value_factor=1`` gives DIFF heads a value of width d instead of 2d (``head_dim = d_model /
 n_heads``): a Transformer's heads, each kept as the first map of one DIFF head, which is what
 ``diff-transformer convert --init exact`` builds (:mod:`diff_transformer.convert`).
@@ -36,7 +42,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "gda")
+ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "gda", "mta", "xsa")
 # Kinds built of DIFF heads (two d-wide query/key groups, a 2d-wide value, λ vectors, head norm):
 # n_heads counts DIFF heads (GDA: signal heads), presets keep their head counts, λ_init applies, and
 # the KV cache holds K1/K2 as 2·Hkv sub-heads beside Hkv values of width 2d.
@@ -47,6 +53,14 @@ HEAD_NORM_EPS = 1e-5  # the authors' subln eps (and Motif's attn_rms_norm_eps de
 ROPE_SCALING_KINDS = ("linear", "llama3")
 # Kinds that gate each head's attention output by sigmoid(x · gate_proj) before o_proj (Qiu et al. 2025).
 GATED_KINDS = ("gated", "gated_headwise")
+# Multi-token attention's settings, each None but with attention="mta", where None means the authors' value
+# (facebookresearch/RAM, projects/mta/configs/*_mta.yaml, the paper's 880M model among them).
+MTA_DEFAULTS = {
+    "mta_query_kernel": 6,  # c_q: the key-query convolution spans this query and the c_q − 1 before it
+    "mta_key_kernel": 11,  # c_k (odd): the keys centred on each key
+    "mta_conv_every": 4,  # the convolutions sit on layers l with l % every == every // 2 (the authors' 2, 6, 10, ...)
+    "mta_head_group": None,  # c_h: heads mixed together after the softmax; None = all n_heads (the authors' 16 of 16)
+}
 
 # The paper's sizes (Table 10 and Table 9) and small CPU sizes. Head counts are DIFF heads;
 # from_preset doubles them for the other kinds. Vocabulary: cl100k's 100,288 for the
@@ -140,7 +154,8 @@ class RopeScaling:
 
 @dataclass
 class ModelConfig:
-    """A decoder-only LLaMA-style language model with standard, DIFF, DIFF V2 or gated attention.
+    """A decoder-only LLaMA-style language model with standard, DIFF, DIFF V2, gated, multi-token or
+    exclusive self-attention.
 
     Fields left as None are derived in ``__post_init__``; everything is validated there.
     """
@@ -151,7 +166,7 @@ class ModelConfig:
     n_heads: int = 3  # DIFF heads for "diff" and "diff_symmetric", signal heads for "gda"; ordinary heads otherwise
     n_kv_heads: int | None = None  # key/value heads (groups) for GQA; None = n_heads (MHA; "gda": its noise heads)
     attention: str = "diff"  # one of ATTENTION_KINDS: "standard", "diff", "diff_v2", "diff_symmetric", "gated",
-    # "gated_headwise", "gda"
+    # "gated_headwise", "gda", "mta", "xsa"
     ffn_hidden: int | None = None  # gated MLP's inner width; None = 8/3·d_model rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     ffn_activation: str = "silu"  # "silu" (SwiGLU) or "polynorm" (Motif: PolyNorm in SiLU's place)
@@ -173,12 +188,19 @@ class ModelConfig:
     # 0 is the paper's; Motif's code gives layer 0 0.8 − 0.6·e^{0.3}, an offset of −1.
     lambda_init_depth_offset: int = 0
     lambda_std: float = 0.1  # std of the four λ vectors at init
-    head_norm: bool | None = None  # per-head RMSNorm; None = on for the DIFF-head kinds, off otherwise
+    head_norm: bool | None = None  # per-head RMSNorm; None = on for the DIFF-head kinds and "mta", off otherwise
     head_norm_eps: float = HEAD_NORM_EPS  # eps of the per-head RMSNorm (Motif: attn_rms_norm_eps)
     gda_ratio: int | None = None  # "gda" only: signal heads per noise head (1 computes DIFF); required there
     # A DIFF head's value width in units of head_dim d: 2 (the paper's 2d) or, for attention="diff", 1
     # (d: a Transformer's heads converted one for one). None = the kind's own: 2 for DIFF heads, 1 otherwise.
     value_factor: int | None = None
+    # Multi-token attention (attention="mta"; None there = MTA_DEFAULTS, the authors' values)
+    mta_query_kernel: int | None = None
+    mta_key_kernel: int | None = None
+    mta_conv_every: int | None = None
+    mta_head_group: int | None = None  # stays None (all heads) unless set
+    # Exclusive self-attention (attention="xsa"): scale the removed component by sigmoid(β_h), one β per head
+    xsa_gate: bool = False
     # Initialisation
     init_std: float = 0.02
     # o_proj and down_proj (they write into the residual stream) at init_std / sqrt(2·n_layers), as
@@ -222,8 +244,8 @@ class ModelConfig:
             self.ffn_hidden = self.ffn_multiple_of * math.ceil(8 * self.d_model / 3 / self.ffn_multiple_of)
         if not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0:
             raise ConfigError(f"ffn_hidden must be a positive integer, got {self.ffn_hidden!r}")
-        if self.head_norm is None:
-            self.head_norm = self.attention in DIFF_HEAD_KINDS
+        if self.head_norm is None:  # MTA's group norm is a per-head RMSNorm too (the authors' subln)
+            self.head_norm = self.attention in (*DIFF_HEAD_KINDS, "mta")
         if self.head_norm and self.attention == "diff_v2":
             raise ConfigError("head_norm: DIFF V2 has no per-head norm; leave head_norm unset or False")
         if self.head_norm and self.attention in GATED_KINDS:
@@ -255,8 +277,11 @@ class ModelConfig:
             self.rope_scaling = RopeScaling.from_dict(self.rope_scaling)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ConfigError(f"rope_scaling must be null or a mapping with kind and factor, got {self.rope_scaling!r}")
+        self._check_mta()
+        if self.xsa_gate is not False and self.attention != "xsa":
+            raise ConfigError(f"xsa_gate only applies to attention='xsa', not {self.attention!r}")
         for name in ("tie_embeddings", "head_norm", "scale_residual_init", "attention_bias", "attention_out_bias",
-                     "mlp_bias"):
+                     "mlp_bias", "xsa_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -294,6 +319,31 @@ class ModelConfig:
         if offset and (self.attention not in DIFF_HEAD_KINDS or self.lambda_init is not None):
             raise ConfigError("lambda_init_depth_offset shifts the depth schedule of λ_init: it applies to "
                               f"attention {', '.join(map(repr, DIFF_HEAD_KINDS))} without a constant lambda_init")
+
+    def _check_mta(self) -> None:
+        """Fill MTA's settings with the authors' values where unset; refuse them for other kinds."""
+        if self.attention != "mta":
+            for name in MTA_DEFAULTS:
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{name} only applies to attention='mta', not {self.attention!r}")
+            return
+        for name, default in MTA_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        for name in MTA_DEFAULTS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.mta_key_kernel % 2 == 0:
+            raise ConfigError(f"mta_key_kernel must be odd (keys centred on each key, as the authors pad both "
+                              f"sides), got {self.mta_key_kernel}")
+        if self.mta_head_group is not None and self.n_heads % self.mta_head_group:
+            raise ConfigError(f"mta_head_group={self.mta_head_group} must divide n_heads={self.n_heads} (heads are "
+                              "mixed in groups of that many)")
+
+    def mta_conv_layer(self, layer_index: int) -> bool:
+        """Whether the 0-based layer carries MTA's key-query convolutions (attention="mta" only)."""
+        return self.attention == "mta" and layer_index % self.mta_conv_every == self.mta_conv_every // 2
 
     @property
     def head_dim(self) -> int:

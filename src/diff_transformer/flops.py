@@ -30,6 +30,16 @@ value width: d, or 2d for DIFF heads):
     gda                                2·(H + N)·(d + w)  H signal and N = H / gda_ratio noise maps,
                                                         each times V (DIFF's at gda_ratio 1)
     diff_v2                            2·2H·(d + d)     one attention over 2H query heads
+    xsa                                2·H·(d + w)      the standard kind's; per token 4·H·d more (each
+                                                        output's dot product with its own value, and
+                                                        the component taken off)
+    mta                                2·H·(d + w)      the standard kind's, plus per pair the head
+                                       + 2·H² + 2·H·g   mixings before (H × H) and after the softmax
+                                       [+ 4·H·c_q·c_k]  (groups of g = mta_head_group), and on the layers
+                                                        that carry them the two key-query convolutions
+                                                        (c_q × c_k each); per token 2·(H − 1)·d more (its
+                                                        gate, d -> 1, read by every head: the projection
+                                                        count has it once)
 
 In the paper's unit H_t·N²·d (H_t = 2H heads of the matched Transformer, forward, non-causal) that is
 4 for the Transformer and 6 for DIFF (its appendix's FlashDiffAttn_1 forward); the backward here is
@@ -37,9 +47,10 @@ twice the forward (8 and 12), the appendix's 10 and 14 being a flash kernel's, w
 scores. The project's materialised backends (reference, math) multiply V once by the combined map
 P1 − λP2: 4 forward, as the Transformer.
 
-**A new attention kind adds its entry to** :data:`ATTENTION_COSTS` (its projections count themselves
-from the layer shapes); a kind without one raises :class:`UnknownAttentionCost`, rather than being
-counted as standard attention.
+**A new attention kind adds its entry to** :data:`ATTENTION_COSTS`: a function of the config and the
+0-based layer index (a kind may differ by layer, as MTA's convolutions do); its projections count
+themselves from the layer shapes. A kind without one raises :class:`UnknownAttentionCost`, rather
+than being counted as standard attention.
 """
 
 from __future__ import annotations
@@ -63,35 +74,52 @@ class AttentionCost:
     per_token: int = 0
 
 
-def softmax_heads(config: ModelConfig) -> AttentionCost:
+def softmax_heads(config: ModelConfig, layer: int) -> AttentionCost:
     """H heads, each one score product (width d) and one value product (width w)."""
     d = config.head_dim
     return AttentionCost(2 * config.n_heads * (d + config.value_factor * d))
 
 
-def diff_heads(config: ModelConfig) -> AttentionCost:
+def diff_heads(config: ModelConfig, layer: int) -> AttentionCost:
     """H DIFF heads of two maps, each map one score product (width d) and one value product with V
     (width w: 2d, or d with value_factor 1)."""
     d = config.head_dim
     return AttentionCost(2 * 2 * config.n_heads * (d + config.value_factor * d))
 
 
-def gda_heads(config: ModelConfig) -> AttentionCost:
+def gda_heads(config: ModelConfig, layer: int) -> AttentionCost:
     """H signal maps and N = H / gda_ratio noise maps, each one score product (width d) and one value
     product with V (width w), as DIFF's; at gda_ratio 1 (N = H) DIFF's term."""
     d = config.head_dim
     return AttentionCost(2 * (config.n_heads + config.n_noise_heads) * (d + config.value_factor * d))
 
 
-def diff_v2_heads(config: ModelConfig) -> AttentionCost:
+def diff_v2_heads(config: ModelConfig, layer: int) -> AttentionCost:
     """One softmax attention over 2H query heads of width d (values of width d)."""
     d = config.head_dim
     return AttentionCost(2 * 2 * config.n_heads * (d + d))
 
 
+def exclusive_heads(config: ModelConfig, layer: int) -> AttentionCost:
+    """Softmax heads, and per token each head's output against its own value: a dot product and
+    the component taken off (2·d each)."""
+    return AttentionCost(softmax_heads(config, layer).per_pair, 4 * config.n_heads * config.head_dim)
+
+
+def multi_token_heads(config: ModelConfig, layer: int) -> AttentionCost:
+    """Softmax heads; per pair the head mixings (H × H before the softmax, groups of g after it) and,
+    on a convolved layer, both key-query convolutions; per token the gate's reads by H − 1 more heads."""
+    h, d = config.n_heads, config.head_dim
+    group = config.mta_head_group or h
+    per_pair = softmax_heads(config, layer).per_pair + 2 * h * h + 2 * h * group
+    if config.mta_conv_layer(layer):
+        per_pair += 2 * 2 * h * config.mta_query_kernel * config.mta_key_kernel
+    return AttentionCost(per_pair, 2 * (h - 1) * d)
+
+
 # Each attention kind's term, forward, per layer (see the module docstring). A new kind adds its
 # entry here; its projections (nn.Linear layers of its attention module) are counted from its shapes.
-ATTENTION_COSTS: dict[str, Callable[[ModelConfig], AttentionCost]] = {
+ATTENTION_COSTS: dict[str, Callable[[ModelConfig, int], AttentionCost]] = {
     "standard": softmax_heads,
     "gated": softmax_heads,  # the gate: a projection (gate_proj, counted) and an elementwise product
     "gated_headwise": softmax_heads,
@@ -99,6 +127,8 @@ ATTENTION_COSTS: dict[str, Callable[[ModelConfig], AttentionCost]] = {
     "diff_symmetric": diff_heads,  # its keys are its queries: the same products
     "diff_v2": diff_v2_heads,
     "gda": gda_heads,  # a noise map serves gda_ratio signal heads: H + N maps
+    "xsa": exclusive_heads,
+    "mta": multi_token_heads,
 }
 
 
@@ -109,14 +139,14 @@ class UnknownAttentionCost(KeyError):
         return self.args[0]
 
 
-def attention_cost(config: ModelConfig) -> AttentionCost:
-    """The attention term of ``config.attention`` (:data:`ATTENTION_COSTS`)."""
+def attention_cost(config: ModelConfig, layer: int) -> AttentionCost:
+    """The attention term of ``config.attention`` at the 0-based ``layer`` (:data:`ATTENTION_COSTS`)."""
     term = ATTENTION_COSTS.get(config.attention)
     if term is None:
         raise UnknownAttentionCost(f"no FLOPs term for attention {config.attention!r}: add its entry to "
                                    "diff_transformer.flops.ATTENTION_COSTS (forward FLOPs per query-key pair "
                                    "and per token of one layer)")
-    return term(config)
+    return term(config, layer)
 
 
 @dataclass(frozen=True)
@@ -159,9 +189,9 @@ def training_flops(config: ModelConfig, seq_len: int | None = None, *, causal: b
     t = config.max_seq_len if seq_len is None else seq_len
     if not isinstance(t, int) or isinstance(t, bool) or t <= 0:
         raise ValueError(f"seq_len must be a positive integer, got {t!r}")
-    cost = attention_cost(config)  # first: an unknown kind raises before the model is built
+    costs = [attention_cost(config, layer) for layer in range(config.n_layers)]  # first: an unknown kind raises
     pairs = t * (t + 1) // 2 if causal else t * t
-    forward_attention = config.n_layers * (pairs * cost.per_pair + t * cost.per_token)
+    forward_attention = sum(pairs * cost.per_pair + t * cost.per_token for cost in costs)
     return TrainingFlops(
         seq_len=t,
         projections=TRAINING_FACTOR * 2 * block_weights(config) * t,

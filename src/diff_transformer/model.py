@@ -3,6 +3,7 @@
     x = embed(tokens)                      (B, T, E)
     for each layer:
         x = x + Attention(RMSNorm(x))       standard | diff | diff_v2 | diff_symmetric | gated(_headwise) | gda
+                                            | mta | xsa
         x = x + GatedMLP(RMSNorm(x))        (act(x W_gate) * x W_up) W_down, act SiLU (SwiGLU) or PolyNorm
     logits = lm_head(RMSNorm(x))           (B, T, V)
 
@@ -283,7 +284,8 @@ class LanguageModel(nn.Module):
             self._check_document_ids(document_ids, tokens, cache, padding_mask)
             positions = None
             rope = table[positions_in_documents(document_ids)]  # (B, T, d/2, 2): each document from 0
-            flex = self.attn_backend == "flex" and all(layer.attn.tap is None for layer in self.layers)
+            flex = self.attn_backend == "flex" and all(layer.attn.tap is None and layer.attn.takes_block_mask
+                                                       for layer in self.layers)
             attn_mask = document_block_mask(document_ids) if flex else document_attention_mask(document_ids)
         elif cache is not None and cache.static:  # positions stay on the device: one graph for every step
             positions = cache.positions(t)

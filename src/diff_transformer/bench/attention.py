@@ -3,6 +3,11 @@
 Matched parameters (paper §2.1): standard attention has h heads of width d (and Hkv key/value
 heads); differential attention has h/2 heads, each with two d-wide query/key groups and a
 2d-wide value (Hkv/2 key/value groups), so both hold the same numbers of weights and cache.
+With ``kinds``, also the alternatives at the standard kind's shapes: "mta", multi-token
+attention (Golovneva et al. 2025) on a layer that carries its key-query convolutions (6 × 11,
+before and after the softmax) and mixes all h heads (ops/mta.py, its fast path: materialised
+maps), which in decode mode computes 1 + 2·5 query rows, the new one and the rows its
+convolutions read; "xsa", exclusive self-attention: SDPA and its correction.
 
 Three modes, each over the sequence lengths L:
     fwd       T = S = L, forward only, under torch.no_grad (inference / prefill)
@@ -19,7 +24,9 @@ so that TFLOP/s compare like time: with P the number of visible (query, key) pai
                  h/(2r) noise maps, each with its 2d-wide value
 (h the standard head count: the fused kernel's counts; the two-call "sdpa" backend executes
 6 + 14, the four-call "sdpa_split" 8 + 20. GDA's "math", "triton", "decode" and "flex" backends
-compute every noise map r times, which the useful-work count does not credit.)
+compute every noise map r times, which the useful-work count does not credit.) MTA adds per visible
+pair and head the two convolutions and the two head mixings, 2·(2·6·11) + 2·(2h) in the forward and
+twice that in the backward; XSA counts as standard attention (its correction is O(T·d)).
 
 Peak memory: bytes allocated by one call above what was allocated before it; on CUDA from the
 allocator's peak counter, on CPU from the profiler's allocation records (see measure.py).
@@ -36,7 +43,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..attention import exclude_own_value
 from ..ops import DIFF_BACKENDS, TRITON_INSTALLED, attention, diff_attention, gda_attention
+from ..ops.mta import MTAWeights, mta_attention
 from .measure import describe_machine, memory_budget, peak_memory, time_call
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -46,6 +55,8 @@ DIFF_BACKEND_NAMES = tuple(DIFF_BACKENDS)
 DEFAULT_BACKENDS = tuple(b for b in DIFF_BACKENDS if b != "flex")
 # FLOPs per visible (query, key) pair, per standard head h and per unit of d.
 FLOP_UNITS = {("standard", "fwd"): 4, ("standard", "bwd"): 10, ("diff", "fwd"): 6, ("diff", "bwd"): 10}
+KINDS = ("standard", "diff", "gda", "mta", "xsa")
+MTA_KERNEL = (6, 11)  # the authors' c_q × c_k
 
 
 def default_lengths(device: str) -> tuple[int, ...]:
@@ -71,17 +82,27 @@ class AttentionBenchSettings:
     measure_memory: bool = True
     memory_budget_gib: float | None = None  # None = 60% of RAM (CPU) or of free GPU memory
     threads: int | None = None  # torch CPU threads while measuring; None = leave as is
-    # also measure grouped differential attention: heads/2 signal heads, heads/(2·gda_ratio) noise heads
+    # "diff" and "gda" over ``backends``; the others on their own path
+    kinds: tuple[str, ...] = ("standard", "diff")
+    # grouped differential attention ("gda" among kinds): heads/2 signal heads, heads/(2·gda_ratio) noise
+    # heads; None = the largest of 4, 3, 2 dividing heads/2
     gda_ratio: int | None = None
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
             self.kv_heads = self.heads
-        if self.gda_ratio is not None:
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds:
+            raise ValueError(f"unknown kind(s) {unknown}; choose from {', '.join(KINDS)}")
+        if "gda" in self.kinds:
             signal = self.heads // 2
+            if self.gda_ratio is None:
+                self.gda_ratio = next((r for r in (4, 3, 2) if signal % r == 0), 1)
             if self.gda_ratio < 1 or signal % self.gda_ratio or (signal // self.gda_ratio) % (self.kv_heads // 2):
                 raise ValueError(f"gda_ratio={self.gda_ratio} must divide the signal heads heads/2 = {signal}, leaving "
                                  f"noise heads that kv_heads/2 = {self.kv_heads // 2} divides")
+        elif self.gda_ratio is not None:
+            raise ValueError("gda_ratio applies to kind 'gda': add gda to the kinds")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.heads < 2 or self.heads % 2:
@@ -110,7 +131,7 @@ class AttentionBenchSettings:
 @dataclass
 class AttentionBenchResult:
     mode: str
-    kind: str  # "standard", "diff" or "gda"
+    kind: str  # "standard", "diff", "gda", "mta" or "xsa"
     backend: str
     length: int
     queries: int  # T
@@ -132,11 +153,14 @@ def visible_pairs(t: int, s: int, causal: bool) -> int:
 def attention_flops(kind: str, mode: str, *, batch: int, heads: int, t: int, s: int, head_dim: int,
                     causal: bool, gda_ratio: int | None = None) -> float:
     """FLOPs of one call (see the module docstring); ``heads`` is the standard head count h."""
-    table = "diff" if kind == "gda" else kind
+    table = "diff" if kind in ("diff", "gda") else "standard"
     units = FLOP_UNITS[(table, "fwd")] + (FLOP_UNITS[(table, "bwd")] if mode == "fwd+bwd" else 0)
     if kind == "gda":
         units = units * (1 + 1 / gda_ratio) / 2  # H signal and H / r noise maps, not 2H
-    return float(units * batch * heads * visible_pairs(t, s, causal) * head_dim)
+    per_pair = units * head_dim
+    if kind == "mta":  # two convolutions and two head mixings per pair and head; the backward twice that
+        per_pair += (2 * 2 * MTA_KERNEL[0] * MTA_KERNEL[1] + 2 * 2 * heads) * (3 if mode == "fwd+bwd" else 1)
+    return float(per_pair * batch * heads * visible_pairs(t, s, causal))
 
 
 def quadratic_bytes(kind: str, backend: str, mode: str, device: torch.device, *, batch: int, heads: int, t: int,
@@ -149,6 +173,8 @@ def quadratic_bytes(kind: str, backend: str, mode: str, device: torch.device, *,
     whole), and none without one. "sdpa" on CPU falls back to PyTorch's math kernel (v wider than
     q), about three maps per call.
     """
+    if kind == "mta":  # about four fp32 maps per head in the forward, ten kept for the backward
+        return (10 if mode == "fwd+bwd" else 4) * batch * heads * t * s * 4
     maps = 0
     diff = kind in ("diff", "gda")  # GDA counted as DIFF: at most as many maps
     if diff and backend == "reference":
@@ -167,9 +193,17 @@ def _make_inputs(kind: str, settings: AttentionBenchSettings, t: int, s: int, re
     def randn(*shape: int) -> Tensor:
         return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(requires_grad)
 
-    if kind == "standard":
+    if kind in ("standard", "xsa"):
         h, hkv = settings.heads, settings.kv_heads
         return [randn(b, h, t, d), randn(b, hkv, s, d), randn(b, hkv, s, d)]
+    if kind == "mta":  # the kernels near the identity they start at, the heads mixed all together
+        h, hkv = settings.heads, settings.kv_heads
+        identity = torch.zeros(h, *MTA_KERNEL, device=device)
+        identity[:, -1, MTA_KERNEL[1] // 2] = 1.0
+        mixing = [identity + 0.1 * torch.randn_like(identity), identity + 0.1 * torch.randn_like(identity),
+                  torch.eye(h, device=device), torch.eye(h, device=device)[None]]
+        return [randn(b, h, t, d), randn(b, hkv, s, d), randn(b, hkv, s, d),
+                *(w.requires_grad_(requires_grad) for w in mixing)]
     h, hkv = settings.heads // 2, settings.kv_heads // 2
     noise = h // settings.gda_ratio if kind == "gda" else h
     lam = torch.tensor(0.5, device=device, dtype=torch.float32, requires_grad=requires_grad)
@@ -185,6 +219,14 @@ def _call(kind: str, backend: str, mode: str, inputs: list[Tensor], causal: bool
             return attention(*inputs, causal=causal, backend="sdpa")
         if kind == "gda":
             return gda_attention(*inputs, causal=causal, backend=backend)
+        if kind == "xsa":
+            q, k, v = inputs
+            out = attention(q, k, v, causal=causal, backend="sdpa")
+            return exclude_own_value(out, v[:, :, v.shape[2] - q.shape[2]:], None)[0]
+        if kind == "mta":
+            q, k, v, *mixing = inputs
+            visible = None if causal else torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
+            return mta_attention(q, k, v, MTAWeights(*mixing), visible=visible)
         return diff_attention(*inputs, causal=causal, backend=backend)
 
     if mode != "fwd+bwd":
@@ -215,12 +257,17 @@ def _skip_reason(backend: str, mode: str, device: torch.device) -> str:
 def plan(settings: AttentionBenchSettings) -> list[AttentionBenchResult]:
     """Every (mode, length, kind, backend) to measure, with its FLOPs; not yet measured."""
     cases = []
+    kinds = [("standard", "sdpa")] if "standard" in settings.kinds else []
+    kinds += [(k, b) for k in ("diff", "gda") if k in settings.kinds for b in settings.backends]
+    kinds += [(kind, backend) for kind, backend in (("mta", "fast"), ("xsa", "sdpa")) if kind in settings.kinds]
+    halo = 2 * (MTA_KERNEL[0] - 1)  # the rows above a new query that MTA's decoding step recomputes
     for mode in settings.modes:
         for length in settings.lengths:
-            t, s = (1, length) if mode == "decode" else (length, length)
-            kinds = ("diff", "gda") if settings.gda_ratio else ("diff",)
-            for kind, backend in [("standard", "sdpa"), *((k, b) for b in settings.backends for k in kinds)]:
-                if kind != "standard" and backend == "decode" and mode != "decode":
+            for kind, backend in kinds:
+                t, s = (1, length) if mode == "decode" else (length, length)
+                if kind == "mta" and mode == "decode":
+                    t = min(1 + halo, s)
+                if kind in ("diff", "gda") and backend == "decode" and mode != "decode":
                     continue
                 flops = attention_flops(
                     kind, mode, batch=settings.batch, heads=settings.heads, t=t, s=s,

@@ -13,6 +13,8 @@ Transformer):
     DiffLlama     transformers' DiffLlamaForCausalLM built from the DIFF config (num_attention_heads
                   = 2H, num_key_value_heads = 2Hkv, head_dim d, intermediate_size = ffn_hidden),
                   when transformers is installed and DIFF is measured
+    any other kind       any attention kind by its name (mta, xsa, diff_v2, gated, ...), at the preset as
+                  ``ModelConfig.from_preset`` builds it (the Transformer's heads for the non-DIFF kinds)
 
 Measured:
     train     B·L tokens / (forward + backward + AdamW step) on random tokens of length L
@@ -45,7 +47,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..config import PRESETS, ModelConfig
+from ..config import ATTENTION_KINDS, PRESETS, ModelConfig
 from ..model import LanguageModel
 from .attention import DTYPES
 from ..ops import MATH_MAX_KEYS
@@ -133,7 +135,9 @@ class Contender:
 
 
 # The architectures bench model measures, by name, and the label of each in the table.
-ARCHITECTURES = {"diff": "DIFF", "standard": "Transformer", "gda": "GDA", "motif-2.6b": "Motif-2.6B arch",
+ARCHITECTURES = {"diff": "DIFF", "standard": "Transformer", "gda": "GDA", "mta": "MTA", "xsa": "XSA",
+                 "diff_v2": "DIFF V2", "diff_symmetric": "Symmetric DIFF", "gated": "Gated attention",
+                 "gated_headwise": "Gated (head-wise)", "motif-2.6b": "Motif-2.6B arch",
                  "motif-2-12.7b": "Motif-2-12.7B arch"}
 # What Motif's models change beyond the attention (interop.motif reads them from config.json)
 MOTIF_FIELDS = dict(ffn_activation="polynorm", lambda_init_depth_offset=-1, norm_eps=1e-6, head_norm_eps=1e-5)
@@ -147,7 +151,7 @@ def default_gda_ratio(heads: int) -> int:
 def architecture_fields(settings: ModelBenchSettings, name: str) -> dict:
     """ModelConfig fields of architecture ``name`` at the preset (see the module docstring)."""
     preset = PRESETS[settings.preset]
-    if name in ("diff", "standard"):
+    if name in ATTENTION_KINDS and name != "gda":
         return {"attention": name}
     if name == "gda":
         return {"attention": "gda", "gda_ratio": settings.gda_ratio or default_gda_ratio(preset["n_heads"])}
@@ -159,12 +163,18 @@ def architecture_fields(settings: ModelBenchSettings, name: str) -> dict:
             **MOTIF_FIELDS}
 
 
+# fp32 T × S maps per head that a training step keeps, per kind that materialises them: DIFF's "math" backend
+# (on CPU, up to MATH_MAX_KEYS keys) keeps P1 and P2; MTA about eight (the logits, their convolution and mixing,
+# the softmax, its convolution and mixing, the masks' copies) on every device
+KEPT_MAPS = {"diff": 2, "mta": 8}
+
+
 def planned_bytes(settings: ModelBenchSettings) -> int:
     """About the most memory the benchmark holds at once (an upper estimate, before anything is
     allocated): every model's weights, gradients and two AdamW states (4 copies of its parameters in
     the measured dtype; DiffLlama counted as DIFF), a training step's activations (per layer and
-    token about 12·E + 3·F values, and on CPU the two fp32 maps the "math" backend keeps, T per
-    head), and three (B, L, V) fp32 logits (a prefill's, DiffLlama's and its loss's)."""
+    token about 12·E + 3·F values, and the fp32 maps a kind keeps, ``KEPT_MAPS``, S per head; the
+    most of any model), and three (B, L, V) fp32 logits (a prefill's, DiffLlama's and its loss's)."""
     configs = [model_config(settings, name) for name in settings.architectures]
     models = len(configs) + (1 if settings.compare_hf and hf_available() else 0)
     itemsize = DTYPES[settings.dtype].itemsize
@@ -172,9 +182,12 @@ def planned_bytes(settings: ModelBenchSettings) -> int:
     parameters = max(counts)
     config, tokens = configs[counts.index(parameters)], settings.batch * settings.length
     per_token = (12 * config.d_model + 3 * config.ffn_hidden) * itemsize
-    if not settings.device.startswith("cuda") and settings.length <= MATH_MAX_KEYS:
-        per_token += 2 * config.n_heads * settings.length * 4  # P1 and P2 of each DIFF head over the keys, fp32
-    return (4 * parameters * itemsize * models + tokens * per_token * config.n_layers
+    maps = 0
+    for c in configs:
+        if c.attention == "mta" or (c.attention == "diff" and not settings.device.startswith("cuda")
+                                    and settings.length <= MATH_MAX_KEYS):
+            maps = max(maps, KEPT_MAPS[c.attention] * c.n_heads * settings.length * 4)
+    return (4 * parameters * itemsize * models + tokens * (per_token + maps) * config.n_layers
             + 3 * tokens * config.vocab_size * 4)
 
 
@@ -335,10 +348,14 @@ def run_model_bench(settings: ModelBenchSettings, *, progress: bool = True) -> l
         "prefill": {c.key: (lambda c=c: c.prefill(tokens)) for c in contenders},
         "decode": {c.key: (lambda c=c: c.decode_steps(tokens, n)) for c in contenders},
     }
+    # Each compiled model adds its graphs (training, prefill, decoding) to dynamo's cache of the one
+    # LanguageModel.forward; past the recompile limit (8: two models' worth) a model would run eager unsaid.
+    limit = max(torch._dynamo.config.recompile_limit, 4 * len(ours))
     try:
-        best = {phase: _best_times(calls, device, settings) for phase, calls in tqdm(
-            phases.items(), desc="bench model", disable=not progress, file=sys.stderr
-        )}
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            best = {phase: _best_times(calls, device, settings) for phase, calls in tqdm(
+                phases.items(), desc="bench model", disable=not progress, file=sys.stderr
+            )}
     finally:
         torch.set_num_threads(threads)
     tokens_in = settings.batch * settings.length

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from ..bench.attention import DEFAULT_BACKENDS, DTYPES, MODES
+from ..bench.attention import DEFAULT_BACKENDS, DTYPES, KINDS, MODES
 from ..bench.model import ARCHITECTURES as MODEL_ARCHITECTURES
 from ..config import PRESETS
 from ..ops import BACKEND_NAMES, DIFF_BACKENDS
@@ -58,25 +58,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="DIFF backends to measure (default: all but flex; standard SDPA is always measured)",
     )
     a.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="default: all three")
+    a.add_argument("--kinds", nargs="+", choices=KINDS, default=["standard", "diff"],
+                   help="attention kinds: standard (SDPA), diff and gda (on --backends), mta (multi-token attention, "
+                   "its materialised fast path, a layer with the convolutions) and xsa (exclusive self-attention: "
+                   "SDPA and its correction), at the standard kind's shapes (default: standard diff)")
     a.add_argument("--repeats", type=int, default=3, help="timed runs per case; the best is kept (default 3)")
     a.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     a.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory run")
     a.add_argument("--memory-budget-gib", type=float, default=None, help="default: 60%% of RAM / free GPU memory")
     a.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (default: torch's)")
     a.add_argument("--gda-ratio", type=int, default=None, metavar="R",
-                   help="also measure grouped differential attention (kind gda): the DIFF heads as signal heads "
-                   "sharing heads/(2R) noise heads; its TFLOP/s count the maps it needs (default: not measured)")
+                   help="grouped differential attention's ratio (kind gda, added to --kinds when this is given): the "
+                   "DIFF heads as signal heads sharing heads/(2R) noise heads; its TFLOP/s count the maps it needs "
+                   "(default: the largest of 4, 3, 2 dividing heads/2)")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a.set_defaults(run=run_attention)
 
     m = benchmarks.add_parser(
         "model",
-        help="training / prefill / decode tokens/s: DIFF vs Transformer vs transformers' DiffLlama",
+        help="training / prefill / decode tokens/s: DIFF vs Transformer vs transformers' DiffLlama (and other kinds)",
         description="The paper's Table 7 on this machine: training tokens/s (forward, backward, AdamW "
         "step), prefill tokens/s (one forward filling the KV cache) and decode tokens/s (one token "
         "per step through the KV cache, greedy) of the DIFF model and the matched Transformer at a "
         "preset and length, random weights; and of transformers' DiffLlamaForCausalLM of the same "
-        "shape when transformers is installed. Figures are the best of --repeats runs.",
+        "shape when transformers is installed; and of the architectures --architectures names (any attention kind, "
+        "e.g. mta xsa, and the Motif shapes). Figures are the "
+        "best of --repeats runs.",
     )
     m.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size (default tiny)")
     m.add_argument("--length", type=int, default=None,
@@ -100,10 +107,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--architectures", nargs="+", choices=list(MODEL_ARCHITECTURES), default=["diff", "standard"],
                    metavar="NAME",
-                   help="the models to measure, at the preset's size: diff, standard (the matched Transformer), gda "
-                   "(the DIFF heads as signal heads sharing noise heads, --gda-ratio), motif-2.6b (DIFF with "
-                   "Motif-2.6B's PolyNorm MLP and λ_init schedule), motif-2-12.7b (GDA 4:1 in Motif-2-12.7B's "
-                   "proportions, PolyNorm MLP) (default: diff standard)")
+                   help="the models to measure, at the preset's size, with each one's throughput ratios to the "
+                   "Transformer's: diff, standard (the matched Transformer), any other attention kind by name (mta, "
+                   "xsa, diff_v2, gated, ...; the Transformer's heads), gda (the DIFF heads as signal heads sharing "
+                   "noise heads, --gda-ratio), motif-2.6b (DIFF with Motif-2.6B's PolyNorm MLP and λ_init schedule), "
+                   "motif-2-12.7b (GDA 4:1 in Motif-2-12.7B's proportions, PolyNorm MLP) (default: diff standard)")
     m.add_argument("--gda-ratio", type=int, default=None, metavar="R",
                    help="signal heads per noise head of the gda architecture (default: the largest of 4, 3, 2 "
                    "dividing the preset's heads)")
@@ -148,6 +156,7 @@ def run_attention(args: argparse.Namespace) -> int:
         heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch, causal=args.causal,
         backends=tuple(args.backends), modes=tuple(args.modes), warmup=args.warmup, repeats=args.repeats,
         measure_memory=args.memory, memory_budget_gib=args.memory_budget_gib, threads=args.threads,
+        kinds=tuple(args.kinds) + (("gda",) if args.gda_ratio is not None and "gda" not in args.kinds else ()),
         gda_ratio=args.gda_ratio,
     )
     results = run_attention_bench(settings, progress=not args.json)

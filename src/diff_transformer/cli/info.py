@@ -13,10 +13,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "info",
         help="list model presets, or describe a checkpoint",
         description="Without an argument: the named presets with their DIFF, matched-Transformer, symmetric-DIFF, "
-        "gated-attention (a gate per channel), head-wise gated and grouped-differential (GDA: the DIFF heads as "
-        "signal heads, r of them per noise head, r the largest of 4, 3, 2 dividing them) parameter counts (the "
-        "wide-head Transformer, n_heads halved, has the matched Transformer's). With a checkpoint directory: its "
-        "config, parameters, heads and λ per layer.",
+        "gated-attention (a gate per channel), head-wise gated, multi-token-attention (MTA) and grouped-differential "
+        "(GDA: the DIFF heads as signal heads, r of them per noise head, r the largest of 4, 3, 2 dividing them) "
+        "parameter counts (the wide-head Transformer, n_heads halved, and exclusive self-attention have the matched "
+        "Transformer's; XSA with xsa_gate n_heads more per layer). With a checkpoint directory: its config, "
+        "parameters, heads and λ per layer.",
     )
     p.add_argument("checkpoint", nargs="?", type=checkpoint_dir, help="checkpoint directory")
     p.set_defaults(run=run)
@@ -29,9 +30,9 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint is None:
         from ..bench.model import default_gda_ratio
 
-        kinds = ("diff", "standard", "diff_symmetric", "gated", "gated_headwise")
+        kinds = ("diff", "standard", "diff_symmetric", "gated", "gated_headwise", "mta")
         print(f"{'preset':<8} {'d_model':>7} {'layers':>6} {'heads':>9} {'d':>4} {'DIFF params':>14} "
-              f"{'Transformer':>14} {'Symmetric':>14} {'Gated':>14} {'Gated/head':>14} {'GDA (r)':>18}")
+              f"{'Transformer':>14} {'Symmetric':>14} {'Gated':>14} {'Gated/head':>14} {'MTA':>14} {'GDA (r)':>18}")
         for name in PRESETS:
             diff, std, *others = (ModelConfig.from_preset(name, attention=kind) for kind in kinds)
             ratio = default_gda_ratio(diff.n_heads)

@@ -99,9 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--config", default="tiny", help=config_help())
     c.add_argument(
         "--attention",
-        help="comma-separated attention kinds (standard,diff,diff_v2,diff_symmetric,gated,gated_headwise) or model "
-        "names (standard-wide) to train: the config's models of these kinds (for a kind that compare.models names, "
-        "only its models there) and the models named; default: the config's compare.models",
+        help="comma-separated attention kinds (standard,diff,diff_v2,diff_symmetric,gated,gated_headwise,mta,xsa) or "
+        "model names (standard-wide) to train: the config's models of these kinds (for a kind that compare.models "
+        "names, only its models there) and the models named; default: the config's compare.models",
     )
     c.add_argument("--steps", type=types.positive_int,
                    help="optimizer steps per model (overrides run.steps; a run.budget of the config is dropped: the "

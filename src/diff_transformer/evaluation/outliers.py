@@ -160,8 +160,9 @@ def run(mut: ModelUnderTest, options: OutlierOptions, text: EvalText, *, progres
     n_windows = max(1, math.ceil(options.tokens / seq_len))
     windows = text.windows(mut.tokenizer, seq_len, n_windows)
     # Expected counts, to keep each value with the probability that leaves ~median_sample of them.
-    maps_per_layer = (config.n_heads if config.attention in ("standard", *GATED_KINDS)
-                      else config.n_heads + config.n_noise_heads)  # DIFF kinds: H first maps, H (GDA: N) second
+    one_map = ("standard", "mta", "xsa", *GATED_KINDS)  # one softmax per head
+    # DIFF kinds: H first maps and H second ones (GDA: N; DIFF V2: its 2H query heads)
+    maps_per_layer = config.n_heads if config.attention in one_map else config.n_heads + config.n_noise_heads
     n_logits = n_windows * config.n_layers * maps_per_layer * seq_len * (seq_len + 1) // 2
     n_hidden = n_windows * config.n_layers * seq_len * config.d_model
     logit_stats = MagnitudeStats(min(1.0, options.median_sample / n_logits), options.seed)

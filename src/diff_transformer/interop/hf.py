@@ -41,11 +41,11 @@ Weight mapping, per layer (H DIFF heads, Hkv KV groups, head dim d; HF's DiffLla
 5. λ vectors, MLP, block norms, embeddings and the LM head copy over unchanged.
 
 What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2, symmetric DIFF,
-gated attention and GDA (no HF class computes them), PolyNorm MLPs, a constant or shifted λ_init
-(HF hard-codes the depth schedule), DIFF without its head norm, a head-norm eps other than the
-block norms' (HF shares one eps between them), biases, DIFF heads with d-wide values
-(``value_factor=1``: a converted Transformer), and a standard model with the head-norm ablation
-(no Llama equivalent).
+gated attention, GDA, multi-token attention and exclusive self-attention (no HF class computes
+them), PolyNorm MLPs, a constant or shifted λ_init (HF hard-codes the depth schedule), DIFF without
+its head norm, a head-norm eps other than the block norms' (HF shares one eps between them), biases,
+DIFF heads with d-wide values (``value_factor=1``: a converted Transformer), and a standard model
+with the head-norm ablation (no Llama equivalent).
 """
 
 from __future__ import annotations
@@ -339,6 +339,16 @@ def check_exportable(config: ModelConfig) -> None:
     biases = [name for name in ("attention_bias", "attention_out_bias", "mlp_bias") if getattr(config, name)]
     if biases:
         raise HFConversionError(f"{', '.join(biases)}: the export writes bias-free Llama and DiffLlama models")
+    if config.attention == "mta":
+        raise HFConversionError(
+            "multi-token attention (attention='mta') has no transformers equivalent: no class there convolves "
+            "attention logits over queries and keys or mixes the maps of heads; it cannot be exported"
+        )
+    if config.attention == "xsa":
+        raise HFConversionError(
+            "exclusive self-attention (attention='xsa') has no transformers equivalent: Llama's attention keeps each "
+            "output's component along the token's own value; it cannot be exported"
+        )
     if config.attention == "standard":
         if config.head_norm:
             raise HFConversionError(

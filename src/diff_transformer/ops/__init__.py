@@ -37,6 +37,8 @@ one second map per first map, so the noise queries are repeated for their r sign
 numbers, each noise map computed r times).
 
 ``triton_diff`` imports Triton, so it is imported on first use of the "triton" backend only.
+Multi-token attention has its own module, ``ops.mta`` (a fast path and a reference, both on
+materialised maps: no SDPA or flash kernel computes its convolutions of the logits).
 """
 
 from __future__ import annotations
