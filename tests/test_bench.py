@@ -58,14 +58,17 @@ def test_gda_flops_count_its_signal_and_noise_maps():
 
 def test_attention_bench_measures_gda_beside_diff():
     settings = AttentionBenchSettings(lengths=(32,), heads=8, kv_heads=2, head_dim=16, repeats=1, warmup=0,
-                                      gda_ratio=2, backends=("reference", "sdpa", "sdpa_split", "math", "decode"),
+                                      kinds=("standard", "diff", "gda"), gda_ratio=2,
+                                      backends=("reference", "sdpa", "sdpa_split", "math", "decode"),
                                       measure_memory=False)
     results = run_attention_bench(settings, progress=False)
     gda = {(r.mode, r.backend): r for r in results if r.kind == "gda"}
     assert {b for _, b in gda} == {"reference", "sdpa", "sdpa_split", "math", "decode"}
     assert all(r.seconds > 0 for r in gda.values())
     with pytest.raises(ValueError, match="gda_ratio=3 must divide the signal heads"):
-        AttentionBenchSettings(heads=8, gda_ratio=3)
+        AttentionBenchSettings(heads=8, kinds=("gda",), gda_ratio=3)
+    with pytest.raises(ValueError, match="gda_ratio applies to kind 'gda'"):
+        AttentionBenchSettings(heads=8, gda_ratio=2)
 
 
 def test_model_bench_measures_the_imported_architectures():
