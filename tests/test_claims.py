@@ -122,8 +122,8 @@ def test_attention_claims_use_the_deepest_layer_measured_in_every_model():
     rows = paper_claims(CONFIG, _lm([3.0, 3.1], [3.0, 3.1]), retrieval, {})
     noise = next(r for r in rows if r.claim == "Attention noise")
     assert noise.verdict == "not testable here" and noise.ours is None
-    assert "| Attention noise | share of the answer row on noise and distractors (lower) | – | – | – |" in "\n".join(
-        render_claims(rows, 2))
+    assert ("| Attention noise | share of the answer row on noise and distractors (lower) | – / – | – | – | – |"
+            in "\n".join(render_claims(rows, 2)))
 
 
 def _along(*pairs):
