@@ -394,3 +394,64 @@ def test_quietness_needs_two_runs():
     assert Quietness.of("Transformer", [1000.0]).spread is None
     assert not Quietness.of("Transformer", [1000.0]).quiet
     assert math.isclose(Quietness.of("T", [1.0, 3.0]).tokens_per_s.std, MeanStd.of([1.0, 3.0]).std)
+
+
+def test_a_grounded_runs_scores_are_read_along_its_curve_by_tokens_flops_and_seconds():
+    """Accuracy 0, 0.3, 0.5 after 0, 4 and 8 steps of 4 episodes × 36 tokens (144 a step), 10 FLOPs a
+    token, 2 s of training over the 8 steps: by hand, 0.4 at 6 steps = 864 tokens = 8,640 FLOPs = 1.5 s."""
+    from planted import grounded_run
+
+    from diff_transformer.experiments.equal_cost import grounded_trajectory
+
+    run = grounded_run(0.5, curve=[(0, 0.0, (0.5, 0.5)), (4, 0.3, (0.5, 0.5)), (8, 0.5, (0.5, 0.5))])
+    run.flops_per_token, run.train_seconds = 10.0, 2.0
+    track = grounded_trajectory(run, lambda p: p.scores.accuracy, run.scores.accuracy, steps=8, tokens_per_step=144)
+    assert track.costs == {"tokens": [0.0, 576.0, 1152.0], "flops": [0.0, 5760.0, 11520.0], "seconds": [0.0, 1.0, 2.0]}
+    for measure, amount in (("tokens", 864.0), ("flops", 8640.0), ("seconds", 1.5)):
+        assert track.at(measure, amount) == pytest.approx(0.4, abs=1e-12)
+    assert track.final == 0.5
+    run.flops_per_token = None  # a kind without a FLOPs term
+    assert grounded_trajectory(run, lambda p: p.scores.accuracy, 0.5, 8, 144).costs["flops"] is None
+
+
+def test_the_verdicts_at_equal_cost_are_a_table_per_cost_each_model_a_row_with_its_parameters():
+    """Hand-built verdicts of two models against DIFF on three tasks (language modelling, a retrieval task
+    and an evaluation measured at the end only): a table at equal tokens (DIFF's own figures in its row),
+    one at equal FLOPs without the evaluation, and one line for the time that was not judged."""
+    from diff_transformer.evaluation.stats import Difference
+    from diff_transformer.experiments.equal_cost import CostReading, EqualCost, EqualCostRow
+    from diff_transformer.experiments.report import equal_cost_lines
+
+    not_quiet = CostReading("seconds", None, verdict="not judged: the machine was not quiet enough")
+
+    def row(model, task, experiment, parameters, ends, flops):
+        measure = {"Language modelling": "loss", "Retrieval: mqar": "mqar accuracy", "Attention sink": "share"}[task]
+        better = "higher" if task == "Retrieval: mqar" else "lower"
+        ours, base = ends
+        tokens = CostReading("tokens", None, ours, base, Difference(0.1, 0.05, 0.15), f"{model} worse")
+        return EqualCostRow(task, measure, better, model, "DIFF", [tokens, flops, not_quiet], experiment, parameters)
+
+    at_flops = CostReading("flops", 2.5e9, [3.1], [3.0], Difference(0.1, -0.2, 0.4), "inconclusive")
+    end_only = CostReading("flops", None, verdict="measured at the end only")
+    rows = []
+    for model, lm_count, small_count in (("Transformer", 1_000, 10), ("DIFF V2", 1_200, 12)):
+        rows += [row(model, "Language modelling", "language modelling", (lm_count, 1_001), ([3.1, 3.2], [3.0, 3.1]),
+                     at_flops),
+                 row(model, "Retrieval: mqar", "retrieval", (small_count, 11), ([0.2, 0.3], [0.4, 0.5]), at_flops),
+                 row(model, "Attention sink", "language modelling", (lm_count, 1_001), ([0.3, 0.3], [0.1, 0.1]),
+                     end_only)]
+    quiet = {"language modelling": None, "retrieval": None, "grounded": None}
+    text = "\n".join(equal_cost_lines(EqualCost("tokens", "tokens", rows, quiet), seeds=2))
+    tokens, flops, seconds = (text.split(f"### {h}\n")[1].split("\n### ")[0] for h in (
+        "At equal tokens", "At equal training FLOPs", "At equal training time"))
+    assert ("| Model | Parameters | Language modelling (lower) | Retrieval: mqar (higher) | Attention sink (lower) |"
+            in tokens)
+    assert "| DIFF | 1,001 · 11 | 3.05 ± 0.071 | 0.45 ± 0.071 | 0.1 ± 0 |" in tokens  # the base of the first row
+    assert "| DIFF V2 | 1,200 · 12 | +0.1 [+0.05, +0.15] **DIFF V2 worse** |" in tokens
+    assert "| Model | Parameters | Language modelling (lower) | Retrieval: mqar (higher) |\n" in flops
+    assert "| DIFF | 1,001 · 11 | – | – |" in flops  # read with each pair, not its own
+    read = "+0.1 [-0.2, +0.4] **inconclusive** (read at 2.5e+09)"
+    assert f"| Transformer | 1,000 · 10 | {read} | {read} |" in flops
+    assert "Measured at the end of training only (at the budget's measure): Attention sink (lower)." in flops
+    assert seconds.strip().split("\n\n")[0] == "Not judged: the machine was not quiet enough."
+    assert "Parameters" in text and "(language modelling · retrieval)" in text

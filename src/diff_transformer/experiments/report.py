@@ -828,7 +828,7 @@ def equal_cost_lines(result: EqualCost | None, seeds: int) -> list[str]:
     rows = {(r.model, r.task, r.measure): r for r in result.rows}
     experiments = [e for e in EXPERIMENTS if any(r.experiment == e for r in result.rows)]
     names = [t for t, _, _ in tasks]
-    headers = {t: (f"{t}: {m}" if names.count(t) > 1 else t) + f" ({b})" for t, m, b in tasks}
+    headers = {(t, m, b): (f"{t}: {m}" if names.count(t) > 1 else t) + f" ({b})" for t, m, b in tasks}
 
     def parameters(model: str, side: int) -> str:
         per = {}
@@ -875,7 +875,7 @@ def equal_cost_lines(result: EqualCost | None, seeds: int) -> list[str]:
             lines.append(f"Measured at the end of training only (at the budget's measure): {', '.join(left)}.")
         lines.append("")
     lines += ["What each column measures:", ""]
-    lines += [f"- {headers[t]}: {m}." for t, m, _ in tasks]
+    lines += [f"- {headers[t]}: {t[1]}." for t in tasks]
     lines += ["", "How quiet the machine was (the time verdicts need a steady machine: its runs' throughput "
               "varies less than the models differ):", ""]
     lines += [f"- {quietness_text(name, q)}" for name, q in result.quietness.items() if q is not None]
