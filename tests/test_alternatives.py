@@ -87,6 +87,22 @@ def test_every_model_builds_in_every_experiment_and_the_others_keep_their_shapes
         assert shapes[name] == (2, 32), name
 
 
+def test_the_gpu_config_is_the_same_study_at_a_larger_size_with_more_seeds_and_steps():
+    gpu = load_experiment("alternatives-gpu")
+    assert gpu.compare.models == MODELS and gpu.compare.seeds > CONFIG.compare.seeds
+    assert len(gpu.compare.lr_grid) > len(CONFIG.compare.lr_grid) and gpu.train.run.steps > CONFIG.train.run.steps
+    assert gpu.train.run.steps * gpu.train.data.batch_size * gpu.train.data.seq_len == 1_000 * 256 * 1_024
+    for name in MODELS:  # the same models, the same design decisions
+        ours, theirs = gpu.train.model(name), CONFIG.train.model(name)
+        assert (ours.attention, ours.diff_heads, ours.small_model) == (theirs.attention, theirs.diff_heads,
+                                                                       theirs.small_model), name
+    gda = gpu.train.model("gda").model_config()
+    assert (gda.n_heads * gda.head_dim, gda.n_noise_heads, gda.n_kv_heads) == (gda.d_model, 2, 2)
+    assert gpu.retrieval.steps > CONFIG.retrieval.steps and gpu.grounded.steps > CONFIG.grounded.steps
+    check_retrieval(gpu, MODELS)
+    check_grounded(gpu, MODELS)
+
+
 def _with(**entry):
     data = CONFIG.to_dict()
     data["models"]["gda"] = {**data["models"]["gda"], **entry}
