@@ -197,3 +197,34 @@ def test_the_alternatives_study_runs_every_model_into_every_table_with_its_param
     # The claims and the other kinds' comparisons: the parameters of both models on every row.
     for claim in metrics["claims"] + metrics["variant_comparisons"]:
         assert None not in claim["parameters"], claim["claim"]
+
+
+def test_the_small_models_tables_give_each_models_own_parameters():
+    """Planted counts (the Transformer's retrieval model 10, DIFF's 11; grounded 20 and 21): the parameters
+    row of the retrieval and grounded tables, and a column of the tables with a row per model."""
+    from planted import grounded, grounded_run, retrieval, retrieval_run
+
+    from diff_transformer.experiments.report import grounded_lines, retrieval_lines
+
+    def planted(make, counts):
+        runs = {}
+        for name, count in counts.items():
+            runs[name] = [make(), make()]
+            for run in runs[name]:
+                run.parameters = count
+        return runs
+
+    def run():
+        made = retrieval_run(0.5, 0.4)
+        made.accuracy = {"needle": {"N=1,depth=0": 0.5}, "mqar": {"D=2": 0.4}}
+        return made
+
+    found = retrieval(planted(run, {"standard": 10, "diff": 11}), needles=[1], depths=[0.0], pairs=[2])
+    text = "\n".join(retrieval_lines(found))
+    assert "| Task | Difficulty | Transformer | DIFF |\n|---|---|---:|---:|\n| parameters | | 10 | 11 |" in text
+    assert "| Transformer | 10 | 0 | 0.000" in text and "| DIFF | 11 | 1 | 0.5000" in text  # the answer rows
+    assert "| mqar | DIFF (as configured, lr 0.001) | 11 |" in text  # the learning curves
+    answered = grounded(planted(lambda: grounded_run(0.5), {"standard": 20, "diff": 21}))
+    text = "\n".join(grounded_lines(answered))
+    assert "| parameters | 20 | 21 | |" in text  # and an empty cell under DIFF − Transformer
+    assert "| DIFF | 21 | counterfactual |" in text and "| Transformer | 20 | 0.000" in text
