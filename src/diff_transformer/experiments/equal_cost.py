@@ -14,11 +14,11 @@ the attention sink, ...) measure each language model at the end of its budget on
 are at the budget's measure, and "measured at the end only" at the others. No run is trained twice:
 separate runs to each equal cost would double the study, where at this project's sizes the kinds
 differ by a few per cent in FLOPs per token (diff_transformer.flops), which puts the reading inside
-the last evaluation interval. Its bias is stated: a model read before
-its end had not finished its schedule there (its learning rate had not yet decayed to the floor), so
-the reading is conservative for the model that spent more, which would do at least as well in a run
-of its own to that amount. A study that wants the equal-FLOPs verdicts at the runs' ends sets
-``run.budget.kind: flops`` (its equal-tokens verdicts are then the ones read along the curves).
+the last evaluation interval. Its bias is stated: a model read before its end had not finished its
+schedule there (its learning rate had not yet decayed to the floor), so the reading is conservative
+for the model that spent more, which would do at least as well in a run of its own to that amount.
+A study that wants the equal-FLOPs verdicts at the runs' ends sets ``run.budget.kind: flops`` (its
+equal-tokens verdicts are then the ones read along the curves).
 
 Time is the runs' training seconds (their timed steps: each invocation's first step, evaluations
 and checkpoints excluded), which depend on the machine and on what else ran on it. How quiet the
@@ -32,9 +32,7 @@ shared out evenly over its steps (its steps are the same work).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
-
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..evaluation.stats import Difference, MeanStd, welch_difference
 from .claims import better_word, evaluation_figures, mean_lookback

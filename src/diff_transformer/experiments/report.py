@@ -160,14 +160,14 @@ def render_claims(rows: list[Claim], seeds: int) -> list[str]:
         + ("; **robust** when that holds under every recipe (two or more) and at every point from 1/4 of the budget "
            "on, else what it **depends on**." if dependent else "."),
         "",
-        "| Claim | Measure (better) | Parameters (DIFF / Transformer) | Transformer | DIFF | DIFF − Transformer "
+        "| Claim | Measure (better) | Parameters (Transformer / DIFF) | Transformer | DIFF | DIFF − Transformer "
         "[95% CI] | " + ("Along training | Under each recipe | " if dependent else "") + "Paper | Verdict |",
         "|---|---|---:|---:|---:|---:|" + ("---|---|" if dependent else "") + "---|---|",
     ]
     for row in rows:
         verdict_text = row.verdict + (f" ({row.note})" if row.note else "")
         middle = f"{along_text(row)} | {recipes_text(row)} | " if dependent else ""
-        lines.append(f"| {row.claim} | {row.measure} ({row.better}) | {parameters_text(row.parameters)} | "
+        lines.append(f"| {row.claim} | {row.measure} ({row.better}) | {parameters_text(row.parameters[::-1])} | "
                      f"{stats_cell(row.base, significant=True)} | "
                      f"{stats_cell(row.ours, significant=True)} | {interval_text(row.difference)} | "
                      f"{middle}{row.paper} | "
