@@ -394,3 +394,129 @@ def test_quietness_needs_two_runs():
     assert Quietness.of("Transformer", [1000.0]).spread is None
     assert not Quietness.of("Transformer", [1000.0]).quiet
     assert math.isclose(Quietness.of("T", [1.0, 3.0]).tokens_per_s.std, MeanStd.of([1.0, 3.0]).std)
+
+
+def test_a_grounded_runs_scores_are_read_along_its_curve_by_tokens_flops_and_seconds():
+    """Accuracy 0, 0.3, 0.5 after 0, 4 and 8 steps of 4 episodes × 36 tokens (144 a step), 10 FLOPs a
+    token, 2 s of training over the 8 steps: by hand, 0.4 at 6 steps = 864 tokens = 8,640 FLOPs = 1.5 s."""
+    from planted import grounded_run
+
+    from diff_transformer.experiments.equal_cost import grounded_trajectory
+
+    run = grounded_run(0.5, curve=[(0, 0.0, (0.5, 0.5)), (4, 0.3, (0.5, 0.5)), (8, 0.5, (0.5, 0.5))])
+    run.flops_per_token, run.train_seconds = 10.0, 2.0
+    track = grounded_trajectory(run, lambda p: p.scores.accuracy, run.scores.accuracy, steps=8, tokens_per_step=144)
+    assert track.costs == {"tokens": [0.0, 576.0, 1152.0], "flops": [0.0, 5760.0, 11520.0], "seconds": [0.0, 1.0, 2.0]}
+    for measure, amount in (("tokens", 864.0), ("flops", 8640.0), ("seconds", 1.5)):
+        assert track.at(measure, amount) == pytest.approx(0.4, abs=1e-12)
+    assert track.final == 0.5
+    run.flops_per_token = None  # a kind without a FLOPs term
+    assert grounded_trajectory(run, lambda p: p.scores.accuracy, 0.5, 8, 144).costs["flops"] is None
+
+
+def test_the_verdicts_at_equal_cost_are_a_table_per_cost_each_model_a_row_with_its_parameters():
+    """Hand-built verdicts of two models against DIFF on three tasks (language modelling, a retrieval task
+    and an evaluation measured at the end only): a table at equal tokens (DIFF's own figures in its row),
+    one at equal FLOPs without the evaluation, and one line for the time that was not judged."""
+    from diff_transformer.evaluation.stats import Difference
+    from diff_transformer.experiments.equal_cost import CostReading, EqualCost, EqualCostRow
+    from diff_transformer.experiments.report import equal_cost_lines
+
+    not_quiet = CostReading("seconds", None, verdict="not judged: the machine was not quiet enough")
+
+    def row(model, task, experiment, parameters, ends, flops):
+        measure = {"Language modelling": "loss", "Retrieval: mqar": "mqar accuracy", "Attention sink": "share"}[task]
+        better = "higher" if task == "Retrieval: mqar" else "lower"
+        ours, base = ends
+        tokens = CostReading("tokens", None, ours, base, Difference(0.1, 0.05, 0.15), f"{model} worse")
+        return EqualCostRow(task, measure, better, model, "DIFF", [tokens, flops, not_quiet], experiment, parameters)
+
+    at_flops = CostReading("flops", 2.5e9, [3.1], [3.0], Difference(0.1, -0.2, 0.4), "inconclusive")
+    end_only = CostReading("flops", None, verdict="measured at the end only")
+    rows = []
+    for model, lm_count, small_count in (("Transformer", 1_000, 10), ("DIFF V2", 1_200, 12)):
+        rows += [row(model, "Language modelling", "language modelling", (lm_count, 1_001), ([3.1, 3.2], [3.0, 3.1]),
+                     at_flops),
+                 row(model, "Retrieval: mqar", "retrieval", (small_count, 11), ([0.2, 0.3], [0.4, 0.5]), at_flops),
+                 row(model, "Attention sink", "language modelling", (lm_count, 1_001), ([0.3, 0.3], [0.1, 0.1]),
+                     end_only)]
+    quiet = {"language modelling": None, "retrieval": None, "grounded": None}
+    text = "\n".join(equal_cost_lines(EqualCost("tokens", "tokens", rows, quiet), seeds=2))
+    tokens, flops, seconds = (text.split(f"### {h}\n")[1].split("\n### ")[0] for h in (
+        "At equal tokens", "At equal training FLOPs", "At equal training time"))
+    assert ("| Model | Parameters | Language modelling (lower) | Retrieval: mqar (higher) | Attention sink (lower) |"
+            in tokens)
+    assert "| DIFF | 1,001 · 11 | 3.05 ± 0.071 | 0.45 ± 0.071 | 0.1 ± 0 |" in tokens  # the base of the first row
+    assert "| DIFF V2 | 1,200 · 12 | +0.1 [+0.05, +0.15] **DIFF V2 worse** |" in tokens
+    assert "| Model | Parameters | Language modelling (lower) | Retrieval: mqar (higher) |\n" in flops
+    assert "| DIFF | 1,001 · 11 | – | – |" in flops  # read with each pair, not its own
+    read = "+0.1 [-0.2, +0.4] **inconclusive** (read at 2.5e+09)"
+    assert f"| Transformer | 1,000 · 10 | {read} | {read} |" in flops
+    assert "Measured at the end of training only (at the budget's measure): Attention sink (lower)." in flops
+    assert seconds.strip().split("\n\n")[0] == "Not judged: the machine was not quiet enough."
+    assert "Parameters" in text and "(language modelling · retrieval)" in text
+
+
+def test_every_experiment_is_read_with_its_own_models_parameters_and_costs():
+    """Three models, 2 seeds: language-model runs (FLOPs per token 2, DIFF 3), retrieval and grounded runs
+    with their own parameter counts, the attention sink measured at the end. Every row carries its
+    experiment's counts; DIFF V2's grounded accuracy at equal FLOPs reads DIFF's curve where DIFF V2's
+    runs ended (by hand below); the sink is compared at equal tokens only."""
+    from planted import grounded, grounded_run, lm, retrieval, retrieval_run, summary, training_run
+
+    from diff_transformer.experiments import load_experiment
+    from diff_transformer.experiments.equal_cost import equal_cost
+    from diff_transformer.experiments.results import LogPoint, RunLog
+    from diff_transformer.experiments.study import Sweep
+
+    names = ("standard", "diff", "diff_v2")
+    lm_count, small_count, grounded_count = {"standard": 1000, "diff": 1001, "diff_v2": 1200}, \
+        {"standard": 10, "diff": 11, "diff_v2": 12}, {"standard": 20, "diff": 21, "diff_v2": 22}
+    per_token = {"standard": 2.0, "diff": 3.0, "diff_v2": 2.0}
+    models, sweeps = {}, {}
+    for name in names:
+        models[name] = summary(name, [3.0, 3.1])
+        models[name].parameters = lm_count[name]
+        runs = []
+        for seed, loss in enumerate((3.0, 3.1)):
+            run = training_run(name, seed, loss)
+            run.summary.flops_per_token = per_token[name]
+            run.log = RunLog(val=[LogPoint(2, 100, loss + 1.0, train_seconds=1.0),
+                                  LogPoint(4, 200, loss, train_seconds=2.0)])
+            runs.append(run)
+        sweeps[name] = Sweep(name, {None: {1e-3: runs}}, {None: {1e-3: MeanStd.of([3.0, 3.1])}}, {None: {1e-3: 0}},
+                             {None: 1e-3}, None)
+
+    def small_runs(make, count, name, flops):
+        out = [make(), make()]
+        for run in out:
+            run.parameters, run.flops_per_token = count[name], flops
+        return out
+
+    accuracy = {"standard": 0.3, "diff": 0.6, "diff_v2": 0.45}
+    found = retrieval({n: small_runs(lambda n=n: retrieval_run(accuracy[n], accuracy[n]), small_count, n,
+                                     per_token[n]) for n in names})
+    answered = grounded({n: small_runs(lambda n=n: grounded_run(accuracy[n]), grounded_count, n, per_token[n])
+                         for n in names})
+    labels = {"standard": "Transformer", "diff": "DIFF", "diff_v2": "DIFF V2"}
+    sink = {"standard": 0.4, "diff": 0.1, "diff_v2": 0.3}
+    suite = {"attention-sink": {"models": {f"{labels[n]} s{s}": {"mean_over_layers": {"mean": sink[n] + s / 100}}
+                                           for n in names for s in (0, 1)}}}
+    result = equal_cost(load_experiment("tiny"), lm(models, sweeps), found, answered, suite)
+    rows = {(r.model, r.task): r for r in result.rows}
+    assert {task for _, task in rows} == {"Language modelling", "Retrieval: needle", "Retrieval: mqar",
+                                          "Contextual hallucination", "Lookback ratio", "Attention sink"}
+    v2 = {task: r for (model, task), r in rows.items() if model == "DIFF V2"}
+    assert v2["Language modelling"].parameters == v2["Attention sink"].parameters == (1200, 1001)
+    assert v2["Retrieval: mqar"].parameters == (12, 11) and v2["Retrieval: mqar"].experiment == "retrieval"
+    assert v2["Contextual hallucination"].parameters == (22, 21)
+    assert v2["Contextual hallucination"].experiment == "grounded"
+    # Grounded: 8 steps × 4 examples × 36 tokens = 1,152 tokens, DIFF V2 2,304 FLOPs, DIFF 3,456: DIFF read at
+    # 2,304 FLOPs = 768 tokens, 2/3 of the way along its curve from 0 (step 0) to 0.6 (step 8): 0.4.
+    flops = v2["Contextual hallucination"].readings[1]
+    assert flops.measure == "flops" and flops.at == pytest.approx(2304.0)
+    assert flops.base == pytest.approx([0.4, 0.4], abs=1e-12) and flops.ours == pytest.approx([0.45, 0.45], abs=1e-12)
+    tokens, at_flops = v2["Attention sink"].readings[:2]
+    assert tokens.ours == [0.3, 0.31] and tokens.base == [0.1, 0.11] and tokens.at is None
+    assert at_flops.verdict == "measured at the end only" and at_flops.difference is None
+    assert set(result.quietness) == {"language modelling", "retrieval", "grounded"}

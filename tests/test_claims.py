@@ -122,8 +122,8 @@ def test_attention_claims_use_the_deepest_layer_measured_in_every_model():
     rows = paper_claims(CONFIG, _lm([3.0, 3.1], [3.0, 3.1]), retrieval, {})
     noise = next(r for r in rows if r.claim == "Attention noise")
     assert noise.verdict == "not testable here" and noise.ours is None
-    assert "| Attention noise | share of the answer row on noise and distractors (lower) | – | – | – |" in "\n".join(
-        render_claims(rows, 2))
+    assert ("| Attention noise | share of the answer row on noise and distractors (lower) | – / – | – | – | – |"
+            in "\n".join(render_claims(rows, 2)))
 
 
 def _along(*pairs):
@@ -229,3 +229,22 @@ def test_every_other_model_is_compared_on_the_evaluations_that_ran_on_it():
     claims = {r.claim: r for r in paper_claims(CONFIG, lm({n: models[n] for n in ("standard", "diff")}), None, suite)}
     assert claims["Attention sink"].paper_sign == 0 and claims["Attention sink"].verdict.startswith("DIFF better")
     assert claims["Massive activations"].ours.per_seed == (20.0, 22.0)
+
+
+def test_every_row_names_the_parameters_of_the_two_models_it_measures():
+    """DIFF's language model 1,001 parameters and the Transformer's 1,000, their retrieval models 11 and 10:
+    each row carries the counts of the experiment it reads, DIFF's first; the table prints them in the
+    order of its columns, the Transformer's first."""
+    lm = _lm([3.0, 3.1], [3.1, 3.2])
+    lm.models["diff"].parameters, lm.models["standard"].parameters = 1_001, 1_000
+    runs = {"standard": [_run(0.5, 0.3), _run(0.5, 0.3)], "diff": [_run(0.6, 0.5), _run(0.6, 0.5)]}
+    for name, count in (("standard", 10), ("diff", 11)):
+        for run in runs[name]:
+            run.parameters = count
+    rows = {r.measure: r for r in paper_claims(CONFIG, lm, _retrieval(runs), {})}
+    assert rows["final validation loss (nats/token), each at its best recipe and lr"].parameters == (1_001, 1_000)
+    mqar = next(r for m, r in rows.items() if m.startswith("mqar accuracy"))
+    assert mqar.parameters == (11, 10)
+    table = "\n".join(render_claims(list(rows.values()), 2))
+    assert "| Language modelling | final validation loss (nats/token), each at its best recipe and lr (lower) | " \
+           "1,000 / 1,001 | 3.15 ± 0.071 | 3.05 ± 0.071 |" in table

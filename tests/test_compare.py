@@ -393,9 +393,9 @@ def test_sample_efficiency_reads_each_curve_as_a_hand_interpolation_does():
     # Retrieval, target 0.25, at 0, 4 and 8 examples of each task (2 a step; the needle curve is planted the
     # same): the Transformer under plain-init reaches it between 4 (0.1) and 8 (0.3), at 7; DIFF under
     # scaled-init between 0 (0.0) and 4 (0.5), at 2, under plain-init between 4 (0.2) and 8 (0.4), at 5.
-    assert ("| Transformer | plain-init | 7 | 7 |" in text
-            and "| Transformer | scaled-init | not within the budget " in text)
-    assert "| DIFF | scaled-init | 2 | 2 |" in text and "| DIFF | plain-init | 5 | 5 |" in text
+    assert ("| Transformer | 1 | plain-init | 7 | 7 |" in text
+            and "| Transformer | 1 | scaled-init | not within the budget " in text)
+    assert "| DIFF | 1 | scaled-init | 2 | 2 |" in text and "| DIFF | 1 | plain-init | 5 | 5 |" in text
 
 
 def test_the_sensitivity_table_gives_each_recipe_its_own_difference():

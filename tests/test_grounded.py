@@ -243,4 +243,4 @@ def test_the_claims_read_grounded_accuracy_and_the_lookback_ratio_along_training
         (b, c) for b in ("Transformer", "DIFF") for c in ("Contextual hallucination", "Lookback ratio")}
     report = "\n".join(grounded_lines(grounded))
     assert "| grounded accuracy (higher) | 0.420 ± 0.020 | 0.520 ± 0.020 | 0.450 ± 0.000 |" in report
-    assert "| Transformer | counterfactual | 1.000 |" in report and "step 8" in report
+    assert "| Transformer | 1 | counterfactual | 1.000 |" in report and "step 8" in report

@@ -9,6 +9,7 @@ import signal
 import sys
 from functools import partial
 
+from ..config import ATTENTION_KINDS
 from . import args as types
 
 
@@ -99,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--config", default="tiny", help=config_help())
     c.add_argument(
         "--attention",
-        help="comma-separated attention kinds (standard,diff,diff_v2,diff_symmetric,gated,gated_headwise,mta,xsa) or "
+        help=f"comma-separated attention kinds ({','.join(ATTENTION_KINDS)}) or "
         "model names (standard-wide) to train: the config's models of these kinds (for a kind that compare.models "
         "names, only its models there) and the models named; default: the config's compare.models",
     )

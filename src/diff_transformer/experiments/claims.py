@@ -46,11 +46,13 @@ class AlongValues:
 @dataclass
 class Figures:
     """One figure of one model, per seed: at its best (recipe, lr), under each init recipe (at its
-    best lr there) and along training (at its best)."""
+    best lr there) and along training (at its best); and the parameters of the model it measures (the
+    language model, or the task's small model)."""
 
     best: list[float]
     by_recipe: dict[str, list[float]] = field(default_factory=dict)
     along: list[AlongValues] = field(default_factory=list)
+    parameters: int | None = None
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Claim:
     along: list[AlongDifference] = field(default_factory=list)
     model: str = "DIFF"  # what ``ours`` is (the other attention kinds' rows name theirs)
     baseline: str = "Transformer"
+    parameters: tuple[int | None, int | None] = (None, None)  # the measured models': (ours, the baseline's)
 
 
 def verdict(diff: Difference, paper_sign: int) -> str:
@@ -175,7 +178,7 @@ def make_claim(claim: str, measure: str, better: str, ours: Figures, base: Figur
              for a, b in zip(ours.along, base.along) if a.fraction == b.fraction and a.values and b.values]
     return Claim(claim, measure, better, MeanStd.of(ours.best), MeanStd.of(base.best), diff, paper, paper_sign,
                  verdict=dependence(diff, recipes, along, word) if testable else "not testable here", note=note,
-                 by_recipe=recipes, along=along)
+                 by_recipe=recipes, along=along, parameters=(ours.parameters, base.parameters))
 
 
 def pair(config: ExperimentConfig, names: Sequence[str]) -> tuple[str, str] | None:
@@ -196,7 +199,7 @@ def lm_figures(lm: LanguageModelling, name: str) -> Figures:
     curve, steps = model.val_curve, model.steps or lm.budget.steps  # a budget in FLOPs: the model's own steps
     along = [AlongValues(step / steps, f"{curve.tokens[i]:,} tokens", [seed[i] for seed in curve.values])
              for i, step in enumerate(curve.step)]
-    return Figures(list(model.final_val_loss.per_seed), by_recipe, along)
+    return Figures(list(model.final_val_loss.per_seed), by_recipe, along, model.parameters)
 
 
 def retrieval_figures(retrieval: RetrievalResult, name: str, figure: Callable[[RetrievalRun], float],
@@ -213,7 +216,7 @@ def retrieval_figures(retrieval: RetrievalResult, name: str, figure: Callable[[R
         along = [AlongValues(point.step / settings.steps, f"{point.step * per_step:,} {task} examples",
                              [curve(r.curve[i]) for r in runs])
                  for i, point in enumerate(runs[0].curve) if point.step > 0]
-    return Figures([figure(r) for r in runs], by_recipe, along)
+    return Figures([figure(r) for r in runs], by_recipe, along, model.parameters)
 
 
 def grounded_figures(grounded: GroundedResult, name: str, figure: Callable[[GroundedRun], float],
@@ -227,7 +230,7 @@ def grounded_figures(grounded: GroundedResult, name: str, figure: Callable[[Grou
     along = [AlongValues(point.step / settings.steps, f"{point.step * per_step:,} episodes",
                          [curve(r.curve[i]) for r in model.runs])
              for i, point in enumerate(model.runs[0].curve) if point.step > 0]
-    return Figures([figure(r) for r in model.runs], by_recipe, along)
+    return Figures([figure(r) for r in model.runs], by_recipe, along, model.parameters)
 
 
 def mean_lookback(per_layer: Sequence[float | None]) -> float:
@@ -369,7 +372,7 @@ def evaluation_figures(config: ExperimentConfig, lm: LanguageModelling, names: S
         values = {n: [figure(results[label]) for label in labels[n] if label in results] for n in names}
         if any(len(v) < len(labels[n]) or None in v for n, v in values.items()):
             return None
-        return {n: Figures(v) for n, v in values.items()}
+        return {n: Figures(v, parameters=lm.models[n].parameters) for n, v in values.items()}
 
     rows = []
     t5 = OUTLIERS_TABLE5

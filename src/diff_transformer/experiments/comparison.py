@@ -128,7 +128,7 @@ def run_comparison(config: ExperimentConfig, out_dir: Path, names: Sequence[str]
         metrics.claims = paper_claims(config, lm, metrics.retrieval, suite.data if suite else {}, metrics.grounded)
         metrics.variant_comparisons = variant_comparisons(config, lm, metrics.retrieval, suite.data if suite else {},
                                                           metrics.grounded)
-        metrics.equal_cost = equal_cost(config, lm, metrics.retrieval)
+        metrics.equal_cost = equal_cost(config, lm, metrics.retrieval, metrics.grounded, suite.data if suite else {})
         metrics.wall_seconds = time.perf_counter() - start
         metrics.phase_seconds = phases
 

@@ -140,10 +140,11 @@ def small_model_config(section: Any, vocab_size: int, attention: str, *, diff_he
                        **fields: Any) -> ModelConfig:
     """A model of the retrieval or the grounded experiment: the section's d_model, n_layers and length,
     DIFF's head count ``section.n_heads``, doubled for the other kinds (the same head width) unless
-    ``diff_heads``, as a model entry's (the wide-head Transformer)."""
+    ``diff_heads``, as a model entry's (the wide-head Transformer); ``fields`` over that (a model
+    entry's switches and its small_model fields, which may set its own n_heads)."""
     heads = section.n_heads if attention in DIFF_HEAD_KINDS or diff_heads else 2 * section.n_heads
-    return ModelConfig(vocab_size=vocab_size, d_model=section.d_model, n_layers=section.n_layers, n_heads=heads,
-                       max_seq_len=section.length, attention=attention, **fields)
+    return ModelConfig(**{"n_heads": heads, **fields, "vocab_size": vocab_size, "d_model": section.d_model,
+                          "n_layers": section.n_layers, "max_seq_len": section.length, "attention": attention})
 
 
 @dataclass
@@ -644,6 +645,10 @@ class ExperimentConfig:
             if unknown:
                 raise ConfigError(f"{where}: no model named {unknown[0]!r}; the config has {', '.join(names)}")
         for entry in names.values():
+            pinned = sorted({key for recipe in INIT_RECIPES.values() for key in recipe} & set(entry.small_model))
+            if pinned:
+                raise ConfigError(f"models.{entry.name}.small_model.{pinned[0]}: an init recipe sets it for every "
+                                  f"model (compare.recipes); set it on the model itself, where the recipes check it")
             if entry.paper_row is not None and entry.paper_row not in PAPER_TABLE6:
                 raise ConfigError(f"models.{entry.name}.paper_row must be one of {', '.join(PAPER_TABLE6)}, "
                                   f"got {entry.paper_row!r}")

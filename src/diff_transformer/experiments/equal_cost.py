@@ -1,20 +1,24 @@
 """Verdicts at equal cost: each model against DIFF at equal tokens, equal training FLOPs and, where
-the machine was quiet enough to say, equal training time, in language modelling and in retrieval.
+the machine was quiet enough to say, equal training time, in language modelling, in retrieval, in the
+grounded (contextual-hallucination) task and in the evaluations of the language models.
 
 A comparison trains every language model to one budget (``run.budget``: tokens, which ``run.steps``
-counts too; training FLOPs; or seconds) and every retrieval model for ``retrieval.steps`` (tokens).
-At the budget's own measure every run ends at the same amount (within one step): the figures are
-the runs' final ones. At the other measures the models spent different amounts (a kind of more FLOPs
-per token spent more FLOPs on the same tokens), and each model's figure is **read off its own curve**,
-from the same runs (the validation loss at every evaluation, the retrieval accuracy at every point of
-the learning curve), at the amount the pair's least-spending run reached, linearly between measured
-points. No run is trained twice: separate runs to each equal cost would double the study, where at
-this project's sizes the kinds differ by a few per cent in FLOPs per token (diff_transformer.flops),
-which puts the reading inside the last evaluation interval. Its bias is stated: a model read before
-its end had not finished its schedule there (its learning rate had not yet decayed to the floor), so
-the reading is conservative for the model that spent more, which would do at least as well in a run
-of its own to that amount. A study that wants the equal-FLOPs verdicts at the runs' ends sets
-``run.budget.kind: flops`` (its equal-tokens verdicts are then the ones read along the curves).
+counts too; training FLOPs; or seconds), every retrieval model for ``retrieval.steps`` and every
+grounded model for ``grounded.steps`` (tokens). At the budget's own measure every run ends at the
+same amount (within one step): the figures are the runs' final ones. At the other measures the models
+spent different amounts (a kind of more FLOPs per token spent more FLOPs on the same tokens), and
+each model's figure is **read off its own curve**, from the same runs (the validation loss at every
+evaluation, the retrieval and grounded scores at every point of their learning curves), at the amount
+the pair's least-spending run reached, linearly between measured points. The evaluations (outliers,
+the attention sink, ...) measure each language model at the end of its budget only: their verdicts
+are at the budget's measure, and "measured at the end only" at the others. No run is trained twice:
+separate runs to each equal cost would double the study, where at this project's sizes the kinds
+differ by a few per cent in FLOPs per token (diff_transformer.flops), which puts the reading inside
+the last evaluation interval. Its bias is stated: a model read before its end had not finished its
+schedule there (its learning rate had not yet decayed to the floor), so the reading is conservative
+for the model that spent more, which would do at least as well in a run of its own to that amount.
+A study that wants the equal-FLOPs verdicts at the runs' ends sets ``run.budget.kind: flops`` (its
+equal-tokens verdicts are then the ones read along the curves).
 
 Time is the runs' training seconds (their timed steps: each invocation's first step, evaluations
 and checkpoints excluded), which depend on the machine and on what else ran on it. How quiet the
@@ -28,13 +32,14 @@ shared out evenly over its steps (its steps are the same work).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from ..evaluation.stats import Difference, MeanStd, welch_difference
-from .claims import better_word
+from .claims import better_word, evaluation_figures, mean_lookback
 from .config import ExperimentConfig
+from .grounded import GroundedResult
 from .language_models import LanguageModelling
-from .results import RetrievalRun, TrainingRun
+from .results import GroundedPoint, GroundedRun, RetrievalRun, TrainingRun
 from .retrieval import TASKS, RetrievalResult
 
 MEASURES = ("tokens", "flops", "seconds")  # what a cost is counted in
@@ -98,6 +103,11 @@ def lm_trajectory(run: TrainingRun) -> Trajectory:
                       [p.loss for p in points], run.final_val_loss)
 
 
+def end_only(value: float) -> Trajectory:
+    """A figure measured at the end of training only (an evaluation of the final model)."""
+    return Trajectory({measure: None for measure in MEASURES}, [], value)
+
+
 def retrieval_trajectory(run: RetrievalRun, task: str, steps: int, tokens_per_step: int) -> Trajectory:
     """A retrieval run's mean accuracy on ``task`` along its learning curve (from before training),
     by tokens, FLOPs and training seconds (the run's time shared out evenly over its ``steps``)."""
@@ -106,6 +116,17 @@ def retrieval_trajectory(run: RetrievalRun, task: str, steps: int, tokens_per_st
     return Trajectory({"tokens": tokens, "flops": None if per_token is None else [t * per_token for t in tokens],
                        "seconds": [run.train_seconds * p.step / steps for p in run.curve]},
                       [p.mean_accuracy[task] for p in run.curve], run.mean_accuracy[task])
+
+
+def grounded_trajectory(run: GroundedRun, figure: Callable[[GroundedPoint], float], final: float, steps: int,
+                        tokens_per_step: int) -> Trajectory:
+    """A grounded run's ``figure`` along its learning curve (``final`` at its end), by tokens, FLOPs and
+    training seconds (the run's time shared out evenly over its ``steps``)."""
+    tokens = [float(p.step * tokens_per_step) for p in run.curve]
+    per_token = run.flops_per_token
+    return Trajectory({"tokens": tokens, "flops": None if per_token is None else [t * per_token for t in tokens],
+                       "seconds": [run.train_seconds * p.step / steps for p in run.curve]},
+                      [figure(p) for p in run.curve], final)
 
 
 @dataclass
@@ -122,7 +143,7 @@ class CostReading:
 
 @dataclass
 class EqualCostRow:
-    """A model against DIFF on one task, at each equal cost."""
+    """A model against DIFF on one task, at each equal cost, with the parameters of both models measured."""
 
     task: str
     measure: str
@@ -130,6 +151,8 @@ class EqualCostRow:
     model: str  # labels
     baseline: str
     readings: list[CostReading]
+    experiment: str = "language modelling"  # whose models the task measures: EXPERIMENTS
+    parameters: tuple[int | None, int | None] = (None, None)  # (the model's, DIFF's) in that experiment
 
 
 @dataclass
@@ -137,9 +160,12 @@ class EqualCost:
     """The verdicts at equal cost of a comparison and what they rest on."""
 
     budget: str  # the measure the language models' budget counts (run.steps: "tokens")
-    retrieval_budget: str  # the retrieval experiment's: "tokens" (retrieval.steps)
+    retrieval_budget: str  # the retrieval and grounded experiments': "tokens" (their steps)
     rows: list[EqualCostRow]
-    quietness: dict[str, Quietness | None]  # "language modelling", "retrieval"
+    quietness: dict[str, Quietness | None]  # EXPERIMENTS -> how steady the machine was (None: did not run)
+
+
+EXPERIMENTS = ("language modelling", "retrieval", "grounded")  # the experiments whose models a task measures
 
 
 def reading(measure: str, budget: str, ours: Sequence[Trajectory], base: Sequence[Trajectory], word,
@@ -151,6 +177,8 @@ def reading(measure: str, budget: str, ours: Sequence[Trajectory], base: Sequenc
     if measure == budget:
         values = [t.final for t in ours], [t.final for t in base]
         at = None
+    elif not any(t.values for t in (*ours, *base)):
+        return CostReading(measure, None, verdict="measured at the end only")
     else:
         ends = [t.end(measure) for t in (*ours, *base)]
         if None in ends:
@@ -163,22 +191,40 @@ def reading(measure: str, budget: str, ours: Sequence[Trajectory], base: Sequenc
     return CostReading(measure, at, list(values[0]), list(values[1]), difference, word(difference))
 
 
-def equal_cost(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None) -> EqualCost | None:
-    """Every model of the comparison against its DIFF model (the first of attention "diff") at equal
-    tokens, FLOPs and time, in language modelling and (where it ran) retrieval; None without DIFF."""
+@dataclass
+class CostTask:
+    """One task of the verdicts: every model's runs as trajectories, what the runs trained to, and the
+    parameters of each model measured."""
+
+    task: str
+    measure: str
+    better: str
+    experiment: str  # EXPERIMENTS
+    budget: str  # the measure its runs trained to
+    tracks: dict[str, list[Trajectory]]  # model name -> one per seed
+    parameters: dict[str, int | None]
+
+
+def reference_model(lm: LanguageModelling) -> str:
+    """The model whose runs say how quiet the machine was: the first Transformer, else the first model."""
     names = list(lm.models)
-    diff = next((n for n in names if lm.models[n].attention == "diff"), None)
-    if diff is None:
-        return None
-    reference = next((n for n in names if lm.models[n].attention == "standard"), names[0])
+    return next((n for n in names if lm.models[n].attention == "standard"), names[0])
+
+
+def cost_tasks(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None,
+               grounded: GroundedResult | None,
+               suite: dict[str, Any]) -> tuple[list[CostTask], dict[str, Quietness | None]]:
+    """Every task the comparison measured on every model, and how quiet the machine was in each experiment."""
+    names = list(lm.models)
+    reference = reference_model(lm)
     budget = "tokens" if lm.budget.kind == "steps" else lm.budget.kind
-    lm_runs = {n: lm.sweeps[n].chosen for n in names}
-    quiet_lm = Quietness.of(lm.models[reference].label,
-                            [run.summary.tokens_per_s for by_lr in lm.sweeps[reference].runs.values()
-                             for runs in by_lr.values() for run in runs if run.summary.tokens_per_s])
-    quietness: dict[str, Quietness | None] = {"language modelling": quiet_lm, "retrieval": None}
-    tracks = {("Language modelling", n): [lm_trajectory(r) for r in lm_runs[n]] for n in names}
-    tasks = [("Language modelling", "final validation loss (nats/token)", "lower")]
+    quietness: dict[str, Quietness | None] = {experiment: None for experiment in EXPERIMENTS}
+    quietness["language modelling"] = Quietness.of(
+        lm.models[reference].label, [run.summary.tokens_per_s for by_lr in lm.sweeps[reference].runs.values()
+                                     for runs in by_lr.values() for run in runs if run.summary.tokens_per_s])
+    lm_parameters = {n: lm.models[n].parameters for n in names}
+    tasks = [CostTask("Language modelling", "final validation loss (nats/token)", "lower", "language modelling", budget,
+                      {n: [lm_trajectory(r) for r in lm.sweeps[n].chosen] for n in names}, lm_parameters)]
     if retrieval is not None and all(n in retrieval.models for n in names):
         settings = retrieval.settings
         per_step = settings.batch_size * settings.length
@@ -187,21 +233,54 @@ def equal_cost(config: ExperimentConfig, lm: LanguageModelling, retrieval: Retri
             [run.train_tokens_per_second for by_lr in retrieval.models[reference].sweep.runs.values()
              for runs in by_lr.values() for run in runs])
         for task in TASKS:
-            label = f"Retrieval: {task}"
-            tasks.append((label, f"{task} accuracy, mean over difficulty cells", "higher"))
-            for n in names:
-                tracks[label, n] = [retrieval_trajectory(r, task, settings.steps, per_step)
-                                    for r in retrieval.models[n].runs]
+            tasks.append(CostTask(f"Retrieval: {task}", f"{task} accuracy, mean over difficulty cells", "higher",
+                                  "retrieval", "tokens",
+                                  {n: [retrieval_trajectory(r, task, settings.steps, per_step)
+                                       for r in retrieval.models[n].runs] for n in names},
+                                  {n: retrieval.models[n].parameters for n in names}))
+    if grounded is not None and all(n in grounded.models for n in names):
+        settings = grounded.settings
+        per_step = settings.batch_size * settings.length
+        quietness["grounded"] = Quietness.of(
+            grounded.models[reference].label,
+            [run.train_tokens_per_second for by_lr in grounded.models[reference].sweep.runs.values()
+             for runs in by_lr.values() for run in runs])
+        for task, measure, better, figure, final in (
+            ("Contextual hallucination", "grounded accuracy, mean over agreeing, counterfactual and lacking "
+             "documents", "higher", lambda p: p.scores.accuracy, lambda r: r.scores.accuracy),
+            ("Lookback ratio", "lookback ratio of the answering rows, mean over layers", "neither",
+             lambda p: mean_lookback(p.lookback), lambda r: mean_lookback(r.lookback)),
+        ):
+            tasks.append(CostTask(task, measure, better, "grounded", "tokens",
+                                  {n: [grounded_trajectory(r, figure, final(r), settings.steps, per_step)
+                                       for r in grounded.models[n].runs] for n in names},
+                                  {n: grounded.models[n].parameters for n in names}))
+    for entry in evaluation_figures(config, lm, names, suite):
+        tasks.append(CostTask(entry.task, entry.measure, entry.better, "language modelling", budget,
+                              {n: [end_only(v) for v in entry.figures[n].best] for n in names}, lm_parameters))
+    return tasks, quietness
+
+
+def equal_cost(config: ExperimentConfig, lm: LanguageModelling, retrieval: RetrievalResult | None,
+               grounded: GroundedResult | None = None, suite: dict[str, Any] | None = None) -> EqualCost | None:
+    """Every model of the comparison against its DIFF model (the first of attention "diff") at equal
+    tokens, FLOPs and time, on every task it measured (language modelling, retrieval and grounded where
+    they ran on every model, the evaluations of ``suite``, the suite's data); None without DIFF."""
+    names = list(lm.models)
+    diff = next((n for n in names if lm.models[n].attention == "diff"), None)
+    if diff is None:
+        return None
+    tasks, quietness = cost_tasks(config, lm, retrieval, grounded, suite or {})
     rows = []
     for name in names:
         if name == diff:
             continue
         label = lm.models[name].label
-        for task, measure, better in tasks:
-            own_budget, quiet = ((budget, quiet_lm) if task == "Language modelling"
-                                 else ("tokens", quietness["retrieval"]))
-            word = better_word(label, better)
-            readings = [reading(m, own_budget, tracks[task, name], tracks[task, diff], word, quiet) for m in MEASURES]
-            rows.append(EqualCostRow(task, measure, better, label, lm.models[diff].label, readings))
+        for task in tasks:
+            word = better_word(label, task.better)
+            readings = [reading(m, task.budget, task.tracks[name], task.tracks[diff], word,
+                                quietness[task.experiment]) for m in MEASURES]
+            rows.append(EqualCostRow(task.task, task.measure, task.better, label, lm.models[diff].label, readings,
+                                     task.experiment, (task.parameters[name], task.parameters[diff])))
+    budget = "tokens" if lm.budget.kind == "steps" else lm.budget.kind
     return EqualCost(budget, "tokens", rows, quietness)
-

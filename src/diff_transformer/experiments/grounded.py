@@ -48,10 +48,11 @@ from ..data.synthetic import (
 from ..evaluation.lookback import LookbackTap
 from ..evaluation.stats import auroc
 from ..model import LanguageModel
+from ..train.budget import flops_per_token
 from ..train.config import OptimConfig
 from .config import ExperimentConfig, GroundedConfig
 from .results import GroundedPoint, GroundedRun, GroundedScores, Outcomes
-from .retrieval import retrieval_fields, train_steps
+from .retrieval import retrieval_fields, small_model_or_error, train_steps
 from .runner import PoolJob, run_jobs
 from .study import Axes, Sweep, learning_rates, sweep
 
@@ -209,6 +210,7 @@ def run_one(config: GroundedConfig, optim: OptimConfig, attention: str, seed: in
         seed=seed, lr=optim.lr, parameters=model.num_parameters(), train_seconds=seconds,
         train_tokens_per_second=config.steps * config.batch_size * config.length / seconds, losses=losses,
         scores=end.scores, lookback=end.lookback, lookback_auroc=lookback_auroc(last[0]), curve=curve,
+        flops_per_token=flops_per_token(model.config, config.length),
     )
 
 
@@ -224,6 +226,10 @@ class GroundedModel:
     def runs(self) -> list[GroundedRun]:
         """At its best (recipe, lr), one per seed."""
         return self.sweep.chosen
+
+    @property
+    def parameters(self) -> int:
+        return self.runs[0].parameters
 
 
 @dataclass
@@ -244,8 +250,7 @@ def check_grounded(config: ExperimentConfig, names: Sequence[str]) -> None:
     study starts (as :func:`~.retrieval.check_retrieval` for the retrieval experiment)."""
     for name in names:
         for recipe in tuple(config.grounded.recipes or config.compare.recipes) or (None,):
-            config.grounded.model_config(config.attention(name), diff_heads=config.train.model(name).diff_heads,
-                                         **retrieval_fields(config, name, recipe))
+            small_model_or_error("grounded", config, name, recipe, config.grounded.model_config)
 
 
 def run_experiment(config: ExperimentConfig, names: Sequence[str], seeds: Sequence[int], out_dir: Path, *,

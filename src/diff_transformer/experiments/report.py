@@ -17,7 +17,7 @@ from ..files import write_atomically, write_text_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
 from .claims import Claim, fraction_label, mean_lookback, task_figures
 from .config import retrieval_examples_per_step
-from .equal_cost import QUIET_SPREAD, CostReading, EqualCost, Quietness
+from .equal_cost import EXPERIMENTS, MEASURES, QUIET_SPREAD, CostReading, EqualCost, Quietness
 from .grounded import GroundedResult
 from .language_models import Budget, LanguageModelling, Machine, ModelSummary
 from .results import json_text
@@ -134,6 +134,11 @@ def along_text(row: Claim, shown: Sequence[float] = (0.125, 0.25, 0.5, 1.0)) -> 
     return "; ".join(f"{signed(points[i].difference.delta)} at {fraction_label(points[i].fraction)}" for i in picked)
 
 
+def parameters_text(parameters: tuple[int | None, int | None]) -> str:
+    """"4,917,696 / 4,916,928": the two measured models' parameters, – where one is not known."""
+    return " / ".join("–" if n is None else f"{n:,}" for n in parameters)
+
+
 def recipes_text(row: Claim) -> str:
     return "; ".join(f"{r} {interval_text(d)}" for r, d in row.by_recipe.items()) or "–"
 
@@ -155,14 +160,15 @@ def render_claims(rows: list[Claim], seeds: int) -> list[str]:
         + ("; **robust** when that holds under every recipe (two or more) and at every point from 1/4 of the budget "
            "on, else what it **depends on**." if dependent else "."),
         "",
-        "| Claim | Measure (better) | Transformer | DIFF | DIFF − Transformer [95% CI] | "
-        + ("Along training | Under each recipe | " if dependent else "") + "Paper | Verdict |",
-        "|---|---|---:|---:|---:|" + ("---|---|" if dependent else "") + "---|---|",
+        "| Claim | Measure (better) | Parameters (Transformer / DIFF) | Transformer | DIFF | DIFF − Transformer "
+        "[95% CI] | " + ("Along training | Under each recipe | " if dependent else "") + "Paper | Verdict |",
+        "|---|---|---:|---:|---:|---:|" + ("---|---|" if dependent else "") + "---|---|",
     ]
     for row in rows:
         verdict_text = row.verdict + (f" ({row.note})" if row.note else "")
         middle = f"{along_text(row)} | {recipes_text(row)} | " if dependent else ""
-        lines.append(f"| {row.claim} | {row.measure} ({row.better}) | {stats_cell(row.base, significant=True)} | "
+        lines.append(f"| {row.claim} | {row.measure} ({row.better}) | {parameters_text(row.parameters[::-1])} | "
+                     f"{stats_cell(row.base, significant=True)} | "
                      f"{stats_cell(row.ours, significant=True)} | {interval_text(row.difference)} | "
                      f"{middle}{row.paper} | "
                      f"**{verdict_text}** |")
@@ -180,13 +186,14 @@ def render_variants(rows: list[Claim], seeds: int) -> list[str]:
         f"mean over {seeds} seed{'s' if seeds > 1 else ''}; difference = model − baseline with Welch's 95% interval. "
         "The paper's claims are about DIFF (V1); the authors' DIFF V2 notes make none of these measurements.",
         "",
-        "| Model | Against | Measure (better) | Model | Baseline | Difference [95% CI] | Along training | "
-        "Under each recipe | Verdict |",
-        "|---|---|---|---:|---:|---:|---|---|---|",
+        "| Model | Against | Measure (better) | Parameters (model / baseline) | Model | Baseline | Difference "
+        "[95% CI] | Along training | Under each recipe | Verdict |",
+        "|---|---|---|---:|---:|---:|---:|---|---|---|",
     ]
     for row in rows:
         lines.append(f"| {row.model} | {row.baseline} | {row.measure} ({row.better}) | "
-                     f"{stats_cell(row.ours, significant=True)} | {stats_cell(row.base, significant=True)} | "
+                     f"{parameters_text(row.parameters)} | {stats_cell(row.ours, significant=True)} | "
+                     f"{stats_cell(row.base, significant=True)} | "
                      f"{interval_text(row.difference)} | {along_text(row)} | {recipes_text(row)} | **{row.verdict}** |")
     return lines + [""]
 
@@ -448,8 +455,8 @@ def _sweep_lines(lm: LanguageModelling) -> list[str]:
         return ["Peak learning rates: " + "; ".join(f"{models[name].label} {s.lr:g}" for name, s in lm.sweeps.items())
                 + " (one per model; `--lr-grid` runs a sweep and reports each at its own best).", ""]
     lines = ["### The search (final validation loss; each model's best in bold)", "",
-             "| Model | Init recipe | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |",
-             "|---|---|" + "---:|" * len(grid)]
+             "| Model | Parameters | Init recipe | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |",
+             "|---|---:|---|" + "---:|" * len(grid)]
     for name, recipe in rows:
         s = lm.sweeps[name]
         cells = []
@@ -459,7 +466,8 @@ def _sweep_lines(lm: LanguageModelling) -> list[str]:
             if diverged:
                 cell += f" ({diverged} diverged)"
             cells.append(f"**{cell}**" if lr == s.lr and recipe == s.best_recipe else cell)
-        lines.append(f"| {models[name].label} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {models[name].label} | {models[name].parameters:,} | {recipe or 'as configured'} | "
+                     + " | ".join(cells) + " |")
     lines += ["", "Every model ran every learning rate of its grid under every recipe with the same warmup, "
               "schedule, data and seeds; each is reported at its own best. A grid of one lr per model is the "
               "shipped result of a sweep (`--lr-grid` reruns it)."]
@@ -494,6 +502,7 @@ def sensitivity_lines(metrics: CompareMetrics) -> list[str]:
              "DiffLlama.",
              "", "| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
     for entry in entries:
+        rows = []
         for recipe in recipes:
             values = {n: entry.figures[n].by_recipe.get(recipe) for n in names}
             if any(v is None for v in values.values()):
@@ -502,7 +511,12 @@ def sensitivity_lines(metrics: CompareMetrics) -> list[str]:
             cells += [interval_text(welch_difference(values[n], values[base])) for n in others]
             if diff is not None:
                 cells += [interval_text(welch_difference(values[n], values[diff])) for n in others if n != diff]
-            lines.append(f"| {entry.task} ({entry.better}) | {recipe} | " + " | ".join(cells) + " |")
+            rows.append(f"| {entry.task} ({entry.better}) | {recipe} | " + " | ".join(cells) + " |")
+        if rows:  # the models measured, then their figures
+            counts = ["–" if entry.figures[n].parameters is None else f"{entry.figures[n].parameters:,}" for n in names]
+            lines.append(f"| {entry.task} | parameters | " + " | ".join(counts + [""] * (len(header) - 2 - len(names)))
+                         + " |")
+            lines += rows
     return lines + [""]
 
 
@@ -549,7 +563,7 @@ def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
                   "over seeds, linear between measurements), under each recipe at its best lr there; "
                   f"the budget is {settings.steps * per_step['needle']:,} needle and "
                   f"{settings.steps * per_step['mqar']:,} MQAR examples.", "",
-                  "| Model | Init recipe | needle | mqar |", "|---|---|---:|---:|"]
+                  "| Model | Parameters | Init recipe | needle | mqar |", "|---|---:|---|---:|---:|"]
         for m in retrieval.models.values():
             for recipe in m.sweep.runs:
                 runs = m.sweep.at(recipe)
@@ -559,7 +573,8 @@ def sample_efficiency_lines(metrics: CompareMetrics) -> list[str]:
                              for i, p in enumerate(runs[0].curve)]
                     reached = examples_to_reach(curve, target)
                     cells.append("not within the budget" if reached is None else f"{reached:,.0f}")
-                lines.append(f"| {m.label} | {recipe or 'as configured'} | " + " | ".join(cells) + " |")
+                lines.append(f"| {m.label} | {m.parameters:,} | {recipe or 'as configured'} | " + " | ".join(cells)
+                             + " |")
         lines.append("")
     return lines if len(lines) > 2 else []
 
@@ -573,13 +588,13 @@ def learning_curve_lines(retrieval: RetrievalResult) -> list[str]:
              "Accuracy (mean over the difficulty cells, mean ± std over seeds) after each number of training steps, "
              f"each model at its best recipe and lr; a step is {per_step['needle']} needle and {per_step['mqar']} "
              "MQAR examples.",
-             "", "| Task | Model | " + " | ".join(f"step {s:,}" for s in steps) + " |",
-             "|---|---|" + "---:|" * len(steps)]
+             "", "| Task | Model | Parameters | " + " | ".join(f"step {s:,}" for s in steps) + " |",
+             "|---|---|---:|" + "---:|" * len(steps)]
     for task in ("needle", "mqar"):
         for m in models.values():
             cells = [stats_cell(MeanStd.of(r.curve[i].mean_accuracy[task] for r in m.runs)) for i in range(len(steps))]
             lines.append(f"| {task} | {m.label} ({m.sweep.best_recipe or 'as configured'}, lr {m.sweep.lr:g}) | "
-                         + " | ".join(cells) + " |")
+                         f"{m.parameters:,} | " + " | ".join(cells) + " |")
     return lines + ["", "![retrieval learning curves](retrieval_curves.png)", ""]
 
 
@@ -595,8 +610,9 @@ def retrieval_lines(retrieval: RetrievalResult | None) -> list[str]:
         "## Retrieval experiment",
         "",
         f"Models of {settings.n_layers} layers, d_model {settings.d_model} "
-        f"(DIFF {count_text(settings.n_heads, 'head')}, "
-        f"the Transformer {2 * settings.n_heads}), trained for {settings.steps} steps × {settings.batch_size} "
+        f"(DIFF {count_text(settings.n_heads, 'head')}, the Transformer {2 * settings.n_heads} of the same width; a "
+        f"model's small_model fields may set its own: the parameters row), trained for {settings.steps} steps × "
+        f"{settings.batch_size} "
         f"generated examples of {settings.length} tokens ({tokens_text(retrieval.tokens_per_model)} tokens, the same "
         f"batches for every model) on a {settings.task.vocab_size}-token "
         f"symbolic vocabulary; accuracy is exact-match on the answer tokens (chance {retrieval.chance:.3f}), "
@@ -605,6 +621,7 @@ def retrieval_lines(retrieval: RetrievalResult | None) -> list[str]:
         "",
         "| Task | Difficulty | " + " | ".join(m.label for m in models.values()) + " |",
         "|---|---|" + "---:|" * len(models),
+        "| parameters | | " + " | ".join(f"{m.parameters:,}" for m in models.values()) + " |",
     ]
     for n in settings.needles:
         cells = [stats_cell(MeanStd.of(statistics.fmean(r.accuracy["needle"][f"N={n},depth={d:g}"]
@@ -626,15 +643,15 @@ def retrieval_lines(retrieval: RetrievalResult | None) -> list[str]:
     lines += ["", f"Where the answer row looks (N = {hardest} needles, every depth; head mean, divided by the row sum "
               "so each row adds to 1; paper Table 3 for 3B models: Transformer .03–.09 on the answer and ~.5 on "
               "noise, DIFF .27–.40 and ~.02):", "",
-              "| Model | Layer | on the answer | on noise | other |", "|---|---:|---:|---:|---:|"]
+              "| Model | Parameters | Layer | on the answer | on noise | other |", "|---|---:|---:|---:|---:|---:|"]
     for m in models.values():
         for layer in range(len(m.runs[0].attention)):
             shares = [r.attention[layer] for r in m.runs]
             if any(s is None for s in shares):
-                lines.append(f"| {m.label} | {layer} | row sum < 0.05 (λ near 1) | | |")
+                lines.append(f"| {m.label} | {m.parameters:,} | {layer} | row sum < 0.05 (λ near 1) | | |")
                 continue
             cells = [stats_cell(MeanStd.of(getattr(s, g) for s in shares)) for g in ("answer", "noise", "other")]
-            lines.append(f"| {m.label} | {layer} | " + " | ".join(cells) + " |")
+            lines.append(f"| {m.label} | {m.parameters:,} | {layer} | " + " | ".join(cells) + " |")
     lines += ["", "![retrieval accuracy by difficulty](retrieval.png)", ""]
     return lines + learning_curve_lines(retrieval)
 
@@ -670,7 +687,8 @@ def grounded_lines(grounded: GroundedResult | None) -> list[str]:
         "## Contextual hallucination experiment",
         "",
         f"Models of {settings.n_layers} layers, d_model {settings.d_model} "
-        f"(DIFF {count_text(settings.n_heads, 'head')}, the others {2 * settings.n_heads}), trained for "
+        f"(DIFF {count_text(settings.n_heads, 'head')}, the others {2 * settings.n_heads} of the same width; a model's "
+        f"small_model fields may set its own: the parameters row), trained for "
         f"{settings.steps} steps × {settings.batch_size} generated examples of {settings.length} tokens "
         f"({tokens_text(grounded.tokens_per_model)} tokens; the same batches for every model) with the retrieval "
         f"experiment's optimizer: {count_text(settings.closed_book, 'closed-book example')} a step teach "
@@ -687,6 +705,7 @@ def grounded_lines(grounded: GroundedResult | None) -> list[str]:
         "| Score (better) | " + " | ".join(m.label for m in models.values())
         + (f" | {models[diff].label} − {models[base].label} [95% CI]" if pair else "") + " |",
         "|---|" + "---:|" * (len(models) + pair),
+        "| parameters | " + " | ".join(f"{m.parameters:,}" for m in models.values()) + (" | |" if pair else " |"),
     ]
 
     def row(label: str, better: str, per_model: dict[str, list[float]]) -> str:
@@ -711,20 +730,22 @@ def grounded_lines(grounded: GroundedResult | None) -> list[str]:
     lines += ["", "What the answers were (shares per condition, mean over seeds): the document's attribute of the "
               "entity, its memorised one (where different), UNKNOWN, an attribute the document gives another entity, "
               "anything else.", "",
-              "| Model | Condition | document | memory | UNKNOWN | misattributed | invented |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+              "| Model | Parameters | Condition | document | memory | UNKNOWN | misattributed | invented |",
+              "|---|---:|---|---:|---:|---:|---:|---:|"]
     for m in models.values():
         for condition in ("agree", "counterfactual", "lacking", "closed_book"):
             shares = [statistics.fmean(getattr(r.scores.outcomes[condition], k) for r in m.runs)
                       for k in ("document", "memory", "unknown", "misattributed", "invented")]
-            lines.append(f"| {m.label} | {condition.replace('_', ' ')} | " + " | ".join(f"{v:.3f}" for v in shares)
+            lines.append(f"| {m.label} | {m.parameters:,} | {condition.replace('_', ' ')} | "
+                         + " | ".join(f"{v:.3f}" for v in shares)
                          + " |")
     steps = [p.step for p in next(iter(models.values())).runs[0].curve]
     lines += ["", f"Grounded accuracy along training (mean ± std over seeds; a step is {episodes} episodes):", "",
-              "| Model | " + " | ".join(f"step {s:,}" for s in steps) + " |", "|---|" + "---:|" * len(steps)]
+              "| Model | Parameters | " + " | ".join(f"step {s:,}" for s in steps) + " |",
+              "|---|---:|" + "---:|" * len(steps)]
     for m in models.values():
         cells = [stats_cell(MeanStd.of(r.curve[i].scores.accuracy for r in m.runs), 3) for i in range(len(steps))]
-        lines.append(f"| {m.label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {m.label} | {m.parameters:,} | " + " | ".join(cells) + " |")
     lines += ["", "The lookback ratio (Chuang et al. 2024) of an answer: at the row that answers, the mean |attention| "
               "per token on the context (everything before the question's ASK) over that plus the mean on the new "
               "tokens (ASK and the entity), on the effective map (p1 − λ·p2 for DIFF; |A| because it is signed). "
@@ -792,28 +813,69 @@ def _cost_cell(r: CostReading, digits: int = 3) -> str:
     return f"{interval_text(r.difference)} **{r.verdict}**{read}"
 
 
+COST_HEADINGS = {"tokens": "At equal tokens", "flops": "At equal training FLOPs", "seconds": "At equal training time"}
+END_ONLY = "measured at the end only"
+
+
 def equal_cost_lines(result: EqualCost | None, seeds: int) -> list[str]:
-    """The verdicts at equal cost: each model against DIFF at equal tokens, FLOPs and time."""
+    """The verdicts at equal cost, the paper's table of each model against DIFF: at equal tokens, equal
+    FLOPs and equal time a table each, a row per model with its parameters, a column per task."""
     if result is None or not result.rows:
         return []
+    tasks = list(dict.fromkeys((r.task, r.measure, r.better) for r in result.rows))
+    models = list(dict.fromkeys(r.model for r in result.rows))
+    baseline = result.rows[0].baseline
+    rows = {(r.model, r.task, r.measure): r for r in result.rows}
+    experiments = [e for e in EXPERIMENTS if any(r.experiment == e for r in result.rows)]
+    names = [t for t, _, _ in tasks]
+    headers = {(t, m, b): (f"{t}: {m}" if names.count(t) > 1 else t) + f" ({b})" for t, m, b in tasks}
+
+    def parameters(model: str, side: int) -> str:
+        per = {}
+        for r in result.rows:
+            if r.model == model:
+                per.setdefault(r.experiment, r.parameters[side])
+        return " · ".join("—" if per.get(e) is None else f"{per[e]:,}" for e in experiments)
+
     lines = [
         "## Verdicts at equal cost",
         "",
-        f"Each model against DIFF, model − DIFF (mean over {seeds} seed{'s' if seeds > 1 else ''}, Welch's 95% "
-        f"interval), at equal tokens, equal training FLOPs (diff_transformer.flops) and equal training time. The "
-        f"language models trained to {BUDGET_NAMES[result.budget]}, the retrieval models to equal tokens "
-        f"(retrieval.steps): there the figures are the runs' final ones. At the other costs each model's figure is "
-        f"read off its own curve (validation loss at each evaluation; retrieval accuracy along its learning curve), "
-        f"linearly between points, at the least that either model's runs spent (\"read at\"): the same runs, no "
-        f"extra training. A model read before its end had not finished its learning-rate decay there, so the "
-        f"reading is conservative for the model that spent more.",
+        f"Each model against {baseline}, model − {baseline} (mean over {seeds} seed{'s' if seeds > 1 else ''}, Welch's "
+        f"95% interval), at equal tokens, equal training FLOPs (diff_transformer.flops) and equal training time: a "
+        f"table each, with every model's parameters in each experiment ({' · '.join(experiments)}). The language "
+        f"models trained to {BUDGET_NAMES[result.budget]}, the retrieval and grounded models to equal tokens (their "
+        f"steps): there the figures are the runs' final ones, and {baseline}'s row gives its own. At the other costs "
+        f"each model's figure is read off its own curve (validation loss at each evaluation; the retrieval and "
+        f"grounded scores along their learning curves), linearly between points, at the least that either model's "
+        f"runs spent (\"read at\"): the same runs, no extra training. A model read before its end had not finished its "
+        f"learning-rate decay there, so the reading is conservative for the model that spent more. The evaluations "
+        f"of the language models measure each at the end of its budget only.",
         "",
-        "| Model | Task (better) | Equal tokens | Equal FLOPs | Equal time |",
-        "|---|---|---|---|---|",
     ]
-    for row in result.rows:
-        cells = " | ".join(_cost_cell(r) for r in row.readings)
-        lines.append(f"| {row.model} | {row.task} ({row.better}) | {cells} |")
+    for index, measure in enumerate(MEASURES):
+        shown = [t for t in tasks if any(rows[m, t[0], t[1]].readings[index].verdict != END_ONLY for m in models)]
+        readings = [rows[m, t[0], t[1]].readings[index] for m in models for t in shown]
+        lines += [f"### {COST_HEADINGS[measure]}", ""]
+        if all(r.difference is None for r in readings) and len({r.verdict for r in readings}) == 1:
+            lines += [f"{readings[0].verdict[0].upper()}{readings[0].verdict[1:]}.", ""]
+            continue
+        lines += ["| Model | Parameters | " + " | ".join(headers[t] for t in shown) + " |",
+                  "|---|---:|" + "---|" * len(shown)]
+        own = []
+        for t in shown:
+            first = rows[models[0], t[0], t[1]].readings[index]
+            own.append(stats_cell(MeanStd.of(first.base), significant=True) if first.at is None and first.base else "–")
+        lines.append(f"| {baseline} | {parameters(models[0], 1)} | " + " | ".join(own) + " |")
+        for m in models:
+            cells = [_cost_cell(rows[m, t[0], t[1]].readings[index]) for t in shown]
+            lines.append(f"| {m} | {parameters(m, 0)} | " + " | ".join(cells) + " |")
+        left = [headers[t] for t in tasks if t not in shown]
+        if left:
+            lines.append("")
+            lines.append(f"Measured at the end of training only (at the budget's measure): {', '.join(left)}.")
+        lines.append("")
+    lines += ["What each column measures:", ""]
+    lines += [f"- {headers[t]}: {t[1]}." for t in tasks]
     lines += ["", "How quiet the machine was (the time verdicts need a steady machine: its runs' throughput "
               "varies less than the models differ):", ""]
     lines += [f"- {quietness_text(name, q)}" for name, q in result.quietness.items() if q is not None]

@@ -276,6 +276,7 @@ class GroundedRun:
     lookback: list[float | None]  # per layer at the end: the mean over heads and the episodes' questions
     lookback_auroc: list[float | None]  # per layer: how well it separates right answers from wrong ones
     curve: list[GroundedPoint]  # before training and after each of the curve's steps
+    flops_per_token: float | None = None  # training FLOPs per token (diff_transformer.flops); None: no term
 
     @property
     def score(self) -> float:

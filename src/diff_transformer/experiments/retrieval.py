@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..attention import AttentionTap
+from ..config import ConfigError
 from ..data.synthetic import SymbolicExample, symbolic_batch, symbolic_mqar, symbolic_needle
 from ..evaluation.attention_noise import MIN_ROW_SUM
 from ..evaluation.quantization import QuantizeTap
@@ -251,8 +252,21 @@ SIZE_FIELDS = {"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ma
 
 
 def retrieval_fields(config: ExperimentConfig, name: str, recipe: str | None) -> dict:
-    """Model ``name``'s architecture switches under ``recipe``, without its sizes."""
-    return {k: v for k, v in config.entry_fields(name, recipe).items() if k not in SIZE_FIELDS}
+    """Model ``name``'s ModelConfig fields in the small models under ``recipe``: its architecture
+    switches without its sizes, then its entry's ``small_model`` fields (which may set its heads)."""
+    own = {k: v for k, v in config.entry_fields(name, recipe).items() if k not in SIZE_FIELDS}
+    return {**own, **config.train.model(name).small_model}
+
+
+def small_model_or_error(section: str, config: ExperimentConfig, name: str, recipe: str | None, build) -> None:
+    """``build(attention, diff_heads=..., **fields)`` for model ``name`` (a section's model_config): a
+    ConfigError naming the experiment and the model where the small size cannot hold the model."""
+    try:
+        build(config.attention(name), diff_heads=config.train.model(name).diff_heads,
+              **retrieval_fields(config, name, recipe))
+    except ConfigError as exc:
+        raise ConfigError(f"{section}: models.{name} at the {section} experiment's size: {exc} (its "
+                          f"models.{name}.small_model sets its own fields there)") from None
 
 
 def check_retrieval(config: ExperimentConfig, names: Sequence[str], recipes: Sequence[str] | None = None) -> None:
@@ -261,8 +275,7 @@ def check_retrieval(config: ExperimentConfig, names: Sequence[str], recipes: Seq
     before the study starts, not after its language models trained."""
     for name in names:
         for recipe in tuple(recipes if recipes is not None else config.compare.recipes) or (None,):
-            config.retrieval.model_config(config.attention(name), diff_heads=config.train.model(name).diff_heads,
-                                          **retrieval_fields(config, name, recipe))
+            small_model_or_error("retrieval", config, name, recipe, config.retrieval.model_config)
 
 
 @dataclass

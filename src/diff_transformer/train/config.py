@@ -51,6 +51,10 @@ MOVED_MODEL_KEYS = {
     "lr_by_recipe": "compare.lr_by_recipe.RECIPE.{name} (and retrieval.lr_by_recipe.RECIPE.{name})",
 }
 
+# The ModelConfig fields the small models' experiments set for every model (their section's sizes),
+# which a model entry's small_model cannot change.
+SMALL_MODEL_SIZES = ("vocab_size", "d_model", "n_layers", "max_seq_len")
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -101,6 +105,11 @@ class ModelEntry:
     # The preset's DIFF head count (not doubled) for a kind of ordinary heads, at whatever size the
     # preset is: with attention "standard", the wide-head Transformer (head dim 2d, the same parameters).
     diff_heads: bool = False
+    # ModelConfig fields of this model's small models (the retrieval and grounded experiments, the
+    # long-context study's retrieval models) over the entry's own: its shape at their size where the
+    # entry's cannot apply (GDA's signal heads at d_model 64), or a setting that differs there (MTA's
+    # convolution layers among 2). Never the sizes those experiments set for every model (SMALL_MODEL_SIZES).
+    small_model: dict[str, Any] = field(default_factory=dict)
 
     def model_config(self) -> ModelConfig:
         """The ModelConfig this entry describes (validated by ModelConfig itself)."""
@@ -143,6 +152,8 @@ class ModelEntry:
             out["optim"] = dict(self.optim)
         if self.diff_heads:
             out["diff_heads"] = True
+        if self.small_model:
+            out["small_model"] = dict(self.small_model)
         return {**out, **self.fields}
 
 
@@ -511,6 +522,7 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             if key in merged:
                 raise ConfigError(f"models.{name}.{key} has moved: set {new.format(name=name)} instead")
         diff_heads = _check_type(merged.pop("diff_heads", False), bool, f"models.{name}.diff_heads")
+        small_model = _small_model_fields(name, merged.pop("small_model", {}), diff_heads)
         entry = ModelEntry(
             name=str(name),
             attention=attention,
@@ -520,11 +532,35 @@ def _model_entries(base: Any, variants: Any) -> dict[str, ModelEntry]:
             fields=merged,
             optim=optim,
             diff_heads=diff_heads,
+            small_model=small_model,
         )
         entry.model_config()  # validate now: unknown ModelConfig fields are named here
         _ = entry.display_name  # and the fields its label names
         entries[str(name)] = entry
     return entries
+
+
+def _small_model_fields(name: Any, fields: Any, diff_heads: bool) -> dict[str, Any]:
+    """models.NAME.small_model checked: a mapping of ModelConfig fields, each typed as the field, none
+    of the sizes the small models' experiments set (SMALL_MODEL_SIZES) nor the attention kind."""
+    where = f"models.{name}.small_model"
+    fields = {} if fields is None else fields
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{where} must be a mapping of ModelConfig fields, got {fields!r}")
+    model_fields = typing.get_type_hints(ModelConfig)
+    checked = {}
+    for key, value in fields.items():
+        if key in SMALL_MODEL_SIZES or key == "attention":
+            raise ConfigError(f"{where}.{key}: the small models' experiments set {key} for every model (their "
+                              "section's sizes) and a model keeps its attention kind; small_model sets the other "
+                              "ModelConfig fields (n_heads, attn_head_dim, mta_conv_every, ...)")
+        if key not in model_fields:
+            raise ConfigError(f"{where}: unknown ModelConfig field {key!r}")
+        checked[key] = _check_type(value, model_fields[key], f"{where}.{key}")
+    if diff_heads and "n_heads" in checked:
+        raise ConfigError(f"{where}.n_heads: models.{name}.diff_heads keeps the DIFF head count of every size; "
+                          "give one or the other")
+    return checked
 
 
 def config_from_dict(data: dict[str, Any], source: str | None = None) -> TrainConfig:
