@@ -186,11 +186,15 @@ def test_bad_lines_are_refused_by_name_with_their_line_number(tmp_path):
                           (json.dumps({**good, "answers": ["the"]}), "'answers' must be a non-empty list"),
                           (json.dumps({**good, "context": " "}), "'context' must be a non-empty string"),
                           ("[1, 2]", "expected an object"),
-                          ("{nope", "not valid JSON")):
+                          ("{nope", "not valid JSON"),
+                          (json.dumps({**good, "context": "a\u0000b"}), "field 'context': binary data")):
         path = tmp_path / "bad.jsonl"
         path.write_text(json.dumps(good) + "\n\n" + line + "\n")
         with pytest.raises(ValueError, match=f"bad.jsonl:3: {message}"):
             load_items(path)
+    (tmp_path / "binary.jsonl").write_bytes(json.dumps(good).encode() + b"\n\x00\x01")
+    with pytest.raises(ValueError, match="binary.jsonl: binary data"):
+        load_items(tmp_path / "binary.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="no items"):
         load_items(tmp_path / "empty.jsonl")

@@ -1,6 +1,6 @@
 """The one check of a user's text and of the path it is read from, wherever the project reads one:
 ``prepare`` and ``tokenizer train`` inputs (``data.inputs``), ``--text`` of ``eval`` and ``convert``,
-an ICL ``--data`` file.
+the JSON Lines ``--data`` files of ``eval icl`` and ``eval context-qa``.
 
 Text is UTF-8 without NUL. The threshold is one NUL byte or one invalid UTF-8 sequence: no prose,
 code or markup needs U+0000, while a binary file (or UTF-16 text) has NUL bytes within its first
@@ -19,8 +19,10 @@ Light on purpose (no numpy, no torch): the command line's argument types use it.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 GIVE_TEXT = "give UTF-8 text"
@@ -99,3 +101,19 @@ def read_text_file(path: str | Path) -> str:
     (:func:`checked_file`) or not text (:func:`decode_text`)."""
     path = checked_file(path)
     return decode_text(path.read_bytes(), path)
+
+
+def json_objects(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number from 1, object) for each non-blank line of the JSON Lines file ``path``, read by
+    :func:`read_text_file`; an InputError naming the file and line for a line that is not JSON or not
+    an object."""
+    for number, line in enumerate(read_text_file(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{path}:{number}: expected an object, got {type(record).__name__}")
+        yield number, record

@@ -22,7 +22,6 @@ model's context is refused with its line number, as are missing or empty fields.
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from .output import comparison_sentence, fmt, markdown_table, model_colors, new_
 from .scoring import greedy_decode
 from .stats import auroc, auroc_interval, binomial_se
 from .texts import EvalText
+from ..user_text import checked_text, json_objects
 
 NAME = "context-qa"
 SAMPLE = Path(__file__).resolve().parent.parent / "assets" / "context_qa" / "sample.jsonl"
@@ -59,23 +59,10 @@ class ContextQAItem:
 def load_items(path: str | Path) -> list[ContextQAItem]:
     """The items of a JSON Lines file; a ValueError naming the file, the line and the field otherwise."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():  # anything else that is not a file: json_objects names it
         raise ValueError(f"{path}: no such JSON Lines file")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     items = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: expected an object with {', '.join(FIELDS)}, "
-                             f"got {type(record).__name__}")
+    for number, record in json_objects(path):
         missing = [f for f in FIELDS if f not in record]
         if missing:
             raise ValueError(f"{path}:{number}: missing field {', '.join(repr(f) for f in missing)} "
@@ -83,6 +70,7 @@ def load_items(path: str | Path) -> list[ContextQAItem]:
         for name in ("context", "question"):
             if not isinstance(record[name], str) or not record[name].strip():
                 raise ValueError(f"{path}:{number}: {name!r} must be a non-empty string, got {record[name]!r}")
+            checked_text(record[name], f"{path}:{number}: field {name!r}")  # a NUL escaped in JSON is no text either
         answers = record["answers"]
         answers = [answers] if isinstance(answers, str) else answers
         if (not isinstance(answers, list) or not answers

@@ -22,7 +22,6 @@ labels; see ``data.synthetic.keyword_task``), and any JSONL file with text and l
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from .output import (
 from .scoring import score_choices
 from .stats import binomial_se, mean, seeded_rng
 from .texts import EvalText
-from ..user_text import checked_text, read_text_file
+from ..user_text import checked_text, json_objects
 
 NAME = "icl"
 LAYOUTS = ("random", "alternating")
@@ -79,14 +78,8 @@ def load_jsonl_task(path: str | Path, text_field: str, label_field: str) -> Clas
     if not path.exists() and not path.is_symlink():  # anything else that is not a file: read_text_file names it
         raise FileNotFoundError(f"{path}: no such JSONL file")
     texts, raw_labels = [], []
-    for number, line in enumerate(read_text_file(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or text_field not in record or label_field not in record:
+    for number, record in json_objects(path):
+        if text_field not in record or label_field not in record:
             raise ValueError(f"{path}:{number}: needs the fields {text_field!r} and {label_field!r}")
         text = str(record[text_field]).replace("\n", " ").strip()
         checked_text(text, f"{path}:{number}: field {text_field!r}")  # a NUL escaped in JSON is no text either

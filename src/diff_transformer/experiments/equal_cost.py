@@ -37,10 +37,10 @@ from typing import Any, Callable, Sequence
 from ..evaluation.stats import Difference, MeanStd, welch_difference
 from .claims import better_word, evaluation_figures, mean_lookback
 from .config import ExperimentConfig
-from .grounded import GroundedResult
+from .grounded import GroundedModel, GroundedResult
 from .language_models import LanguageModelling
 from .results import GroundedPoint, GroundedRun, RetrievalRun, TrainingRun
-from .retrieval import TASKS, RetrievalResult
+from .retrieval import TASKS, RetrievalModel, RetrievalResult
 
 MEASURES = ("tokens", "flops", "seconds")  # what a cost is counted in
 QUIET_SPREAD = 0.05  # the largest spread of the reference model's throughput at which time verdicts are given
@@ -205,6 +205,12 @@ class CostTask:
     parameters: dict[str, int | None]
 
 
+def _quietness(model: RetrievalModel | GroundedModel) -> Quietness:
+    """How steady the machine was over a small-model experiment: ``model``'s runs at every lr and seed."""
+    return Quietness.of(model.label, [run.train_tokens_per_second for by_lr in model.sweep.runs.values()
+                                      for runs in by_lr.values() for run in runs])
+
+
 def reference_model(lm: LanguageModelling) -> str:
     """The model whose runs say how quiet the machine was: the first Transformer, else the first model."""
     names = list(lm.models)
@@ -228,10 +234,7 @@ def cost_tasks(config: ExperimentConfig, lm: LanguageModelling, retrieval: Retri
     if retrieval is not None and all(n in retrieval.models for n in names):
         settings = retrieval.settings
         per_step = settings.batch_size * settings.length
-        quietness["retrieval"] = Quietness.of(
-            retrieval.models[reference].label,
-            [run.train_tokens_per_second for by_lr in retrieval.models[reference].sweep.runs.values()
-             for runs in by_lr.values() for run in runs])
+        quietness["retrieval"] = _quietness(retrieval.models[reference])
         for task in TASKS:
             tasks.append(CostTask(f"Retrieval: {task}", f"{task} accuracy, mean over difficulty cells", "higher",
                                   "retrieval", "tokens",
@@ -241,10 +244,7 @@ def cost_tasks(config: ExperimentConfig, lm: LanguageModelling, retrieval: Retri
     if grounded is not None and all(n in grounded.models for n in names):
         settings = grounded.settings
         per_step = settings.batch_size * settings.length
-        quietness["grounded"] = Quietness.of(
-            grounded.models[reference].label,
-            [run.train_tokens_per_second for by_lr in grounded.models[reference].sweep.runs.values()
-             for runs in by_lr.values() for run in runs])
+        quietness["grounded"] = _quietness(grounded.models[reference])
         for task, measure, better, figure, final in (
             ("Contextual hallucination", "grounded accuracy, mean over agreeing, counterfactual and lacking "
              "documents", "higher", lambda p: p.scores.accuracy, lambda r: r.scores.accuracy),

@@ -54,7 +54,7 @@ from .config import ExperimentConfig, GroundedConfig
 from .results import GroundedPoint, GroundedRun, GroundedScores, Outcomes
 from .retrieval import retrieval_fields, small_model_or_error, train_steps
 from .runner import PoolJob, run_jobs
-from .study import Axes, Sweep, learning_rates, sweep
+from .study import Axes, SearchedModel, learning_rates, sweep
 
 OUTCOMES = ("document", "memory", "unknown", "misattributed", "invented")
 
@@ -214,22 +214,8 @@ def run_one(config: GroundedConfig, optim: OptimConfig, attention: str, seed: in
     )
 
 
-@dataclass
-class GroundedModel:
+class GroundedModel(SearchedModel[GroundedRun]):
     """One model of the grounded experiment: its runs over the search, and its best."""
-
-    label: str
-    attention: str
-    sweep: Sweep[GroundedRun]
-
-    @property
-    def runs(self) -> list[GroundedRun]:
-        """At its best (recipe, lr), one per seed."""
-        return self.sweep.chosen
-
-    @property
-    def parameters(self) -> int:
-        return self.runs[0].parameters
 
 
 @dataclass

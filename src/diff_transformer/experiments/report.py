@@ -297,7 +297,8 @@ def write_plots(metrics: CompareMetrics, out_dir: Path) -> list[Path]:
         ax.set_xlabel("training tokens (millions)")
         ax.set_ylabel("cross-entropy (nats/token)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[1]:  # a run without curves (test fixtures) draws none
+            ax.legend()
     budget = {"steps": "token", "tokens": "token", "flops": "FLOPs", "seconds": "time"}[metrics.lm.budget.kind]
     fig.suptitle(f"{metrics.config}: same data, seed and {budget} budget")
     fig.tight_layout()

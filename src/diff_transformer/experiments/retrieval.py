@@ -48,7 +48,7 @@ from ..train.step import InProcessTraining
 from .config import ExperimentConfig, RetrievalConfig, retrieval_examples_per_step
 from .results import AnswerShares, CurvePoint, RetrievalRun
 from .runner import PoolJob, run_jobs
-from .study import Axes, Sweep, learning_rates, sweep
+from .study import Axes, SearchedModel, learning_rates, sweep
 
 TASKS = ("needle", "mqar")
 EvaluationSets = dict[str, dict[str, list[SymbolicExample]]]  # task -> difficulty cell -> examples
@@ -278,22 +278,8 @@ def check_retrieval(config: ExperimentConfig, names: Sequence[str], recipes: Seq
             small_model_or_error("retrieval", config, name, recipe, config.retrieval.model_config)
 
 
-@dataclass
-class RetrievalModel:
+class RetrievalModel(SearchedModel[RetrievalRun]):
     """One model of the retrieval experiment: its runs over the search, and its best."""
-
-    label: str
-    attention: str
-    sweep: Sweep[RetrievalRun]
-
-    @property
-    def runs(self) -> list[RetrievalRun]:
-        """At its best (recipe, lr), one per seed."""
-        return self.sweep.chosen
-
-    @property
-    def parameters(self) -> int:
-        return self.runs[0].parameters
 
 
 @dataclass

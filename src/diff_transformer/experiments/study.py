@@ -124,6 +124,25 @@ class Sweep(Generic[R]):
         return "low" if best == lrs[0] else "high"
 
 
+@dataclass
+class SearchedModel(Generic[R]):
+    """One model of a small-model experiment (retrieval, grounded): its runs over the search, and its
+    best. ``R`` carries the model's ``parameters``."""
+
+    label: str
+    attention: str
+    sweep: Sweep[R]
+
+    @property
+    def runs(self) -> list[R]:
+        """At its best (recipe, lr), one per seed."""
+        return self.sweep.chosen
+
+    @property
+    def parameters(self) -> int:
+        return self.runs[0].parameters
+
+
 class NoBestLearningRate(RuntimeError):
     """No learning rate of a model gave a score for every seed (every one diverged somewhere)."""
 
