@@ -471,3 +471,12 @@ def test_the_study_runs_on_imported_models_of_each_family_and_reports_every_effe
     assert main(["compare", "--config", "pretrained", "--out", str(out), "--resume", "--set", BUDGET, *flags]) == 0
     assert "already done, reusing" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in (out / "models").iterdir()} == marks  # nothing measured again
+    # A second study into the folder is refused, as every study's: without --resume, and with --resume
+    # under other settings; the finished study stays as it was.
+    files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
+    other = ["--set", BUDGET, *flags, "--set", "pretrained.max_chars=3000000"]
+    assert main(["compare", "--config", "pretrained", "--out", str(out), *other]) == 2
+    assert "already holds a diff-transformer comparison" in capsys.readouterr().err
+    assert main(["compare", "--config", "pretrained", "--out", str(out), "--resume", *other]) == 2
+    assert "this one differs: pretrained.max_chars" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == files

@@ -113,7 +113,8 @@ def compare(
                               f"takes no {', '.join(given)}: its models are pretrained.models (--set "
                               "pretrained.models.NAME.checkpoint=DIR), its budget the evaluations' options (--set "
                               "compare.evaluation_options.NAME.OPTION=VALUE)")
-        return run_pretrained(config, Path(out_dir), resume=resume, jobs=jobs, progress=progress)
+        return run_pretrained(config, Path(out_dir), resume=resume, overwrite=overwrite, jobs=jobs,
+                              progress=progress)
     seed_values = [config.train.run.seed + i for i in range(seeds or config.compare.seeds)]
     grid = list(lr_grid if lr_grid is not None else config.compare.lr_grid)
     if config.convert.enabled:

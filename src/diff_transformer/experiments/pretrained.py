@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-import yaml
 
 from ..checkpoint import WEIGHTS_FILE, CheckpointError, load_checkpoint_tokenizer, read_config
 from ..config import ConfigError
@@ -69,12 +68,13 @@ from ..evaluation.options import options_dict
 from ..evaluation.stats import Difference, mean_interval, seeded_rng, welch_difference
 from ..evaluation.suite import EVALUATIONS, SuiteResult, evaluation_options, measure, write_evaluation
 from ..evaluation.texts import EvalText, corpus_validation_texts, first_chars
-from ..files import claim_output_dir, lock_output_dir, project_output_kind, write_text_atomically
+from ..files import project_output_kind
 from ..paper import HALLUCINATION_TABLE4, OUTLIERS_TABLE5
 from ..train.state import weights_problem
 from .claims import table3
 from .config import DIFF_FAMILY, TRANSFORMER_FAMILY, ExperimentConfig, PretrainedConfig
 from .language_models import Machine
+from .output import check_study_output, open_study
 from .report import heading_lines, budget_lines, signed, write_study
 from .runner import PoolJob, run_jobs
 from .study import RunKey
@@ -637,23 +637,24 @@ def study_device(settings: PretrainedConfig) -> str:
     return settings.device
 
 
-def run_pretrained(config: ExperimentConfig, out_dir: Path, *, resume: bool = False, jobs: int = 1,
-                   progress: bool = True) -> PretrainedMetrics:
+def run_pretrained(config: ExperimentConfig, out_dir: Path, *, resume: bool = False, overwrite: bool = False,
+                   jobs: int = 1, progress: bool = True) -> PretrainedMetrics:
     """The whole study into ``out_dir`` (see the module docstring); returns its metrics (also
-    OUT/metrics.json)."""
+    OUT/metrics.json). A folder holding a study is continued only with ``resume`` (the same study)
+    and replaced only with ``overwrite``, as every study's (experiments.output.open_study)."""
     start = time.perf_counter()
     settings = config.pretrained
     device = study_device(settings)
+    reading = [m.checkpoint for m in settings.models.values()] + ([] if settings.texts == "default"
+                                                                    else [settings.texts])
+    record = {"name": config.name, "description": config.train.description,
+              "compare": {"jobs": jobs, "evaluations": list(config.compare.evaluations),
+                          "evaluation_options": config.compare.evaluation_options,
+                          "budget_note": config.compare.budget_note},
+              "pretrained": config.to_dict()["pretrained"]}
+    check_study_output(out_dir, record, resume=resume, overwrite=overwrite, reading=reading)
     plan = check_study(config)  # before anything is created
-    reading = [m.checkpoint for m in plan.models] + ([] if settings.texts == "default" else [settings.texts])
-    claim_output_dir(out_dir, "compare", reading=reading)
-    with lock_output_dir(out_dir):
-        resolved = {"name": config.name, "description": config.train.description,
-                    "compare": {"jobs": jobs, "evaluations": list(config.compare.evaluations),
-                                "evaluation_options": config.compare.evaluation_options,
-                                "budget_note": config.compare.budget_note},
-                    "pretrained": config.to_dict()["pretrained"]}
-        write_text_atomically(out_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    with open_study(out_dir, record, resume=resume, overwrite=overwrite, reading=reading, progress=progress):
         seconds = {"checks": time.perf_counter() - start}
 
         mark = time.perf_counter()
