@@ -18,7 +18,7 @@ from diff_transformer.experiments import load_experiment
 from diff_transformer.experiments.claims import paper_claims, variant_comparisons
 from diff_transformer.experiments.config import GroundedConfig
 from diff_transformer.experiments.grounded import (
-    evaluation_set, grounded_scores, lookback_auroc, lookback_by_layer, measure, run_one, training_batch,
+    Measured, evaluation_set, grounded_scores, lookback_auroc, lookback_by_layer, measure, run_one, training_batch,
 )
 from diff_transformer.experiments.language_models import Budget, LanguageModelling
 from diff_transformer.experiments.report import grounded_lines
@@ -170,7 +170,21 @@ def test_measure_answers_by_argmax_and_reads_the_lookback_ratio_of_the_effective
         assert min(float(c.min()) for c in maps.combined.values()) < -1e-3  # the |A| of the definition matters here
     per_layer = torch.stack(oracle).mean(dim=2).mean(dim=0)
     assert lookback_by_layer(measured) == pytest.approx(per_layer.tolist(), abs=1e-5)
-    assert len(lookback_auroc(measured)) == config.n_layers
+    head_mean = torch.stack(oracle).mean(dim=2)  # (questions, L)
+    for layer, got in enumerate(lookback_auroc(measured)):  # right above wrong, counted pair by pair
+        right = [float(v) for v, r in zip(head_mean[:, layer], measured.right) if r]
+        wrong = [float(v) for v, r in zip(head_mean[:, layer], measured.right) if not r]
+        pairs = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong)
+        assert got == (pytest.approx(pairs / (len(right) * len(wrong)), abs=1e-6) if right and wrong else None)
+
+
+def test_an_undefined_heads_ratio_is_left_out_of_its_layers_mean():
+    nan = float("nan")
+    measured = Measured([], [torch.tensor([[0.2, nan], [0.4, 0.6]]), torch.tensor([[0.6, 0.8], [0.2, 0.2]])],
+                        [True, False])
+    # layer 0: head means 0.2 (the NaN head left out) and 0.7; layer 1: 0.5 and 0.2.
+    assert lookback_by_layer(measured) == pytest.approx([0.45, 0.35])
+    assert lookback_auroc(measured) == [0.0, 1.0]
 
 
 def test_a_run_measures_along_training_and_reads_back_from_json():

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..progress import progress as progress_bar
-from .lookback import LOOKBACK_DEFINITION, LookbackTap
+from .lookback import LOOKBACK_DEFINITION, LookbackTap, head_means
 from .models import ModelUnderTest
 from .options import Evaluation, option
 from .output import comparison_sentence, fmt, markdown_table, model_colors, new_figure, pairs_to_compare, save_figure
@@ -170,7 +170,7 @@ def separation(lookback: list[Tensor], right: list[bool], options: ContextQAOpti
     the AUROC of the head-mean ratio with its bootstrap interval, the same for the mean over layers,
     and per head the AUROC alone; the mean ratio per layer."""
     ratios = torch.stack(lookback).double()  # (N, L, H)
-    by_layer = ratios.nanmean(dim=2)  # (N, L)
+    by_layer = head_means(lookback)  # (N, L)
     labels = torch.tensor(right)
 
     def split(values: Tensor) -> tuple[list[float], list[float]]:

@@ -45,6 +45,12 @@ LOOKBACK_DEFINITION = (
 Probe = tuple[int, int]  # (absolute position of a row that produces an answer token, context end m)
 
 
+def head_means(ratios: Sequence[Tensor]) -> Tensor:
+    """(N, L): each answer's lookback ratio per layer, the mean over its heads ((L, H) each), a head
+    whose ratio is undefined (NaN: no attention on context or new tokens) left out of the mean."""
+    return torch.stack(list(ratios)).double().nanmean(dim=2)
+
+
 def lookback_ratios(rows: Tensor, positions: Sequence[int], context_ends: Sequence[int]) -> Tensor:
     """The lookback ratio of rows of one example's map: ``rows`` (H, R, S) holds row r of every head,
     the query at absolute position ``positions[r]`` over keys 0 … S − 1 (later keys are masked: 0);

@@ -45,7 +45,7 @@ from ..data.synthetic import (
     CLOSED_BOOK, CONDITIONS, UNKNOWN, GroundedExample, GroundedQuestion, closed_book_example, grounded_episode,
     memorised_facts, symbolic_batch,
 )
-from ..evaluation.lookback import LookbackTap
+from ..evaluation.lookback import LookbackTap, head_means
 from ..evaluation.stats import auroc
 from ..model import LanguageModel
 from ..train.budget import flops_per_token
@@ -158,7 +158,7 @@ def lookback_by_layer(measured: Measured) -> list[float | None]:
     """Per layer, the mean over heads and episode questions of the lookback ratio (None if undefined)."""
     if not measured.lookback:
         return []
-    per_layer = torch.stack(measured.lookback).mean(dim=2)  # (questions, L): the head mean
+    per_layer = head_means(measured.lookback)  # (questions, L)
     return [_finite(torch.nanmean(per_layer[:, layer]).item()) for layer in range(per_layer.shape[1])]
 
 
@@ -167,7 +167,7 @@ def lookback_auroc(measured: Measured) -> list[float | None]:
     (None where either is missing)."""
     if not measured.lookback:
         return []
-    per_layer = torch.stack(measured.lookback).mean(dim=2)  # (questions, L)
+    per_layer = head_means(measured.lookback)  # (questions, L)
     out = []
     for layer in range(per_layer.shape[1]):
         values = per_layer[:, layer].tolist()

@@ -330,6 +330,7 @@ def run_long_context(config: ExperimentConfig, out_dir: Path, names: Sequence[st
         # 1. Short: the comparison itself, without its retrieval experiment and evaluations.
         short_config = dataclasses.replace(config, long_context=LongContextConfig(enabled=False))
         short: CompareMetrics = run_comparison(short_config, out_dir / "short", names, seeds, grid, retrieval=False,
+                                               grounded=False,
                                                resume=resume, nproc=nproc, jobs=jobs, progress=progress)
         seconds = {"short": time.perf_counter() - start}
         short_checkpoints = {name: {run.key.seed: run.checkpoint_dir for run in short.lm.sweeps[name].chosen}
