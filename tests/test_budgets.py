@@ -393,7 +393,9 @@ def test_compare_budget_sets_run_budget(tmp_path, monkeypatch):
 def test_quietness_needs_two_runs():
     assert Quietness.of("Transformer", [1000.0]).spread is None
     assert not Quietness.of("Transformer", [1000.0]).quiet
-    assert math.isclose(Quietness.of("T", [1.0, 3.0]).tokens_per_s.std, MeanStd.of([1.0, 3.0]).std)
+    spread = Quietness.of("T", [1.0, 3.0])  # mean 2, sample std √2: a spread of 71%, not quiet
+    assert math.isclose(spread.spread, math.sqrt(2) / 2) and not spread.quiet
+    assert Quietness.of("T", [100.0, 104.0]).quiet  # std 2.83 over 102: 2.8%, within the 5%
 
 
 def test_a_grounded_runs_scores_are_read_along_its_curve_by_tokens_flops_and_seconds():
@@ -401,17 +403,17 @@ def test_a_grounded_runs_scores_are_read_along_its_curve_by_tokens_flops_and_sec
     token, 2 s of training over the 8 steps: by hand, 0.4 at 6 steps = 864 tokens = 8,640 FLOPs = 1.5 s."""
     from planted import grounded_run
 
-    from diff_transformer.experiments.equal_cost import grounded_trajectory
+    from diff_transformer.experiments.equal_cost import curve_trajectory
 
     run = grounded_run(0.5, curve=[(0, 0.0, (0.5, 0.5)), (4, 0.3, (0.5, 0.5)), (8, 0.5, (0.5, 0.5))])
     run.flops_per_token, run.train_seconds = 10.0, 2.0
-    track = grounded_trajectory(run, lambda p: p.scores.accuracy, run.scores.accuracy, steps=8, tokens_per_step=144)
+    track = curve_trajectory(run, lambda p: p.scores.accuracy, run.scores.accuracy, steps=8, tokens_per_step=144)
     assert track.costs == {"tokens": [0.0, 576.0, 1152.0], "flops": [0.0, 5760.0, 11520.0], "seconds": [0.0, 1.0, 2.0]}
     for measure, amount in (("tokens", 864.0), ("flops", 8640.0), ("seconds", 1.5)):
         assert track.at(measure, amount) == pytest.approx(0.4, abs=1e-12)
     assert track.final == 0.5
     run.flops_per_token = None  # a kind without a FLOPs term
-    assert grounded_trajectory(run, lambda p: p.scores.accuracy, 0.5, 8, 144).costs["flops"] is None
+    assert curve_trajectory(run, lambda p: p.scores.accuracy, 0.5, 8, 144).costs["flops"] is None
 
 
 def test_the_verdicts_at_equal_cost_are_a_table_per_cost_each_model_a_row_with_its_parameters():
@@ -441,7 +443,7 @@ def test_the_verdicts_at_equal_cost_are_a_table_per_cost_each_model_a_row_with_i
                  row(model, "Attention sink", "language modelling", (lm_count, 1_001), ([0.3, 0.3], [0.1, 0.1]),
                      end_only)]
     quiet = {"language modelling": None, "retrieval": None, "grounded": None}
-    text = "\n".join(equal_cost_lines(EqualCost("tokens", "tokens", rows, quiet), seeds=2))
+    text = "\n".join(equal_cost_lines(EqualCost("tokens", rows, quiet), seeds=2))
     tokens, flops, seconds = (text.split(f"### {h}\n")[1].split("\n### ")[0] for h in (
         "At equal tokens", "At equal training FLOPs", "At equal training time"))
     assert ("| Model | Parameters | Language modelling (lower) | Retrieval: mqar (higher) | Attention sink (lower) |"
@@ -519,4 +521,9 @@ def test_every_experiment_is_read_with_its_own_models_parameters_and_costs():
     tokens, at_flops = v2["Attention sink"].readings[:2]
     assert tokens.ours == [0.3, 0.31] and tokens.base == [0.1, 0.11] and tokens.at is None
     assert at_flops.verdict == "measured at the end only" and at_flops.difference is None
-    assert set(result.quietness) == {"language modelling", "retrieval", "grounded"}
+    # How quiet: the Transformer's runs in each experiment (every lr and seed), 2 each here; the planted
+    # small runs all train at 1 token/s and the language-model runs at 1,000: no spread, quiet.
+    for experiment, rate in (("language modelling", 1000.0), ("retrieval", 1.0), ("grounded", 1.0)):
+        quiet = result.quietness[experiment]
+        assert (quiet.reference, quiet.runs, quiet.tokens_per_s.mean, quiet.spread) == ("Transformer", 2, rate, 0.0)
+        assert quiet.quiet

@@ -237,7 +237,8 @@ def test_the_command_runs_on_a_trained_checkpoint_with_the_shipped_sample(byte_d
                  "--out", str(out), "--quick", "--no-progress"]) == 0
     data = json.loads((out / "context-qa.json").read_text())["models"]["DIFF"]
     assert data["items"] == 20 and len(data["answers"]) == 20 and data["data"] == str(SAMPLE)
-    assert [len(a["lookback"]) for a in data["answers"]] == [2] * 20  # per layer, per head
+    # per layer, per head: the debug DIFF model has 2 layers of 2 DIFF heads
+    assert [[len(layer) for layer in a["lookback"]] for a in data["answers"]] == [[2, 2]] * 20
     assert all(0.0 <= v <= 1.0 for a in data["answers"] for layer in a["lookback"] for v in layer)
     assert data["answer_in_context"] == 0.85  # 17 of the 20 sample answers are in their context
     assert (out / "context-qa.png").read_bytes()[:4] == b"\x89PNG"

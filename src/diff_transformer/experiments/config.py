@@ -21,7 +21,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..config import DIFF_HEAD_KINDS, PRESETS, ConfigError, ModelConfig
 from ..convert import INITS, ConversionError, converted_config
@@ -49,6 +49,12 @@ def retrieval_examples_per_step(batch_size: int) -> dict[str, int]:
     """The examples of each retrieval task in one training batch: half needle documents, half MQAR."""
     half = batch_size // 2
     return {"needle": half, "mqar": batch_size - half}
+
+
+def curve_steps(steps: int, fractions: Sequence[float]) -> list[int]:
+    """The steps after which a small model's learning curve is measured: 0 (before training), each of
+    ``fractions`` of ``steps`` (at least one step each), and ``steps``."""
+    return sorted({0, steps, *(max(1, round(f * steps)) for f in fractions)})
 
 
 @dataclass
@@ -117,9 +123,7 @@ class RetrievalConfig:
 
     @property
     def curve_steps(self) -> list[int]:
-        """The steps after which the learning curve is measured: 0 (before training), the curve's
-        fractions of ``steps`` (at least one step each), and ``steps``."""
-        return sorted({0, self.steps, *(max(1, round(f * self.steps)) for f in self.curve)})
+        return curve_steps(self.steps, self.curve)
 
     def examples_seen(self, task: str, step: int) -> int:
         """Training examples of ``task`` after ``step`` steps (each batch: half needle, half mqar)."""
@@ -214,8 +218,7 @@ class GroundedConfig:
 
     @property
     def curve_steps(self) -> list[int]:
-        """0 (before training), the curve's fractions of ``steps`` (at least one step each), and ``steps``."""
-        return sorted({0, self.steps, *(max(1, round(f * self.steps)) for f in self.curve)})
+        return curve_steps(self.steps, self.curve)
 
     def model_config(self, attention: str, *, diff_heads: bool = False, **fields: Any) -> ModelConfig:
         """The grounded model of one attention kind (:func:`small_model_config`)."""

@@ -39,7 +39,7 @@ from .claims import better_word, evaluation_figures, mean_lookback
 from .config import ExperimentConfig
 from .grounded import GroundedModel, GroundedResult
 from .language_models import LanguageModelling
-from .results import GroundedPoint, GroundedRun, RetrievalRun, TrainingRun
+from .results import GroundedRun, RetrievalRun, TrainingRun
 from .retrieval import TASKS, RetrievalModel, RetrievalResult
 
 MEASURES = ("tokens", "flops", "seconds")  # what a cost is counted in
@@ -108,20 +108,10 @@ def end_only(value: float) -> Trajectory:
     return Trajectory({measure: None for measure in MEASURES}, [], value)
 
 
-def retrieval_trajectory(run: RetrievalRun, task: str, steps: int, tokens_per_step: int) -> Trajectory:
-    """A retrieval run's mean accuracy on ``task`` along its learning curve (from before training),
-    by tokens, FLOPs and training seconds (the run's time shared out evenly over its ``steps``)."""
-    tokens = [float(p.step * tokens_per_step) for p in run.curve]
-    per_token = run.flops_per_token
-    return Trajectory({"tokens": tokens, "flops": None if per_token is None else [t * per_token for t in tokens],
-                       "seconds": [run.train_seconds * p.step / steps for p in run.curve]},
-                      [p.mean_accuracy[task] for p in run.curve], run.mean_accuracy[task])
-
-
-def grounded_trajectory(run: GroundedRun, figure: Callable[[GroundedPoint], float], final: float, steps: int,
-                        tokens_per_step: int) -> Trajectory:
-    """A grounded run's ``figure`` along its learning curve (``final`` at its end), by tokens, FLOPs and
-    training seconds (the run's time shared out evenly over its ``steps``)."""
+def curve_trajectory(run: RetrievalRun | GroundedRun, figure: Callable[[Any], float], final: float, steps: int,
+                     tokens_per_step: int) -> Trajectory:
+    """A small-model run's ``figure`` along its learning curve (from before training; ``final`` at its
+    end), by tokens, FLOPs and training seconds (the run's time shared out evenly over its ``steps``)."""
     tokens = [float(p.step * tokens_per_step) for p in run.curve]
     per_token = run.flops_per_token
     return Trajectory({"tokens": tokens, "flops": None if per_token is None else [t * per_token for t in tokens],
@@ -160,7 +150,6 @@ class EqualCost:
     """The verdicts at equal cost of a comparison and what they rest on."""
 
     budget: str  # the measure the language models' budget counts (run.steps: "tokens")
-    retrieval_budget: str  # the retrieval and grounded experiments': "tokens" (their steps)
     rows: list[EqualCostRow]
     quietness: dict[str, Quietness | None]  # EXPERIMENTS -> how steady the machine was (None: did not run)
 
@@ -238,7 +227,8 @@ def cost_tasks(config: ExperimentConfig, lm: LanguageModelling, retrieval: Retri
         for task in TASKS:
             tasks.append(CostTask(f"Retrieval: {task}", f"{task} accuracy, mean over difficulty cells", "higher",
                                   "retrieval", "tokens",
-                                  {n: [retrieval_trajectory(r, task, settings.steps, per_step)
+                                  {n: [curve_trajectory(r, lambda p, task=task: p.mean_accuracy[task],
+                                                         r.mean_accuracy[task], settings.steps, per_step)
                                        for r in retrieval.models[n].runs] for n in names},
                                   {n: retrieval.models[n].parameters for n in names}))
     if grounded is not None and all(n in grounded.models for n in names):
@@ -252,7 +242,7 @@ def cost_tasks(config: ExperimentConfig, lm: LanguageModelling, retrieval: Retri
              lambda p: mean_lookback(p.lookback), lambda r: mean_lookback(r.lookback)),
         ):
             tasks.append(CostTask(task, measure, better, "grounded", "tokens",
-                                  {n: [grounded_trajectory(r, figure, final(r), settings.steps, per_step)
+                                  {n: [curve_trajectory(r, figure, final(r), settings.steps, per_step)
                                        for r in grounded.models[n].runs] for n in names},
                                   {n: grounded.models[n].parameters for n in names}))
     for entry in evaluation_figures(config, lm, names, suite):
@@ -283,4 +273,4 @@ def equal_cost(config: ExperimentConfig, lm: LanguageModelling, retrieval: Retri
             rows.append(EqualCostRow(task.task, task.measure, task.better, label, lm.models[diff].label, readings,
                                      task.experiment, (task.parameters[name], task.parameters[diff])))
     budget = "tokens" if lm.budget.kind == "steps" else lm.budget.kind
-    return EqualCost(budget, "tokens", rows, quietness)
+    return EqualCost(budget, rows, quietness)

@@ -175,10 +175,6 @@ class Budget:
         """The tokens of a run of ``steps`` steps (with run.budget: what run.steps would have given)."""
         return self.steps * self.batch_size * self.seq_len
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.seq_len
-
     @classmethod
     def of(cls, train: TrainConfig, model: str) -> "Budget":
         seq_len = train.data.seq_len or train.model(model).model_config().max_seq_len

@@ -75,7 +75,7 @@ from .claims import table3
 from .config import DIFF_FAMILY, TRANSFORMER_FAMILY, ExperimentConfig, PretrainedConfig
 from .language_models import Machine
 from .output import check_study_output, open_study
-from .report import heading_lines, budget_lines, signed, write_study
+from .report import budget_lines, heading_lines, interval_text, write_study
 from .runner import PoolJob, run_jobs
 from .study import RunKey
 
@@ -727,12 +727,6 @@ def figure_text(figure: ModelFigure | None) -> str:
     return text + (f" [{figure.low:.4g}, {figure.high:.4g}]" if figure.low is not None else "")
 
 
-def difference_text(d: Difference | None) -> str:
-    if d is None:
-        return "–"
-    return signed(d.delta) + (f" [{signed(d.low)}, {signed(d.high)}]" if d.low is not None else "")
-
-
 EVALUATIONS_INTRO = ("## The evaluations\n\nEach evaluation's own report on every model (its figures beside the "
                      "paper's, which come from models trained alike at 1.4B to 3B parameters). JSON and plots: eval/; "
                      "each model's measurements: models/.")
@@ -796,7 +790,7 @@ def effect_lines(metrics: PretrainedMetrics) -> list[str]:
             units = f"{pair.units:,} {effect.unit}s{' (paired)' if pair.paired else ''}"
             ours, base = (figure_text(effect.figures.get(label)) for label in (pair.model, pair.baseline))
             lines.append(f"{head} {pair.model} − {pair.baseline} | {units} | {ours} | {base} | "
-                         f"{difference_text(pair.difference)} | **{pair.verdict}**{note} |")
+                         f"{interval_text(pair.difference)} | **{pair.verdict}**{note} |")
             head = "| | | |"
         if len(effect.pairs) > 1:
             lines.append(f"| | | | every pair | | | | | **{effect.verdict}** |")
