@@ -228,3 +228,17 @@ def test_the_small_models_tables_give_each_models_own_parameters():
     text = "\n".join(grounded_lines(answered))
     assert "| parameters | 20 | 21 | |" in text  # and an empty cell under DIFF − Transformer
     assert "| DIFF | 21 | counterfactual |" in text and "| Transformer | 20 | 0.000" in text
+
+
+def test_a_study_resumed_with_another_small_model_shape_is_refused_by_name():
+    from diff_transformer.experiments.comparison import study_record
+    from diff_transformer.experiments.output import study_differences
+
+    config = load_experiment("alternatives")
+    before = study_record(config)
+    after = study_record(config)
+    after["models"]["gda"]["small_model"] = {"n_heads": 4, "attn_head_dim": 8}
+    assert [d for d in study_differences(before, after) if "small_model" in d]
+    after["models"]["gda"]["small_model"] = before["models"]["gda"]["small_model"]
+    after["models"]["gda"]["label"] = "renamed"  # a name in reports: free
+    assert study_differences(before, after) == []

@@ -273,6 +273,9 @@ RESUME_RULES: dict[str, str | dict[str, str]] = {
         "name": FREE, "label": FREE, "paper_row": FREE,  # names in reports
         "attention": SAME, "preset": SAME, "fields": SAME, "optim": SAME,
         "diff_heads": SAME,  # a preset's head count kept (the wide-head Transformer): compared as the ModelConfig
+        # The model's own fields in the small retrieval and grounded models: no language-model run reads
+        # them, and a study's --resume compares them (its small runs were trained with them).
+        "small_model": SAME,
     },
     "data": {
         "dataset": SAME,
