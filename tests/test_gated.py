@@ -13,6 +13,7 @@ from diff_transformer.config import PRESETS, ConfigError
 from diff_transformer.ops import BACKEND_NAMES
 from test_model import naive_gated_module
 from test_train import byte_dataset  # noqa: F401  (a fixture)
+from checks import assert_matches_float64
 
 GATED = ["gated", "gated_headwise"]
 
@@ -37,14 +38,7 @@ def test_gated_attention_and_every_gradient_match_the_float64_statement(kind, n_
     expected = naive_gated_module(module, x64, weights)
     gates = torch.sigmoid(x64 @ weights["gate_proj.weight"].T)
     assert gates.min() < 0.2 and gates.max() > 0.8  # the gate matters here
-    assert out.shape == x.shape and (out.double() - expected).abs().max().item() < 1e-5
-    grad_out = torch.randn(out.shape)
-    out.backward(grad_out)
-    expected.backward(grad_out.double())
-    grads = {"x": (x.grad, x64.grad), **{name: (p.grad, weights[name].grad) for name, p in module.named_parameters()}}
-    for name, (got, want) in grads.items():
-        err = (got.double() - want).abs().max().item()
-        assert err < 1e-5 * max(1.0, want.abs().max().item()), f"grad {name}: {err}"
+    assert_matches_float64(module, x, out, x64, expected, weights)
 
 
 @pytest.mark.parametrize("kind", GATED)

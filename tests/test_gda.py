@@ -15,6 +15,7 @@ from diff_transformer import LanguageModel, ModelConfig, MultiheadDiffAttention
 from diff_transformer.attention import AttentionTap, GroupedDiffAttention
 from diff_transformer.config import ConfigError
 from diff_transformer.ops import gda_attention, reference_gda_attention
+from checks import compiled_decoding_error
 
 TOL = 1e-5  # fp32 against float64 / the fp32 reference, absolute (relative to the largest entry for gradients)
 # the model's backends: "auto" ("math" on the CPU) in the fast tier, the others in the slow one
@@ -251,17 +252,7 @@ def test_token_by_token_decoding_gives_full_forward_logits(backend, static):
 
 @pytest.mark.slow  # torch.compile traces the decoding step
 def test_compiled_decoding_with_a_static_cache_compiles_once_and_follows_the_full_forward():
-    torch._dynamo.reset()
-    model = LanguageModel(gda_config()).eval()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    tokens = torch.randint(0, 512, (2, 14))
-    with torch.no_grad():
-        full, _ = model(tokens)
-        cache = model.new_cache(2, 16, static=True)
-        pieces = [model(tokens[:, :8], cache=cache)[0], compiled(tokens[:, 8:9], cache=cache)[0]]
-        with torch._dynamo.config.patch(error_on_recompile=True):
-            pieces += [compiled(tokens[:, i : i + 1], cache=cache)[0] for i in range(9, 14)]
-    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < TOL
+    assert compiled_decoding_error(LanguageModel(gda_config()).eval()) < TOL
 
 
 @pytest.mark.slow  # inductor compiles the decoding step

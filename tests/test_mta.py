@@ -26,6 +26,7 @@ from diff_transformer.ops.mta import MTAWeights, mta_attention, reference_mta_at
 from diff_transformer.train import train
 from test_model import rope_complex
 from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset: a fixture)
+from checks import assert_matches_float64, compiled_decoding_error
 
 
 def authors_convolution(scores, kernel, mask):
@@ -100,14 +101,7 @@ def test_module_and_every_gradient_match_the_authors_forward_in_float64(convolve
     assert {"head_mix_pre", "head_mix_post", "gate_proj.weight", "gate_proj.bias", "head_norm.weight"} <= set(weights)
     x64 = x.detach().double().requires_grad_()
     expected, _ = authors_module(module, x64, weights)
-    assert out.shape == x.shape and (out.double() - expected).abs().max().item() < 1e-5
-    grad_out = torch.randn(out.shape)
-    out.backward(grad_out)
-    expected.backward(grad_out.double())
-    grads = {"x": (x.grad, x64.grad), **{name: (p.grad, weights[name].grad) for name, p in module.named_parameters()}}
-    for name, (got, want) in grads.items():
-        err = (got.double() - want).abs().max().item()
-        assert err < 1e-5 * max(1.0, want.abs().max().item()), f"grad {name}: {err}"
+    assert_matches_float64(module, x, out, x64, expected, weights)
 
 
 def test_the_convolutions_and_the_mixing_change_the_output():
@@ -278,17 +272,7 @@ def test_left_padding_and_packed_documents_give_each_sequence_its_own_outputs():
 def test_compiled_decoding_with_a_static_cache_compiles_once():
     """Without dynamic=True: the halo's rows and masks have fixed shapes, so one graph serves every step
     (a recompilation is an error here), and the logits follow a full forward."""
-    torch._dynamo.reset()
-    model = mta_model().eval()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    tokens = torch.randint(0, 512, (2, 14))
-    with torch.no_grad():
-        full, _ = model(tokens)
-        cache = model.new_cache(2, 16, static=True)
-        pieces = [model(tokens[:, :3], cache=cache)[0], compiled(tokens[:, 3:4], cache=cache)[0]]
-        with torch._dynamo.config.patch(error_on_recompile=True):
-            pieces += [compiled(tokens[:, i : i + 1], cache=cache)[0] for i in range(4, 14)]
-    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
+    assert compiled_decoding_error(mta_model().eval(), prompt=3) < 1e-5
 
 
 @pytest.mark.slow  # torch.compile traces forward and backward
