@@ -23,6 +23,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 GIVE_TEXT = "give UTF-8 text"
@@ -103,6 +104,15 @@ def read_text_file(path: str | Path) -> str:
     return decode_text(path.read_bytes(), path)
 
 
+def json_line(line: str, where: str) -> Any:
+    """One line of a JSON Lines file (``where``: its file and line number) parsed; an InputError naming
+    ``where`` if it is not JSON."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc.msg})") from None
+
+
 def json_objects(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number from 1, object) for each non-blank line of the JSON Lines file ``path``, read by
     :func:`read_text_file`; an InputError naming the file and line for a line that is not JSON or not
@@ -110,10 +120,7 @@ def json_objects(path: str | Path) -> Iterator[tuple[int, dict]]:
     for number, line in enumerate(read_text_file(path).splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        record = json_line(line, f"{path}:{number}")
         if not isinstance(record, dict):
             raise InputError(f"{path}:{number}: expected an object, got {type(record).__name__}")
         yield number, record

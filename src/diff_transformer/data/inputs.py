@@ -62,7 +62,7 @@ import numpy as np
 
 from ..extras import import_optional
 from ..files import OUTPUT_NAMES, OutputPathError, project_output_kind
-from ..user_text import InputError, checked_text, decode_text, not_a_file
+from ..user_text import InputError, checked_text, decode_text, json_line, not_a_file
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
 RECORD_BATCH_ROWS = 256  # rows of a Parquet or Arrow file converted to Python strings at once
@@ -104,11 +104,7 @@ def _json_lines(path: Path, lines: Iterable[bytes], text_field: str) -> Iterator
         offset += len(raw)
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        yield number, *_record_text(record, f"{path}:{number}", text_field)
+        yield number, *_record_text(json_line(line, f"{path}:{number}"), f"{path}:{number}", text_field)
 
 
 def _zstd_stream(path: Path) -> IO[bytes]:
