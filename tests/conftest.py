@@ -18,8 +18,12 @@ def pytest_configure(config):
     empty for this session, unless DIFF_TRANSFORMER_CACHE names one: no test can pass on what an earlier
     run or this machine left in ~/.cache, and the suite never writes there. Set in the controlling
     process before pytest-xdist starts its workers, which inherit it and share one folder (the corpus
-    is built once, under its lock: data.corpus.default_dataset)."""
-    if hasattr(config, "workerinput") or os.environ.get(CACHE_ENV):
+    is built once, under its lock: data.corpus.default_dataset). A folder named that does not exist
+    yet is made here, as the commands make it on first use."""
+    if hasattr(config, "workerinput"):
+        return
+    if os.environ.get(CACHE_ENV):
+        os.makedirs(os.environ[CACHE_ENV], exist_ok=True)
         return
     folder = tempfile.mkdtemp(prefix="diff-transformer-test-cache-")
     os.environ[CACHE_ENV] = folder
