@@ -32,6 +32,8 @@ from .retrieval import TASKS, RetrievalResult
 
 ROBUST_FROM = 0.25  # along training, the points from this fraction of the budget on must agree
 Word = Callable[[Difference], str]
+Learned = Callable[[Sequence[float]], bool]  # whether language models with these losses (per seed) have learned
+NOT_LEARNED = "not judged: the models have not passed a bigram table"
 
 
 @dataclass
@@ -63,6 +65,8 @@ class TaskFigures:
     measure: str
     better: str  # "lower" or "higher" ("neither": a figure with no better side)
     figures: dict[str, Figures]
+    # language modelling: judged only where both models passed the bigram (keyword-only: the subclasses' fields follow)
+    learned: Learned | None = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -70,6 +74,7 @@ class AlongDifference:
     fraction: float
     budget: str
     difference: Difference
+    judged: bool = True  # False: a model had not passed its data's bigram there (no verdict drawn)
 
 
 @dataclass
@@ -167,18 +172,28 @@ def fraction_label(fraction: float) -> str:
 
 
 def make_claim(claim: str, measure: str, better: str, ours: Figures, base: Figures, paper: str, paper_sign: int,
-               *, note: str = "", testable: bool = True, word: Word | None = None) -> Claim:
+               *, note: str = "", testable: bool = True, word: Word | None = None,
+               learned: Learned | None = None) -> Claim:
     """One row from two models' figures: the difference at the end, under every recipe both have and
-    at every point of training both have; ``word`` names a difference (default: against the paper)."""
+    at every point of training both have; ``word`` names a difference (default: against the paper).
+    With ``learned`` (language modelling), a point where either model has not passed its data's bigram
+    table is shown but not judged, and the verdict is :data:`NOT_LEARNED` when the end is such a point."""
     diff = welch_difference(ours.best, base.best)
     word = word or paper_word(paper_sign)
+    both = (lambda a, b: learned(a) and learned(b)) if learned else (lambda a, b: True)
     recipes = {r: welch_difference(ours.by_recipe[r], base.by_recipe[r]) for r in ours.by_recipe
-               if r in base.by_recipe and ours.by_recipe[r] and base.by_recipe[r]}
-    along = [AlongDifference(a.fraction, a.budget, welch_difference(a.values, b.values))
+               if r in base.by_recipe and ours.by_recipe[r] and base.by_recipe[r]
+               and both(ours.by_recipe[r], base.by_recipe[r])}
+    along = [AlongDifference(a.fraction, a.budget, welch_difference(a.values, b.values), both(a.values, b.values))
              for a, b in zip(ours.along, base.along) if a.fraction == b.fraction and a.values and b.values]
+    if not testable:
+        text = "not testable here"
+    elif not both(ours.best, base.best):
+        text = NOT_LEARNED
+    else:
+        text = dependence(diff, recipes, [p for p in along if p.judged], word)
     return Claim(claim, measure, better, MeanStd.of(ours.best), MeanStd.of(base.best), diff, paper, paper_sign,
-                 verdict=dependence(diff, recipes, along, word) if testable else "not testable here", note=note,
-                 by_recipe=recipes, along=along, parameters=(ours.parameters, base.parameters))
+                 verdict=text, note=note, by_recipe=recipes, along=along, parameters=(ours.parameters, base.parameters))
 
 
 def pair(config: ExperimentConfig, names: Sequence[str]) -> tuple[str, str] | None:
@@ -243,8 +258,9 @@ def task_figures(lm: LanguageModelling, retrieval: RetrievalResult | None, names
                  grounded: GroundedResult | None = None) -> list[TaskFigures]:
     """The figures of every task for each model of ``names`` (the rows of the claims, of the other
     kinds' comparisons and of the sensitivity table)."""
-    out = [TaskFigures("Language modelling", "final validation loss (nats/token)", "lower",
-                       {n: lm_figures(lm, n) for n in names})]
+    unit = lm.reference.unit if lm.reference else "token"
+    out = [TaskFigures("Language modelling", f"final validation loss (nats/{unit})", "lower",
+                       {n: lm_figures(lm, n) for n in names}, learned=lm.learned)]
     out += _retrieval_task_figures(retrieval, names)
     if grounded is not None and all(n in grounded.models for n in names):
         out.append(TaskFigures(
@@ -313,7 +329,7 @@ def paper_claims(config: ExperimentConfig, lm: LanguageModelling, retrieval: Ret
         else:
             claim = "Learning to retrieve"
         rows.append(make_claim(claim, measure, entry.better, figures[diff_name], figures[base_name], paper, paper_sign,
-                               note=note, testable=testable, word=word))
+                               note=note, testable=testable, word=word, learned=entry.learned))
     if retrieval is not None and diff_name in retrieval.models and base_name in retrieval.models:
         rows += _attention_claims(retrieval, found)
     rows += _evaluation_claims(config, lm, found, suite)
@@ -451,7 +467,7 @@ def variant_comparisons(config: ExperimentConfig, lm: LanguageModelling, retriev
                                                                                               suite or {})
             for entry in entries:
                 row = make_claim(entry.task, entry.measure, entry.better, entry.figures[name], entry.figures[base], "—",
-                                 +1, word=better_word(label, entry.better))
+                                 +1, word=better_word(label, entry.better), learned=entry.learned)
                 row.model, row.baseline = label, config.model_name(base)
                 rows.append(row)
     return rows

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..evaluation.stats import Difference, MeanStd, welch_difference
-from .claims import better_word, evaluation_figures, mean_lookback
+from .claims import NOT_LEARNED, Learned, better_word, evaluation_figures, mean_lookback
 from .config import ExperimentConfig
 from .grounded import GroundedModel, GroundedResult
 from .language_models import LanguageModelling
@@ -158,9 +158,10 @@ EXPERIMENTS = ("language modelling", "retrieval", "grounded")  # the experiments
 
 
 def reading(measure: str, budget: str, ours: Sequence[Trajectory], base: Sequence[Trajectory], word,
-            quietness: Quietness | None) -> CostReading:
+            quietness: Quietness | None, learned: Learned | None = None) -> CostReading:
     """The pair's figures at equal ``measure``: the runs' ends when it is the ``budget``'s measure,
-    else each read at the least any of the runs spent. Time only where the machine was quiet."""
+    else each read at the least any of the runs spent. Time only where the machine was quiet; language
+    models (``learned``) only where both have passed their data's bigram table there."""
     if measure == "seconds" and (quietness is None or not quietness.quiet):
         return CostReading(measure, None, verdict="not judged: the machine was not quiet enough")
     if measure == budget:
@@ -177,7 +178,9 @@ def reading(measure: str, budget: str, ours: Sequence[Trajectory], base: Sequenc
     if any(v is None for side in values for v in side):
         return CostReading(measure, at, verdict="not measured there (before the first evaluation, or a run diverged)")
     difference = welch_difference(*values)
-    return CostReading(measure, at, list(values[0]), list(values[1]), difference, word(difference))
+    judged = learned is None or (learned(values[0]) and learned(values[1]))
+    return CostReading(measure, at, list(values[0]), list(values[1]), difference,
+                       word(difference) if judged else NOT_LEARNED)
 
 
 @dataclass
@@ -192,6 +195,7 @@ class CostTask:
     budget: str  # the measure its runs trained to
     tracks: dict[str, list[Trajectory]]  # model name -> one per seed
     parameters: dict[str, int | None]
+    learned: Learned | None = None  # language modelling: judged only past the bigram (claims.make_claim)
 
 
 def _quietness(model: RetrievalModel | GroundedModel) -> Quietness:
@@ -218,8 +222,10 @@ def cost_tasks(config: ExperimentConfig, lm: LanguageModelling, retrieval: Retri
         lm.models[reference].label, [run.summary.tokens_per_s for by_lr in lm.sweeps[reference].runs.values()
                                      for runs in by_lr.values() for run in runs if run.summary.tokens_per_s])
     lm_parameters = {n: lm.models[n].parameters for n in names}
-    tasks = [CostTask("Language modelling", "final validation loss (nats/token)", "lower", "language modelling", budget,
-                      {n: [lm_trajectory(r) for r in lm.sweeps[n].chosen] for n in names}, lm_parameters)]
+    unit = lm.reference.unit if lm.reference else "token"
+    tasks = [CostTask("Language modelling", f"final validation loss (nats/{unit})", "lower", "language modelling",
+                      budget, {n: [lm_trajectory(r) for r in lm.sweeps[n].chosen] for n in names}, lm_parameters,
+                      lm.learned)]
     if retrieval is not None and all(n in retrieval.models for n in names):
         settings = retrieval.settings
         per_step = settings.batch_size * settings.length
@@ -269,7 +275,7 @@ def equal_cost(config: ExperimentConfig, lm: LanguageModelling, retrieval: Retri
         for task in tasks:
             word = better_word(label, task.better)
             readings = [reading(m, task.budget, task.tracks[name], task.tracks[diff], word,
-                                quietness[task.experiment]) for m in MEASURES]
+                                quietness[task.experiment], task.learned) for m in MEASURES]
             rows.append(EqualCostRow(task.task, task.measure, task.better, label, lm.models[diff].label, readings,
                                      task.experiment, (task.parameters[name], task.parameters[diff])))
     budget = "tokens" if lm.budget.kind == "steps" else lm.budget.kind

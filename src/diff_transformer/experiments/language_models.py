@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..evaluation.ngram import NgramReference, ngram_reference
 from ..evaluation.stats import MeanStd
 from ..paper import PAPER_TABLE6
 from ..train.budget import resolve_steps
@@ -218,6 +219,14 @@ class LanguageModelling:
     models: dict[str, ModelSummary]
     sweeps: dict[str, Sweep[TrainingRun]]
     recipes: list[str]  # the init recipes searched (none: every model as configured)
+    reference: NgramReference | None = None  # the data's unigram and bigram loss (None: not measured)
+
+    def learned(self, losses: Sequence[float]) -> bool:
+        """Whether a model with these losses (one per seed) has passed its data's bigram table by the
+        margin (evaluation.ngram.LEARNED_MARGIN): their mean below it. Without a reference, True."""
+        if self.reference is None:
+            return True
+        return bool(losses) and self.reference.learned(statistics.fmean(losses))
 
     @classmethod
     def of(cls, config: ExperimentConfig, sweeps: dict[tuple, Sweep[TrainingRun]], names: Sequence[str],
@@ -225,6 +234,7 @@ class LanguageModelling:
         """The summary of ``sweeps`` at the config's own size and budget (``train``: the config the runs
         were trained with, default the experiment's)."""
         by_name = {name: sweeps[name, None, None] for name in names}
-        return cls(Budget.of(train or config.train, names[0]),
+        train = train or config.train
+        return cls(Budget.of(train, names[0]),
                    {name: ModelSummary.of(config, s) for name, s in by_name.items()}, by_name,
-                   [r for r in recipes if r is not None])
+                   [r for r in recipes if r is not None], ngram_reference(train.data.dataset, train.data.cache_dir))

@@ -15,7 +15,7 @@ from ..evaluation.stats import Difference, MeanStd, decimals, welch_difference
 from ..evaluation.suite import SuiteResult
 from ..files import write_atomically, write_text_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
-from .claims import Claim, fraction_label, mean_lookback, task_figures
+from .claims import NOT_LEARNED, Claim, fraction_label, mean_lookback, task_figures
 from .config import retrieval_examples_per_step
 from .equal_cost import EXPERIMENTS, MEASURES, QUIET_SPREAD, CostReading, EqualCost, Quietness
 from .grounded import GroundedResult
@@ -131,7 +131,28 @@ def along_text(row: Claim, shown: Sequence[float] = (0.125, 0.25, 0.5, 1.0)) -> 
     if not points:
         return "–"
     picked = sorted({min(range(len(points)), key=lambda i: abs(points[i].fraction - f)) for f in shown})
-    return "; ".join(f"{signed(points[i].difference.delta)} at {fraction_label(points[i].fraction)}" for i in picked)
+    return "; ".join(f"{signed(points[i].difference.delta)} at {fraction_label(points[i].fraction)}"
+                     + ("" if points[i].judged else " (not judged)") for i in picked)
+
+
+def reference_lines(lm: LanguageModelling) -> list[str]:
+    """The language models beside their data's trivial baselines, and the rule for judging them."""
+    ref = lm.reference
+    if ref is None:
+        return []
+    below = {m.label: ref.bigram - m.final_val_loss.mean for m in lm.models.values()
+             if m.final_val_loss.mean is not None}
+    learned = all(lm.learned(m.final_val_loss.per_seed) for m in lm.models.values())
+    return [
+        f"**Trivial baselines.** {ref.text()[0].upper()}{ref.text()[1:]}. A language-model comparison is judged "
+        f"only where every model it compares is at least {ref.margin:g} nats/{ref.unit} below the bigram (a loss "
+        f"≤ {ref.learned_below:.3f}), along training too; elsewhere it says \"{NOT_LEARNED}\": a model above it "
+        "has learned little beyond which token follows which, and its attention is hardly used. Below the bigram "
+        "at the end: " + ", ".join(f"{label} {gap:+.3f}" for label, gap in below.items())
+        + (" — every model has learned." if learned else " — **not every model has passed it: no language-model "
+           "verdict is drawn at the end.**"),
+        "",
+    ]
 
 
 def parameters_text(parameters: tuple[int | None, int | None]) -> str:
@@ -291,11 +312,19 @@ def write_plots(metrics: CompareMetrics, out_dir: Path) -> list[Path]:
                 std = [statistics.stdev(v) for v in zip(*val.values)]
                 ax_val.fill_between(millions, [a - s for a, s in zip(mean, std)], [a + s for a, s in zip(mean, std)],
                                     color=color, alpha=0.2)
+    reference = metrics.lm.reference
+    if reference is not None:  # the trivial baselines, beside every curve
+        for ax in (ax_train, ax_val):
+            for value, name in ((reference.unigram, "unigram"), (reference.bigram, "bigram")):
+                ax.axhline(value, color="grey", linestyle="--", linewidth=0.8)
+                ax.annotate(f"{name} {value:.2f}", (0, value), xycoords=("axes fraction", "data"), fontsize=7,
+                            color="grey", va="bottom")
+    unit = reference.unit if reference else "token"
     ax_train.set_title("training loss (mean over each logging interval)")
     ax_val.set_title("validation loss" + (f" (mean ± std over {metrics.seeds} seeds)" if metrics.seeds > 1 else ""))
     for ax in (ax_train, ax_val):
         ax.set_xlabel("training tokens (millions)")
-        ax.set_ylabel("cross-entropy (nats/token)")
+        ax.set_ylabel(f"cross-entropy (nats/{unit})")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[1]:  # a run without curves (test fixtures) draws none
             ax.legend()
@@ -422,17 +451,20 @@ def _speed_cell(stats: MeanStd) -> str:
     return stats_cell(stats, 0)
 
 
-def _verdict(c: Comparison, label: str, base_label: str, seeds: int) -> str:
+def _verdict(c: Comparison, label: str, base_label: str, seeds: int, lm: LanguageModelling) -> str:
     delta, noise, paper = c.val_loss_delta, c.val_loss_noise, c.paper_val_loss_delta
     if delta is None:
         return f"- {label}: no final validation loss (see the run status)."
     direction = "lower (better)" if delta < 0 else "higher (worse)"
     places = decimals(delta, noise, at_least=4)  # the difference and its noise both visible
-    text = f"- **{label} vs {base_label}, validation loss**: {delta:+.{places}f} nats/token here, {direction}"
+    unit = lm.reference.unit if lm.reference else "token"
+    text = f"- **{label} vs {base_label}, validation loss**: {delta:+.{places}f} nats/{unit} here, {direction}"
     if paper is not None:
         text += f"; the paper's 1.4B models (Table 6): {paper:+.3f}."
     else:
         text += "; the paper has no figure for this model."
+    if not all(lm.learned(lm.models[n].final_val_loss.per_seed) for n in (c.model, c.baseline)):
+        return text + f" **Not judged**: {NOT_LEARNED[len('not judged: '):]} ({lm.reference.text()})."
     if noise is not None and abs(delta) <= 2 * noise:
         text += (f" The difference is within twice the standard error over {seeds} seeds (±{noise:.{places}f}): "
                  "at this scale the run shows no difference either way.")
@@ -901,6 +933,7 @@ def render_report(metrics: CompareMetrics) -> str:
            if metrics.phase_seconds else "") + ".",
         "",
         *budget_lines(metrics.budget_note),
+        *reference_lines(metrics.lm),
         *render_claims(metrics.claims, seeds),
         *render_variants(metrics.variant_comparisons, seeds),
         *equal_cost_lines(metrics.equal_cost, seeds),
@@ -913,9 +946,10 @@ def render_report(metrics: CompareMetrics) -> str:
         "",
         "| Model | Attention | Parameters | Steps | Tokens | Train time | Training FLOPs | Final val loss"
         + (" (mean ± std)" if seeds > 1 else "")
-        + " | Train tokens/s | Peak memory | Paper: val loss (1.4B, Table 6) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        + " | Below the bigram | Train tokens/s | Peak memory | Paper: val loss (1.4B, Table 6) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    bigram = metrics.lm.reference.bigram if metrics.lm.reference else None
     for m in models.values():
         memory = f"{m.peak_memory_bytes / 2**20:,.0f} MiB ({m.peak_memory_kind})"
         paper = f"{m.paper_table6['valid']:.3f} ({m.paper_table6['row']})" if m.paper_table6 else "—"
@@ -923,9 +957,15 @@ def render_report(metrics: CompareMetrics) -> str:
         lines.append(
             f"| {m.label}{status} | {m.attention} | {m.parameters:,} | {m.steps if m.steps is not None else '—'} | "
             f"{tokens_text(m.tokens)} | {statistics.fmean(m.train_seconds):,.1f} s | {flops_text(m.flops)} | "
-            f"{stats_cell(m.final_val_loss)} | {_speed_cell(m.tokens_per_s)} | {memory} | {paper} |"
+            f"{stats_cell(m.final_val_loss)} | "
+            f"{'—' if bigram is None or m.final_val_loss.mean is None else f'{bigram - m.final_val_loss.mean:+.3f}'} | "
+            f"{_speed_cell(m.tokens_per_s)} | {memory} | {paper} |"
         )
     lines.append("")
+    if metrics.lm.reference:
+        ref = metrics.lm.reference
+        lines += [f"The data's unigram: {ref.unigram:.3f}, bigram: {ref.bigram:.3f} nats/{ref.unit} "
+                  "(the dashed lines of loss.png).", ""]
     lines += _sweep_lines(metrics.lm)
     if metrics.comparisons:
         lines += ["## Against the baseline, and against the paper", ""]
@@ -933,7 +973,7 @@ def render_report(metrics: CompareMetrics) -> str:
             label, base = models[c.model].label, models[c.baseline].label
             share = c.extra_parameters / models[c.baseline].parameters
             lines.append(f"- **{label} vs {base}, parameters**: {c.extra_parameters:+,} ({share:+.2%}).")
-            lines.append(_verdict(c, label, base, seeds))
+            lines.append(_verdict(c, label, base, seeds, metrics.lm))
             if c.throughput_ratio is not None:
                 text = f"- **{label} / {base}, training throughput**: {c.throughput_ratio:.2f}× here"
                 if c.paper_throughput_ratios:

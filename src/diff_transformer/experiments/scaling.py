@@ -38,6 +38,7 @@ from typing import Any, Sequence
 from ..config import DIFF_HEAD_KINDS, PAPER_SIZES
 from ..data import EMBEDDED_DATASETS, dataset_directory
 from ..evaluation import scaling as laws
+from ..evaluation.ngram import NgramReference, ngram_reference
 from ..evaluation.stats import Difference, MeanStd, t_quantile, welch_difference
 from ..model import LanguageModel
 from ..paper import SCALING_FIG3
@@ -249,6 +250,7 @@ class ScalingMetrics:
     wall_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     paper: dict = field(default_factory=lambda: dict(SCALING_FIG3))
+    reference: NgramReference | None = None  # the data's unigram and bigram loss
 
     def point(self, model: str, size: str, steps: int) -> ScalingPoint | None:
         return next((p for p in self.points if (p.model, p.size, p.steps) == (model, size, steps)), None)
@@ -287,7 +289,8 @@ def analyse(config: ExperimentConfig, names: Sequence[str], sweeps: dict[tuple, 
     metrics = ScalingMetrics(config.name, config.train.description, config.compare.budget_note,
                              {s: dict(f) for s, f in settings.sizes.items()}, list(seeds), labels, baseline, points,
                              "held-out" if heldout else "validation", [], {}, [], machine, lr_note(config),
-                             settings.lr_extend, runs)
+                             settings.lr_extend, runs,
+                             reference=ngram_reference(config.train.data.dataset, config.train.data.cache_dir))
     if baseline is None:
         return metrics
     # The laws: the one definition (evaluation.scaling) on the runs eval scaling reads, each model its own
@@ -530,6 +533,7 @@ def render_report(metrics: ScalingMetrics) -> str:
                               + ")" if metrics.phase_seconds else "") + ".",
         "",
         *budget_lines(metrics.budget_note),
+        *_reference_lines(metrics),
         "## The gap along size",
         "",
         f"Final loss at the largest budget ({full} steps), mean ± std over seeds; each model − the Transformer with "
@@ -616,6 +620,37 @@ def render_report(metrics: ScalingMetrics) -> str:
               "Transformer for the same loss. Where the laws are nearly flat a small loss offset is a large factor "
               "in parameters: the sensitivity says how far one point's noise moves it.", ""]
     return "\n".join(lines)
+
+
+def _reference_lines(metrics: ScalingMetrics) -> list[str]:
+    """Where the models stand against their data's unigram and bigram tables, at the largest budget."""
+    ref = metrics.reference
+    if ref is None:
+        return []
+    full, sizes = metrics.full_steps, list(metrics.sizes)
+    gaps = {(p.model, p.size): ref.bigram - p.loss.mean for p in metrics.points
+            if p.steps == full and p.loss.mean is not None}
+    if not gaps:
+        return []
+    least = min(gaps, key=gaps.get)
+    base = metrics.baseline
+    fall = (metrics.point(base, sizes[0], full).loss.mean - metrics.point(base, sizes[-1], full).loss.mean
+            if base and metrics.point(base, sizes[0], full).loss.mean is not None
+            and metrics.point(base, sizes[-1], full).loss.mean is not None else None)
+    largest = [gaps[n, sizes[-1]] for n in metrics.labels if (n, sizes[-1]) in gaps]
+    every = all(g >= ref.margin for g in gaps.values())
+    return [
+        f"**Trivial baselines.** {ref.text()[0].upper()}{ref.text()[1:]}. Below the bigram at the largest budget: "
+        f"every model at every size by {min(gaps.values()):+.3f} or more (the least: {metrics.labels[least[0]]} at "
+        f"{least[1]}), at the largest size by {min(largest):+.3f} to {max(largest):+.3f}"
+        + (f"; the Transformer's loss falls by {fall:.3f} nats from {sizes[0]} to {sizes[-1]}" if fall is not None
+           else "") + ". "
+        + ("Every model has passed the bigram by the margin (" + f"{ref.margin:g} nats/{ref.unit}): the "
+           "comparison along size is one of models that have learned." if every else
+           f"**Not every model is {ref.margin:g} nats/{ref.unit} below the bigram**: where one is not, it has "
+           "learned little beyond which token follows which, and the gap there says little about attention."),
+        "",
+    ]
 
 
 def _interval(d: Difference) -> str:
