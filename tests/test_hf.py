@@ -188,14 +188,14 @@ def test_export_refuses_what_transformers_cannot_express(overrides, message, tmp
     assert not (tmp_path / "hf").exists()
 
 
-@pytest.mark.parametrize("attention, message", [("diff_v2", "DIFF V2 has no Hugging Face"),
-                                                ("diff_symmetric", "has no transformers equivalent")])
-def test_cli_reports_refusal_without_traceback(attention, message, tmp_path, capsys):
+@pytest.mark.parametrize("attention", ["diff_v2", "diff_symmetric"])
+def test_what_transformers_lacks_leaves_as_remote_code(attention, tmp_path, capsys):
+    """save_hf refuses it (above); export-hf writes it as remote code (tests/test_export_remote.py loads it)."""
     LanguageModel(ModelConfig.from_preset("debug", attention=attention)).save_pretrained(tmp_path / "model")
-    assert cli_main(["export-hf", str(tmp_path / "model"), str(tmp_path / "hf")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and "Traceback" not in err
-    assert not (tmp_path / "hf").exists()
+    assert cli_main(["export-hf", str(tmp_path / "model"), str(tmp_path / "hf")]) == 0
+    assert "trust_remote_code=True" in capsys.readouterr().out
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "diff_transformer" and "AutoModelForCausalLM" in config["auto_map"]
 
 
 def _exported(tmp_path, tokenizer=None):

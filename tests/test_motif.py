@@ -189,12 +189,13 @@ def test_weights_that_do_not_fit_are_named_from_the_headers(tmp_path):
         import_hf(source, tmp_path / "out")
 
 
-def test_export_refuses_a_motif_model(tmp_path):
-    for layout, message in (("2.6b", "PolyNorm"), ("12.7b", "grouped differential attention")):
+def test_an_imported_motif_model_leaves_in_motif_layout_by_default(tmp_path):
+    """The round trip, tensor for tensor: tests/test_motif_export.py."""
+    for layout in ("2.6b", "12.7b"):
         source = make_tiny_motif_dir(tmp_path / layout, layout, tokenizer=False)
         import_hf(source, tmp_path / f"{layout}-ckpt")
-        with pytest.raises(HFConversionError, match=message):
-            export_hf(tmp_path / f"{layout}-ckpt", tmp_path / f"{layout}-hf")
+        out = export_hf(tmp_path / f"{layout}-ckpt", tmp_path / f"{layout}-hf")
+        assert json.loads((out / "config.json").read_text())["model_type"] == "Motif"
 
 
 def test_the_streamed_file_is_a_safetensors_file_with_the_planned_tensors(tmp_path):

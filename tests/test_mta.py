@@ -356,13 +356,12 @@ def test_bad_settings_name_the_field(fields, message):
         ModelConfig.from_preset("debug", **{"attention": "mta", **fields})
 
 
-def test_export_hf_refuses_it_by_name(tmp_path, capsys):
+def test_export_hf_writes_it_as_remote_code(tmp_path, capsys):
+    """No transformers class computes MTA: the export ships the modeling file (tests/test_export_remote.py)."""
     LanguageModel(ModelConfig.from_preset("debug", attention="mta")).save_pretrained(tmp_path / "model")
-    assert cli_main(["export-hf", str(tmp_path / "model"), str(tmp_path / "hf")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
-    assert "multi-token attention (attention='mta') has no transformers equivalent" in err
-    assert not (tmp_path / "hf").exists()
+    assert cli_main(["export-hf", str(tmp_path / "model"), str(tmp_path / "hf")]) == 0
+    assert "trust_remote_code=True" in capsys.readouterr().out
+    assert (tmp_path / "hf" / "modeling_diff_transformer.py").is_file()
 
 
 def test_it_trains_resumes_and_generates_and_a_changed_setting_refuses_the_resume(byte_dataset,  # noqa: F811

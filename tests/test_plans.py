@@ -348,10 +348,11 @@ def unreadable_weights(tmp_path):
     return made
 
 
-def test_export_hf_refuses_a_kind_transformers_lacks_before_reading_the_weights(unreadable_weights, tmp_path,
+def test_export_hf_refuses_a_layout_the_model_lacks_before_reading_the_weights(unreadable_weights, tmp_path,
                                                                                 capsys):
-    line = one_error_line(capsys, "export-hf", str(unreadable_weights["diff_v2"]), str(tmp_path / "hf"))
-    assert "DIFF V2 has no Hugging Face transformers class" in line and not (tmp_path / "hf").exists()
+    line = one_error_line(capsys, "export-hf", str(unreadable_weights["diff_v2"]), str(tmp_path / "hf"), "--layout",
+                          "motif")
+    assert "--layout motif: this model has attention='diff_v2'" in line and not (tmp_path / "hf").exists()
 
 
 def test_generate_refuses_a_checkpoint_without_a_tokenizer_before_reading_the_weights(unreadable_weights, capsys):

@@ -202,18 +202,16 @@ def test_bad_settings_name_the_field(fields, message):
         ModelConfig.from_preset("debug", **fields)
 
 
-def test_checkpoints_round_trip_and_export_hf_refuses_it_by_name(tmp_path, capsys):
+def test_checkpoints_round_trip_and_export_hf_writes_it_as_remote_code(tmp_path, capsys):
     model = xsa_model(gate=True)
     out = model.save_pretrained(tmp_path / "model")
     loaded = LanguageModel.from_pretrained(out)
     assert loaded.config == model.config and loaded.config.xsa_gate
     tokens = torch.randint(0, 512, (2, 9))
     torch.testing.assert_close(loaded(tokens)[0], model(tokens)[0], atol=0, rtol=0)
-    assert cli_main(["export-hf", str(out), str(tmp_path / "hf")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
-    assert "exclusive self-attention (attention='xsa') has no transformers equivalent" in err
-    assert not (tmp_path / "hf").exists()
+    assert cli_main(["export-hf", str(out), str(tmp_path / "hf")]) == 0  # loaded in tests/test_export_remote.py
+    assert "trust_remote_code=True" in capsys.readouterr().out
+    assert (tmp_path / "hf" / "modeling_diff_transformer.py").is_file()
 
 
 def test_it_trains_and_a_resume_that_drops_the_gate_is_refused(byte_dataset, tmp_path):  # noqa: F811

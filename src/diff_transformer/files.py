@@ -78,7 +78,8 @@ REPLACED_OUTPUT_FILES = {
                    "train_config.yaml"),
     "hf-export": ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                  "chat_template.*", "vocab.json", "merges.txt"),
+                  "chat_template.*", "vocab.json", "merges.txt", "configuration_diff_transformer.py",
+                  "modeling_diff_transformer.py"),
     "dataset": ("meta.json", "*.bin", "*.document_ends.npy", "tokenizer.json", "tokenizer_config.json"),
     # A training run as compare lays it out (compare replaces an earlier run of the same model, lr and seed).
     "train-run": ("config.yaml", "metrics.jsonl", "summary.json", "tensorboard", "checkpoint", ".lock",

@@ -10,13 +10,17 @@ from . import args as types
 def register(subparsers: argparse._SubParsersAction) -> None:
     export = subparsers.add_parser(
         "export-hf",
-        help="write a checkpoint as a transformers DiffLlama (DIFF) or Llama (standard) directory",
+        help="write a checkpoint as a transformers directory (DiffLlama, Llama or remote code) or in Motif's layout",
         description="Write CHECKPOINT as a directory that transformers.AutoModelForCausalLM.from_pretrained(OUT) "
-        "loads as DiffLlamaForCausalLM (DIFF attention) or LlamaForCausalLM (standard attention): config.json, "
-        "model.safetensors (fp32) and, when the checkpoint has one, the tokenizer as a PreTrainedTokenizerFast. "
-        "DIFF V2, symmetric DIFF, gated attention, GDA, PolyNorm MLPs, biases, a constant or shifted lambda_init, DIFF "
-        "without head norm and standard attention with head norm have no transformers equivalent and are refused. "
-        "Needs the 'hf' extra.",
+        "loads: DiffLlamaForCausalLM (DIFF attention) or LlamaForCausalLM (standard attention) where those compute "
+        "the model exactly; every other model (DIFF V2, symmetric DIFF, gated attention, GDA, MTA, XSA, PolyNorm "
+        "MLPs, biases, a constant or shifted lambda_init, a Transformer converted to DIFF, ...) as remote code: "
+        "config.json with auto_map and configuration_diff_transformer.py / modeling_diff_transformer.py beside the "
+        "weights (torch and transformers only; load with trust_remote_code=True after reading them). Beside "
+        "config.json: model.safetensors (fp32) and, when the checkpoint has one, the tokenizer as a "
+        "PreTrainedTokenizerFast. --layout motif (the default for a model of Motif's arithmetic, such as one "
+        "imported from Motif) writes Motif's released layout instead: its config.json fields and tensor names, "
+        "sharded safetensors with an index, in the checkpoint's dtype. Needs the 'hf' extra.",
     )
     export.add_argument("checkpoint", metavar="CHECKPOINT", type=types.checkpoint_dir,
                         help="checkpoint directory of this project")
@@ -24,6 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="output directory: new or empty (an earlier export is replaced only with --overwrite)")
     export.add_argument("--overwrite", action="store_true",
                         help="replace OUT if it holds an earlier export of this project")
+    export.add_argument("--layout", choices=["hf", "motif"], default=None,
+                        help="hf: transformers (DiffLlama / Llama, else remote code); motif: Motif's released layout "
+                        "(refused, writing nothing, for a model Motif's layout cannot express). Default: motif for a "
+                        "model of Motif's arithmetic (PolyNorm MLP, Motif's lambda_init), else hf")
     export.set_defaults(run=run_export)
 
     imp = subparsers.add_parser(
@@ -58,8 +66,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_export(args: argparse.Namespace) -> int:
     from ..interop.hf import export_hf
 
-    out = export_hf(args.checkpoint, args.out, overwrite=args.overwrite)
-    print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    import json
+
+    out = export_hf(args.checkpoint, args.out, overwrite=args.overwrite, layout=args.layout)
+    model_type = json.loads((out / "config.json").read_text(encoding="utf-8")).get("model_type")
+    if model_type == "Motif":
+        print(f"wrote {out} (Motif's layout: what reads Motif's releases reads it)")
+    elif model_type == "diff_transformer":
+        print(f"wrote {out} (remote code: read {out / 'modeling_diff_transformer.py'}, then "
+              f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True))")
+    else:
+        print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
     return 0
 
 

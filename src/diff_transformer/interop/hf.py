@@ -574,15 +574,35 @@ def save_hf(model: LanguageModel, directory: str | Path, tokenizer: ByteTokenize
     return write_directory_atomically(directory, write, kind="hf-export", overwrite=overwrite, reading=reading)
 
 
-def export_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+EXPORT_LAYOUTS = ("hf", "motif")
+
+
+def export_hf(checkpoint: str | Path, out: str | Path, *, overwrite: bool = False, layout: str | None = None) -> Path:
     """A checkpoint directory of this project -> a transformers directory at ``out`` (new, empty,
-    or with ``overwrite`` an earlier export; never the checkpoint itself)."""
+    or with ``overwrite`` an earlier export; never the checkpoint itself). ``layout`` "hf":
+    DiffLlama / Llama where they compute the model exactly, else remote code
+    (:mod:`~diff_transformer.interop.remote_code`); "motif": Motif's released layout
+    (:mod:`~diff_transformer.interop.motif_export`); None: "motif" for a model of Motif's arithmetic, else "hf"."""
+    from .motif_export import check_motif_exportable, is_motif_model, save_motif, stored_dtype
+    from .remote_code import save_remote_code
+
+    if layout not in (None, *EXPORT_LAYOUTS):
+        raise HFConversionError(f"layout must be one of {', '.join(EXPORT_LAYOUTS)}, got {layout!r}")
     check_output_dir(out, "hf-export", overwrite=overwrite, reading=[checkpoint])  # before the work
     config, _ = read_config(checkpoint)
-    check_exportable(config)  # from config.json alone, before the weights are read
+    layout = layout or ("motif" if is_motif_model(config) else "hf")
+    if layout == "motif":
+        check_motif_exportable(config)  # from config.json alone, before the weights are read
     tokenizer = load_checkpoint_tokenizer(checkpoint, config.vocab_size)
     with lock_output(out):  # one writer: a second export to ``out`` is refused before its work
         model = LanguageModel.from_pretrained(checkpoint)
+        if layout == "motif":
+            dtype = stored_dtype(Path(checkpoint) / WEIGHTS_FILE)  # bf16 stays bf16
+            return save_motif(model, out, tokenizer, dtype=dtype, overwrite=overwrite, reading=[checkpoint])
+        try:
+            check_exportable(config)
+        except HFConversionError:  # no transformers class computes it: remote code
+            return save_remote_code(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
         return save_hf(model, out, tokenizer, overwrite=overwrite, reading=[checkpoint])
 
 
