@@ -2,8 +2,9 @@
 
 Over a budget of held-out tokens (windows of the model's context length):
 - attention logits: every pre-softmax score q·k/√d of every head and layer (both maps of a
-  DIFF head; all 2H query heads of DIFF V2), at the positions a query can see; masked
-  (future) positions are excluded;
+  DIFF head; GDA's H signal and H / r noise maps; all 2H query heads of DIFF V2; MTA's after its
+  convolution and head mixing, which its softmax reads), at the positions a query can see;
+  masked (future) positions are excluded;
 - hidden states: every element of every block's output (the residual stream after the block).
 For each: the 1st, 2nd, 3rd, 10th and 100th largest absolute value, and the median absolute
 value. Top values are exact; the median is exact while the values fit in ``median_sample``,

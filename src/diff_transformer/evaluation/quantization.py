@@ -1,6 +1,8 @@
 """Quantised attention logits (paper Figure 8): absmax dynamic quantisation at inference.
 
-Every pre-softmax attention logit (both maps of a DIFF head) is replaced, in every layer, by
+Every pre-softmax attention logit of every map (both maps of a DIFF head, GDA's signal and noise
+maps, DIFF V2's 2H query heads, MTA's logits after its convolution and head mixing: what each
+softmax reads; tests/test_eval_maps.py) is replaced, in every layer, by
 
     scale = absmax / (2^(bits-1) - 1),   x̂ = clamp(round(x / scale), ±(2^(bits-1) - 1)) · scale
 
