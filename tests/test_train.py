@@ -126,6 +126,41 @@ def test_micro_batches_cut_the_global_batch_across_processes(byte_dataset, tmp_p
                  Environment(0, 1, 0, torch.device("cpu")))
 
 
+def test_micro_batches_drawn_in_blocks_are_the_windows_of_each_steps_samples(byte_dataset, tmp_path):
+    """The plan draws the window starts of STARTS_AHEAD steps at once: the same windows as get_batch of
+    each step's sample indices, on either side of a block's end, in any order of steps, on every process."""
+    from diff_transformer.train.trainer import STARTS_AHEAD
+
+    config = debug_config(byte_dataset, tmp_path, data={"micro_batch_size": 2})
+    for rank in range(2):
+        plan = DataPlan(config, 32, Environment(rank, 2, rank, torch.device("cpu")))
+        for step in (STARTS_AHEAD + 1, 0, STARTS_AHEAD - 1, STARTS_AHEAD, 7 * STARTS_AHEAD + 3):
+            first = step * 8 + rank * 4
+            expected = [plan.train.get_batch(range(start, start + 2), 32, seed=0) for start in (first, first + 2)]
+            got = list(plan.micro_batches(step))
+            assert len(got) == 2
+            for (inputs, targets), (want_inputs, want_targets) in zip(got, expected):
+                assert torch.equal(inputs, want_inputs) and torch.equal(targets, want_targets)
+
+
+def test_clip_gradients_is_clip_grad_norm_bit_for_bit():
+    from diff_transformer.config import ModelConfig
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig.from_preset("debug"))
+    grads = [torch.randn_like(p) * 3 for p in model.parameters()]
+    for clip in (1.0, 0.0, 1e6):
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        norm = step_module.clip_gradients(model, clip)
+        clipped = [p.grad.clone() for p in model.parameters()]
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        expected = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
+        assert norm == float(expected)
+        assert all(torch.equal(a, p.grad) for a, p in zip(clipped, model.parameters()))
+
+
 def test_data_mix_replaces_samples_by_generated_examples(byte_dataset, tmp_path):
     config = debug_config(byte_dataset, tmp_path, data={"seq_len": 64, "mix": {"mqar": 0.5}})
     plan = DataPlan(config, 64, Environment(0, 1, 0, torch.device("cpu")))

@@ -1,5 +1,5 @@
-"""diff-transformer bench attention | model | gpu: throughput figures, printed (attention, model:
-nothing is asserted); gpu: correctness checks and both benchmarks on one CUDA GPU, written to a directory."""
+"""diff-transformer bench attention | model | train | gpu: throughput figures, printed (attention, model,
+train: nothing is asserted); gpu: correctness checks and both benchmarks on one CUDA GPU, written to a directory."""
 
 from __future__ import annotations
 
@@ -118,6 +118,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     m.set_defaults(run=run_model)
 
+    t = benchmarks.add_parser(
+        "train",
+        help="training tokens/s of the studies' small models at small batches (the trainer's own step)",
+        description="Training tokens/s of the trainer's step (data, forward, backward, clipping, fused AdamW, "
+        "schedule) at batch sizes 4, 8 and 16 for the small models the studies train, on the CPU with one torch "
+        "thread (as compare runs each of its two jobs). Models are CONFIG:MODEL (a config's model at its own "
+        "shape) or CONFIG:MODEL@SIZE (a size of the config's scaling.sizes). Figures are the best of --repeats "
+        "runs of --steps steps, the models taking turns in each; ratios within the run.",
+    )
+    t.add_argument("--models", nargs="+", default=None, metavar="CONFIG:MODEL[@SIZE]",
+                   help="default: the scaling study's standard, diff and diff_v2 at its smallest and largest size "
+                   "(scaling.sizes), and tiny's standard and diff")
+    t.add_argument("--batches", type=int, nargs="+", default=[4, 8, 16], metavar="B",
+                   help="global batch sizes (default 4 8 16)")
+    t.add_argument("--steps", type=int, default=20, help="steps per timed run (default 20)")
+    t.add_argument("--repeats", type=int, default=3, help="timed runs; the best is kept (default 3)")
+    t.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads while measuring (default 1)")
+    t.add_argument("--compile", action="store_true",
+                   help="also measure every model through torch.compile (run.compile), with its compile time and "
+                   "the steps after which compiling pays")
+    t.add_argument("--previous", action="store_true",
+                   help="also measure the step as it was before (each step's windows drawn alone, clip_grad_norm_)")
+    t.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    t.set_defaults(run=run_train)
+
     g = benchmarks.add_parser(
         "gpu",
         help="one GPU session: correctness of every CUDA backend, then the attention and model benchmarks",
@@ -188,6 +214,28 @@ def run_model(args: argparse.Namespace) -> int:
         gda_ratio=args.gda_ratio,
     )
     results = run_model_bench(settings, progress=not args.json)
+    out = report(settings, results)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    _print_machine(out)
+    print(format_table(settings, results))
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from ..bench.train import TrainBenchSettings, default_models, format_table, report, run_train_bench
+
+    try:
+        settings = TrainBenchSettings(
+            models=tuple(args.models or default_models()), batches=tuple(args.batches), steps=args.steps,
+            warmup=args.warmup, repeats=args.repeats, threads=args.threads, compile=args.compile,
+            previous=args.previous,
+        )
+    except ValueError as exc:
+        print(f"error: diff-transformer bench train: {exc}", file=sys.stderr)
+        return 2
+    results = run_train_bench(settings, progress=not args.json)
     out = report(settings, results)
     if args.json:
         print(json.dumps(out, indent=2))
