@@ -81,17 +81,30 @@ def in_package_remote_model(model: LanguageModel):
 def test_the_modeling_file_computes_the_library_and_its_cache_path_equals_the_full_forward(case):
     model = random_model(CASES[case])
     remote = in_package_remote_model(model)
-    tokens = torch.randint(0, model.config.vocab_size, (2, 24))
+    tokens = torch.randint(0, model.config.vocab_size, (2, 16))
     with torch.no_grad():
         full = remote(tokens, use_cache=False).logits
         assert (full - model(tokens)[0]).abs().max().item() <= LOGITS_TOL
-        # a prefix, then one token at a time through transformers' DynamicCache
-        out = remote(tokens[:, :10], use_cache=True)
+        # a prefix, then one token at a time through transformers' DynamicCache (MTA's halo: 4 rows)
+        out = remote(tokens[:, :8], use_cache=True)
         steps, cache = [out.logits], out.past_key_values
-        for i in range(10, 24):
+        for i in range(8, 16):
             out = remote(tokens[:, i : i + 1], past_key_values=cache, use_cache=True)
             steps.append(out.logits)
         assert (torch.cat(steps, dim=1) - full).abs().max().item() <= LOGITS_TOL
+
+
+@pytest.mark.parametrize("case", ["mta", "gda", "xsa"])
+def test_a_left_padded_row_computes_what_it_computes_alone(case):
+    """attention_mask (B, S) as generate passes it for a padded batch, with its positions from the mask."""
+    remote = in_package_remote_model(random_model(CASES[case]))
+    alone = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(2))
+    ids = torch.cat([torch.zeros(1, 5, dtype=torch.long), alone], dim=1)
+    mask = (torch.arange(12) >= 5).long()[None]
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        padded = remote(ids, attention_mask=mask, position_ids=positions).logits[:, 5:]
+        assert (padded - remote(alone).logits).abs().max().item() <= LOGITS_TOL
 
 
 def test_every_config_field_is_carried_or_said_to_be_no_part_of_the_function():
@@ -141,13 +154,13 @@ for directory in sys.argv[1:]:
     tokens, prompt = inputs["tokens"], inputs["prompt"]
     with torch.no_grad():
         logits = model(tokens).logits
-        out = model(tokens[:, :10], use_cache=True)
+        out = model(tokens[:, :8], use_cache=True)
         steps, cache = [out.logits], out.past_key_values
-        for i in range(10, tokens.shape[1]):
+        for i in range(8, tokens.shape[1]):
             out = model(tokens[:, i : i + 1], past_key_values=cache, use_cache=True)
             steps.append(out.logits)
         cached = torch.cat(steps, dim=1)
-        greedy = model.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None,
+        greedy = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None,
                                 pad_token_id=tokenizer.pad_token_id)[0, prompt.shape[1]:]
     model.save_pretrained(directory + "-saved")
     again = AutoModelForCausalLM.from_pretrained(directory + "-saved", trust_remote_code=True).eval()
@@ -171,7 +184,7 @@ def run_without_package(script: str, *args: str, home: Path, timeout: int = 600)
 
 @pytest.mark.slow
 def test_every_kind_loads_with_remote_code_where_the_package_cannot_be_imported(tmp_path, capsys):
-    tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     prompt = tokens[:1, :8].clone()
     save_file({"tokens": tokens, "prompt": prompt}, str(tmp_path / "inputs.safetensors"))
     ours = {}
@@ -186,7 +199,7 @@ def test_every_kind_loads_with_remote_code_where_the_package_cannot_be_imported(
         for name in remote_code.REMOTE_FILES:  # byte for byte the package's modules
             assert (tmp_path / case / name).read_bytes() == (remote_code.HERE / name).read_bytes()
         with torch.no_grad():
-            ours[case] = (model(tokens)[0], model.generate([prompt[0].tolist()], max_new_tokens=20, temperature=0)[0])
+            ours[case] = (model(tokens)[0], model.generate([prompt[0].tolist()], max_new_tokens=12, temperature=0)[0])
     run = run_without_package(LOADER, *(str(tmp_path / case) for case in CASES), home=tmp_path / "hf_home")
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(run.stdout.splitlines()[-1])

@@ -75,6 +75,14 @@ from ..config import GATED_KINDS, ModelConfig
 from ..files import check_output_dir, lock_output
 from ..model import LanguageModel
 from ..tokenizer import BPE_FILE, EOS_TOKEN, BPETokenizer, ByteTokenizer
+from .hf_files import (
+    HF_CONFIG_FILE,
+    HF_INDEX_FILE,
+    HF_WEIGHTS_FILE,
+    byte_tokenizer_json,
+    rope_parameters,
+    save_hf_tokenizer,
+)
 from .mapping import (
     HFConversionError,
     TensorSource,
@@ -89,9 +97,6 @@ from .mapping import (
 )
 from .motif import motif_model_config, motif_sources
 
-HF_CONFIG_FILE = "config.json"
-HF_WEIGHTS_FILE = "model.safetensors"
-HF_INDEX_FILE = "model.safetensors.index.json"  # sharded weights: {"weight_map": {name: shard file}}
 HF_PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 ARCHITECTURES = {"diff": ("diffllama", "DiffLlamaForCausalLM"), "standard": ("llama", "LlamaForCausalLM")}
 LAMBDA_VECTORS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
@@ -381,18 +386,6 @@ def check_exportable(config: ModelConfig) -> None:
         )
 
 
-def _rope_parameters(config: ModelConfig) -> dict[str, Any]:
-    """transformers 5's ``rope_parameters`` of ``config`` (θ and the scaling, in transformers' names)."""
-    scaling = config.rope_scaling
-    if scaling is None:
-        return {"rope_type": "default", "rope_theta": config.rope_theta}
-    fields = {"rope_type": scaling.kind, "rope_theta": config.rope_theta, "factor": scaling.factor}
-    if scaling.kind == "llama3":
-        fields.update(low_freq_factor=scaling.low_freq_factor, high_freq_factor=scaling.high_freq_factor,
-                      original_max_position_embeddings=scaling.original_max_seq_len)
-    return fields
-
-
 def hf_config_dict(config: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     """The arguments of transformers' DiffLlamaConfig / LlamaConfig for ``config``."""
     check_exportable(config)
@@ -413,7 +406,7 @@ def hf_config_dict(config: ModelConfig, eos_id: int | None) -> dict[str, Any]:
         "max_position_embeddings": config.max_seq_len,
         "rms_norm_eps": config.norm_eps,
         "tie_word_embeddings": config.tie_embeddings,
-        "rope_parameters": _rope_parameters(config),
+        "rope_parameters": rope_parameters(config),
         "attention_bias": False,
         "bos_token_id": eos_id,
         "eos_token_id": eos_id,
@@ -493,30 +486,6 @@ def model_config_from_hf(hf: dict[str, Any], path: Path, weight_names: Iterable[
 # --- tokenizers -----------------------------------------------------------------------------
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """The byte-level alphabet: byte b -> the printable character byte-level BPE writes for it
-    (printable Latin-1 bytes stand for themselves, the others for code points 256, 257, …)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    extra = (b for b in range(256) if b not in printable)
-    mapping = {b: chr(b) for b in printable}
-    mapping.update({b: chr(256 + i) for i, b in enumerate(extra)})
-    return mapping
-
-
-def byte_tokenizer_json():
-    """A ``tokenizers.Tokenizer`` equal to :class:`ByteTokenizer`: byte b is token b, 256 is
-    ``<|endoftext|>``. (One difference: it reads the literal text "<|endoftext|>" as token 256,
-    as every BPE tokenizer of this project does, where ByteTokenizer spells it out in bytes.)"""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {char: byte for byte, char in _bytes_to_unicode().items()}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(EOS_TOKEN, special=True, normalized=False)])
-    return tokenizer
-
-
 def _is_byte_tokenizer(path: Path) -> bool:
     """Whether the tokenizers JSON at ``path`` is :func:`byte_tokenizer_json` (as export writes it)."""
     fields = ("model", "pre_tokenizer", "decoder", "normalizer")  # transformers adds a no-op post_processor
@@ -525,24 +494,6 @@ def _is_byte_tokenizer(path: Path) -> bool:
     same_tokens = ([(t["id"], t["content"]) for t in written.get("added_tokens", [])]
                    == [(ByteTokenizer.eos_id, EOS_TOKEN)])
     return same_tokens and all(written.get(f) == reference.get(f) for f in fields)
-
-
-def _save_hf_tokenizer(tokenizer: ByteTokenizer | BPETokenizer, directory: Path, max_len: int) -> None:
-    """Write ``tokenizer`` as a transformers PreTrainedTokenizerFast into ``directory``."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    backend = (byte_tokenizer_json() if isinstance(tokenizer, ByteTokenizer)
-               else Tokenizer.from_file(str(tokenizer.path)))
-    eos = getattr(tokenizer, "eos_token", EOS_TOKEN)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token=eos,
-        bos_token=getattr(tokenizer, "bos_token", None) or eos,
-        pad_token=eos,
-        model_max_length=max_len,
-    )
-    fast.save_pretrained(str(directory))
 
 
 # --- whole directories ----------------------------------------------------------------------
@@ -569,7 +520,7 @@ def save_hf(model: LanguageModel, directory: str | Path, tokenizer: ByteTokenize
         hf_config.save_pretrained(str(tmp))
         save_file(weights, str(tmp / HF_WEIGHTS_FILE), metadata={"format": "pt"})
         if tokenizer is not None:
-            _save_hf_tokenizer(tokenizer, tmp, config.max_seq_len)
+            save_hf_tokenizer(tokenizer, tmp, config.max_seq_len)
 
     return write_directory_atomically(directory, write, kind="hf-export", overwrite=overwrite, reading=reading)
 

@@ -30,7 +30,7 @@ from ..checkpoint import CheckpointError, write_directory_atomically
 from ..config import POLYNORM_EPS, ModelConfig
 from ..model import LanguageModel
 from ..tokenizer import BPETokenizer, ByteTokenizer
-from .hf import HF_CONFIG_FILE, HF_INDEX_FILE, _save_hf_tokenizer
+from .hf_files import HF_CONFIG_FILE, HF_INDEX_FILE, save_hf_tokenizer
 from .mapping import HFConversionError, permute_head_rows, rotate_half_order
 from .motif import MOTIF_LAMBDA_DEPTH_OFFSET, motif_sources
 
@@ -168,7 +168,7 @@ def save_motif(model: LanguageModel, directory: str | Path, tokenizer: ByteToken
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (tmp / HF_INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
         if tokenizer is not None:
-            _save_hf_tokenizer(tokenizer, tmp, config.max_seq_len)
+            save_hf_tokenizer(tokenizer, tmp, config.max_seq_len)
 
     return write_directory_atomically(directory, write, kind="hf-export", overwrite=overwrite, reading=reading)
 

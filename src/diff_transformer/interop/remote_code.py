@@ -31,7 +31,7 @@ from ..checkpoint import CheckpointError, write_directory_atomically
 from ..config import ModelConfig
 from ..model import LanguageModel
 from ..tokenizer import BPETokenizer, ByteTokenizer
-from .hf import HF_CONFIG_FILE, HF_WEIGHTS_FILE, _rope_parameters, _save_hf_tokenizer
+from .hf_files import HF_CONFIG_FILE, HF_WEIGHTS_FILE, rope_parameters, save_hf_tokenizer
 
 HERE = Path(__file__).resolve().parent
 REMOTE_FILES = ("configuration_diff_transformer.py", "modeling_diff_transformer.py")
@@ -64,7 +64,7 @@ def remote_config(config: ModelConfig, eos_id: int | None) -> dict[str, Any]:
                               "auto_map": dict(AUTO_MAP)}
     fields.update({theirs: getattr(config, ours) for ours, theirs in RENAMED.items()})
     fields.update({name: getattr(config, name) for name in COPIED})
-    fields.update(head_dim=config.head_dim, rope_parameters=_rope_parameters(config),
+    fields.update(head_dim=config.head_dim, rope_parameters=rope_parameters(config),
                   hidden_act="poly_norm" if config.ffn_activation == "polynorm" else "silu",
                   bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, dtype="float32")
     return fields
@@ -105,6 +105,6 @@ def save_remote_code(model: LanguageModel, directory: str | Path,
             shutil.copyfile(HERE / name, tmp / name)
         save_file(weights, str(tmp / HF_WEIGHTS_FILE), metadata={"format": "pt"})
         if tokenizer is not None:
-            _save_hf_tokenizer(tokenizer, tmp, config.max_seq_len)
+            save_hf_tokenizer(tokenizer, tmp, config.max_seq_len)
 
     return write_directory_atomically(directory, write, kind="hf-export", overwrite=overwrite, reading=reading)
