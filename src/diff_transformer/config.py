@@ -39,8 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+from .checks import MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH
 
 ATTENTION_KINDS = ("standard", "diff", "diff_v2", "diff_symmetric", "gated", "gated_headwise", "gda", "mta", "xsa")
 # Kinds built of DIFF heads (two d-wide query/key groups, a 2d-wide value, λ vectors, head norm):
@@ -80,6 +83,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "3b": dict(d_model=3072, n_layers=28, n_heads=12, ffn_hidden=8192, vocab_size=100_288, max_seq_len=4096),
 }
 PAPER_SIZES = {"830m": 830e6, "1.4b": 1.4e9, "2.8b": 2.8e9, "6.8b": 6.8e9, "13.1b": 13.1e9, "3b": 3.0e9}
+
+
+class MTAWithoutConvolution(UserWarning):
+    """An MTA model whose mta_conv_every leaves it without any key-query convolution layer."""
 
 
 class ConfigError(ValueError):
@@ -212,6 +219,10 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name, limit in (("vocab_size", MAX_VOCAB), ("d_model", MAX_WIDTH), ("n_layers", MAX_LAYERS),
+                            ("n_heads", MAX_WIDTH), ("max_seq_len", MAX_SEQ_LEN)):
+            if getattr(self, name) > limit:  # a typo or a damaged file: refused before a model that size is built
+                raise ConfigError(f"{name}={getattr(self, name):,} is beyond any model ({limit:,} at most)")
         if self.attention not in ATTENTION_KINDS:
             raise ConfigError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
         own_factor = 2 if self.attention in DIFF_HEAD_KINDS else 1
@@ -340,6 +351,11 @@ class ModelConfig:
         if self.mta_head_group is not None and self.n_heads % self.mta_head_group:
             raise ConfigError(f"mta_head_group={self.mta_head_group} must divide n_heads={self.n_heads} (heads are "
                               "mixed in groups of that many)")
+        if self.n_layers <= self.mta_conv_every // 2:  # no layer l with l % every == every // 2
+            warnings.warn(f"attention='mta' with mta_conv_every={self.mta_conv_every} and n_layers={self.n_layers} "
+                          "has no convolution layer (they sit on layers l with l % mta_conv_every == mta_conv_every "
+                          "// 2): a different model, heads mixed only; set mta_conv_every to at most "
+                          f"{2 * self.n_layers - 1} for one", MTAWithoutConvolution, stacklevel=2)
 
     def mta_conv_layer(self, layer_index: int) -> bool:
         """Whether the 0-based layer carries MTA's key-query convolutions (attention="mta" only)."""

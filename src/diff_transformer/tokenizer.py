@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
+from .checks import integer, string
+
 EOS_TOKEN = "<|endoftext|>"
 BYTES_CONFIG = "tokenizer_config.json"  # {"type": "bytes"} for the byte tokenizer
 SPECIAL_TOKENS_FILE = "tokenizer_config.json"  # beside a tokenizer.json: transformers' eos_token / bos_token
@@ -55,18 +57,20 @@ class ByteTokenizer:
         Path(directory, BYTES_CONFIG).write_text(json.dumps({"type": "bytes"}) + "\n")
 
 
-def _token_name(value: Any) -> str | None:
-    """A special token as transformers writes it: a string, or {"content": string, ...} (older files)."""
+def _token_name(value: Any, field: str, where: Path) -> str | None:
+    """A special token as transformers writes it: a string, or {"content": string, ...} (older files);
+    None for null; anything else a ValueError naming ``where`` and ``field`` (checks.string)."""
     if isinstance(value, dict):
         value = value.get("content")
-    return value if isinstance(value, str) and value else None
+    return None if value is None else string(value, field, str(where)) or None
 
 
-def _token_id(value: Any) -> int | None:
-    """An id as config.json writes it: an integer, or a list of them (the first is the end-of-text)."""
-    if isinstance(value, list) and value:
-        value = value[0]
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _token_id(value: Any, field: str, where: Path) -> int | None:
+    """An id as config.json writes it: an integer, or a list of them (the first is the end-of-text);
+    None for null or []; anything else a ValueError naming ``where`` and ``field`` (checks.integer)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return None if value is None else integer(value, field, str(where), minimum=0)
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
@@ -108,7 +112,7 @@ class BPETokenizer:
         if special.is_file():
             fields = _read_json_object(special)
             for kind in ("eos", "bos"):
-                token = _token_name(fields.get(f"{kind}_token"))
+                token = _token_name(fields.get(f"{kind}_token"), f"{kind}_token", special)
                 if token is not None:
                     named[kind] = (token, f"{special} ({kind}_token)")
         model_config = self.path.parent / MODEL_CONFIG_FILE
@@ -116,7 +120,7 @@ class BPETokenizer:
             fields = _read_json_object(model_config)
             specials = {i for i, added in self._tok.get_added_tokens_decoder().items() if added.special}
             for kind in ("eos", "bos"):
-                index = _token_id(fields.get(f"{kind}_token_id"))
+                index = _token_id(fields.get(f"{kind}_token_id"), f"{kind}_token_id", model_config)
                 token = None if index not in specials else self._tok.id_to_token(index)
                 if kind not in named and token is not None:
                     named[kind] = (token, f"{model_config} ({kind}_token_id {index})")

@@ -97,11 +97,14 @@ def checked_text(text: str, where: str) -> bytes:
     return data
 
 
-def read_text_file(path: str | Path) -> str:
+def read_text_file(path: str | Path, *, nonempty: bool = False) -> str:
     """The text of the regular file ``path``; an InputError naming it if it is not one
-    (:func:`checked_file`) or not text (:func:`decode_text`)."""
+    (:func:`checked_file`), not text (:func:`decode_text`), or, where ``nonempty``, blank."""
     path = checked_file(path)
-    return decode_text(path.read_bytes(), path)
+    text = decode_text(path.read_bytes(), path)
+    if nonempty and not text.strip():
+        raise InputError(f"{path}: empty (no text in it); {GIVE_TEXT}")
+    return text
 
 
 def json_line(line: str, where: str) -> Any:

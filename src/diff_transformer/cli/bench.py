@@ -13,7 +13,7 @@ from ..bench.attention import DEFAULT_BACKENDS, DTYPES, KINDS, MODES
 from ..bench.model import ARCHITECTURES as MODEL_ARCHITECTURES
 from ..config import PRESETS
 from ..ops import BACKEND_NAMES, DIFF_BACKENDS
-from .args import device as device_type, output_dir, positive_float
+from .args import UsageError, device as device_type, output_dir, positive_float
 
 
 def _default_device() -> str:
@@ -206,6 +206,9 @@ def run_attention(args: argparse.Namespace) -> int:
 def run_model(args: argparse.Namespace) -> int:
     from ..bench.model import ModelBenchSettings, format_table, report, run_model_bench
 
+    if args.gda_ratio is not None and "gda" not in args.architectures:
+        raise UsageError("diff-transformer bench model: --gda-ratio applies to the gda architecture, which "
+                         "--architectures does not list; add gda or leave --gda-ratio out")
     length = min(256, PRESETS[args.preset]["max_seq_len"]) if args.length is None else args.length
     settings = ModelBenchSettings(
         preset=args.preset, length=length, batch=args.batch, decode_tokens=args.decode_tokens,

@@ -49,7 +49,7 @@ def run_convert(args: argparse.Namespace) -> int:
     text = None
     if args.text:
         try:
-            text = read_text_file(args.text)
+            text = read_text_file(args.text, nonempty=True)
         except InputError as exc:
             raise InputError(f"--text {exc}") from None
     try:

@@ -23,10 +23,14 @@ from typing import Any
 
 import torch
 
+from ..checks import MAX_SEQ_LEN
 from ..evaluation.output import DEFAULT_OUT
 from ..files import lock_output
 from . import args as types
 from .args import bounded
+
+# Evaluations that read no held-out text (their own data or generated tasks): --text is refused, not ignored.
+NO_TEXT = ("context-qa", "icl", "mqar")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -89,7 +93,7 @@ def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> N
                    help="held-out text file to evaluate on (default: the embedded corpus' validation documents)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", type=types.device,
                    help="cpu, cuda or cuda:N")
-    p.add_argument("--max-seq-len", type=types.positive_int, default=None, metavar="N",
+    p.add_argument("--max-seq-len", type=bounded(int, 1, MAX_SEQ_LEN), default=None, metavar="N",
                    help="read every checkpoint at a context of N tokens instead of its own (the weights do not "
                         "depend on it): a short model beyond its training length, before and after train --init-from")
     p.add_argument("--rope-theta", type=types.positive_float, default=None, metavar="THETA",
@@ -116,7 +120,7 @@ def _load(args: argparse.Namespace):
     text = None
     if args.text:
         try:
-            text = EvalText([read_text_file(args.text)])
+            text = EvalText([read_text_file(args.text, nonempty=True)])
         except InputError as exc:
             raise InputError(f"--text {exc}") from None
     return models, text or EvalText()
@@ -130,6 +134,9 @@ def run_model_evaluation(args: argparse.Namespace) -> int:
     from ..evaluation.suite import check_results_out
 
     spec = args.spec
+    if args.text is not None and spec.name in NO_TEXT:
+        raise types.UsageError(f"diff-transformer eval {spec.name}: --text is not read by {spec.name} (it reads "
+                               f"{'--data' if spec.name != 'mqar' else 'generated tasks'}); leave it out")
     options = options_from_flags(spec.options_type, args, spec.options_type.quick() if args.quick else None)
     out = Path(args.out)
     check_results_out(out, [spec.name], overwrite=args.overwrite, reading=args.checkpoint)  # before any model loads

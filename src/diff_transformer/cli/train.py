@@ -197,18 +197,28 @@ def run_compare(args: argparse.Namespace) -> int:
     from ..experiments import StudyInterrupted, compare, load_experiment, select_models
 
     overrides = list(args.overrides)
+    flags = {}  # an override a flag became -> the flag as typed, for a refusal to quote what the user gave
     if args.steps is not None and args.budget is not None:
         raise types.UsageError("--steps sets each run's length in steps and --budget in tokens, FLOPs or seconds: "
                                "give one of them")
     if args.steps is not None:
         overrides += [f"run.steps={args.steps}", "run.budget=null"]  # the length in steps, whatever the file says
+        flags[overrides[-2]] = f"--steps {args.steps}"
     if args.budget is not None:
         overrides.append(f"run.budget={json.dumps(args.budget)}")
+        flags[overrides[-1]] = f"--budget {args.budget['kind']}={args.budget['amount']:g}"
     if args.retrieval_steps is not None:
         overrides.append(f"retrieval.steps={args.retrieval_steps}")
+        flags[overrides[-1]] = f"--retrieval-steps {args.retrieval_steps}"
     if _changes_the_budget(args) and not any(item.startswith("compare.budget_note=") for item in overrides):
         overrides.append("compare.budget_note=''")  # the config's note describes its own budget, not this run's
-    config = load_experiment(args.config, overrides)
+    try:
+        config = load_experiment(args.config, overrides)
+    except ValueError as exc:  # an override a flag became is refused in the flag's words
+        quoted = next((item for item in flags if str(exc).startswith(f"--set {item}:")), None)
+        if quoted is None:
+            raise
+        raise type(exc)(flags[quoted] + str(exc)[len(f"--set {quoted}"):]) from None
     if config.pretrained.enabled:  # what compare() cannot see: the flags that became overrides, the evaluation's
         given = [flag for flag, value in (("--steps", args.steps), ("--retrieval-steps", args.retrieval_steps),
                                           ("--no-eval", args.no_eval), ("--quick-eval", args.quick_eval)) if value]

@@ -384,6 +384,9 @@ def _arrow_dataset_files(folder: Path) -> list[Path] | None:
             return [file for name in names for file in (_arrow_dataset_files(folder / str(name)) or [])]
     if state.is_file():
         entries = _json_field(state, "_data_files")
+        if entries is None and (folder / "dataset_info.json").is_file():  # save_to_disk's pair, its state damaged
+            raise InputError(f"{state}: not a JSON object with _data_files (damaged?), beside dataset_info.json as "
+                             "datasets.save_to_disk writes them; save the dataset again")
         if entries is not None:
             try:
                 return [folder / entry["filename"] for entry in entries]

@@ -52,6 +52,8 @@ import numpy as np
 
 from .. import paper
 from ..checkpoint import read_config
+from ..checks import Field, check_fields, string
+from ..user_text import read_text_file
 from .models import BASELINE, ModelUnderTest
 from .output import KIND_COLORS, fmt, markdown_table, new_figure, save_figure
 from .scoring import token_nll
@@ -543,10 +545,20 @@ def analyse(cells: Sequence[Cell], x_kind: str, baseline: str = BASELINE, *, res
 # --- runs --------------------------------------------------------------------------------------------------
 
 
+# A run's fields, each checked by type and range before any is used (checks.check_fields).
+RUN_FIELDS = {"loss": Field("number", minimum=0), "params": Field("number", positive=True, nullable=True),
+              "parameters": Field("number", positive=True, nullable=True),
+              "tokens": Field("number", positive=True, nullable=True),
+              "seed": Field("int", 0, 2**63 - 1, nullable=True),
+              "label": Field("str", nullable=True), "name": Field("str", nullable=True)}
+
+
 def _run_record(item: dict, source: str) -> dict[str, Any]:
     missing = [k for k in ("attention", "loss") if k not in item]
     if missing:
-        raise ValueError(f"{source}: a run needs 'attention' and 'loss' (missing {', '.join(missing)}): {item}")
+        raise ValueError(f"{source}: a run needs 'attention' and 'loss' (missing {', '.join(missing)})")
+    string(item["attention"], "attention", source)
+    check_fields(item, RUN_FIELDS, source)
     params = item.get("params", item.get("parameters"))
     return {"label": item.get("label", item.get("name")), "attention": str(item["attention"]),
             "params": None if params is None else float(params),
@@ -568,7 +580,7 @@ def runs_from_json(data: Any, source: str = "results") -> list[dict[str, Any]]:
     if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
         raise ValueError(f"{source}: expected a list of runs {{attention, params, tokens, loss}}, "
                          "a {\"runs\": [...]} object, or a compare metrics.json")
-    return [_run_record(item, source) for item in data]
+    return [_run_record(item, f"{source}: run {i}") for i, item in enumerate(data)]
 
 
 def _compare_model(model: dict, source: str) -> dict[str, Any]:
@@ -583,13 +595,17 @@ def _compare_model(model: dict, source: str) -> dict[str, Any]:
 
 
 def load_runs(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    runs = []
+    """The runs of every results file (read as UTF-8 text, each once: a file given twice is refused)."""
+    runs, seen = [], set()
     for path in paths:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such results file")
+        if path.resolve() in seen:
+            raise ValueError(f"{path}: results file given twice (its runs would count twice)")
+        seen.add(path.resolve())
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_text_file(path))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
         runs += runs_from_json(data, str(path))

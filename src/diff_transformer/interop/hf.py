@@ -71,6 +71,7 @@ from ..checkpoint import (
     write_directory_atomically,
     write_safetensors_streaming,
 )
+from ..checks import check_fields, few
 from ..config import GATED_KINDS, ModelConfig
 from ..files import check_output_dir, lock_output
 from ..model import LanguageModel
@@ -84,6 +85,7 @@ from .hf_files import (
     save_hf_tokenizer,
 )
 from .mapping import (
+    HF_CONFIG_FIELDS,
     HFConversionError,
     TensorSource,
     halves_to_pairs,
@@ -177,10 +179,14 @@ class HFWeights:
         index = directory / HF_INDEX_FILE
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-                files = {name: Path(shard) for name, shard in weight_map.items()}
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                items = weight_map.items()
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise CheckpointError(f"{index}: not a safetensors index (expected a 'weight_map')") from exc
+            odd = [f"{name!r}: {value!r}" for name, value in items if not isinstance(value, str) or not value]
+            if odd:
+                raise CheckpointError(f"{index}: weight_map entries must name a shard file, got {few(odd)}")
+            files = {name: Path(shard) for name, shard in items}
             for shard in set(files.values()):
                 if shard.name != str(shard):
                     raise CheckpointError(f"{index}: shard name {str(shard)!r} must be a file in the same directory")
@@ -302,7 +308,7 @@ def plan_import(weights: HFWeights, config: ModelConfig, family: str, dtype: tor
                   and weights.shapes[src.name] != expected[ours]]
     not_float = [f"{src.name} is {weights.dtypes[src.name]}" for src in sources.values()
                  if src.name in weights.dtypes and weights.dtypes[src.name] not in ("F64", "F32", "BF16", "F16")]
-    problems = [f"{what}: {', '.join(names) if what != 'shape mismatch' else '; '.join(names)}"
+    problems = [f"{what}: {few(names) if what != 'shape mismatch' else '; '.join(names[:3])}"
                 for what, names in (("missing", missing), ("not understood", unknown), ("shape mismatch", mis_shaped),
                                     ("not floating point", not_float)) if names]
     if problems:
@@ -610,10 +616,15 @@ def read_hf_directory(directory: str | Path, *, dtype: str = "float32", with_tok
         raise CheckpointError(f"{directory} is already a diff-transformer checkpoint, not a transformers directory: "
                               f"nothing to import; use it as it is (LanguageModel.from_pretrained, generate, eval, "
                               f"train --init-from)")
+    check_fields(hf, HF_CONFIG_FIELDS, str(path))  # every value's type and size, before any is used
     family = hf_family(hf, path)
+    if not with_tokenizer and (eos_token is not None or bos_token is not None):
+        raise HFConversionError("--eos-token / --bos-token name the tokenizer's tokens, and --no-tokenizer imports "
+                                "none: give one or the other")
     # the tokenizer before the weights (their headers, then the plan): what decides the import comes first
     tokenizer = load_hf_tokenizer(directory, eos_token, bos_token) if with_tokenizer else None
     weights = HFWeights(directory)
+    check_agreement(hf, path, weights)
     config = model_config_from_hf(hf, path, weights.shapes)
     plan = plan_import(weights, config, family, IMPORT_DTYPES[dtype])
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
@@ -622,6 +633,24 @@ def read_hf_directory(directory: str | Path, *, dtype: str = "float32", with_tok
             f"{config.vocab_size}"
         )
     return HFSource(directory, weights, plan, tokenizer)
+
+
+def check_agreement(hf: dict[str, Any], path: Path, weights: HFWeights) -> None:
+    """config.json's layer count and embedding shape against the tensors' headers: a CheckpointError
+    naming the field and the figures where they disagree (before a model of that size is planned)."""
+    layers = {int(name.split(".")[2]) for name in weights.shapes
+              if name.startswith("model.layers.") and name.split(".")[2].isdigit()}
+    count = hf.get("num_hidden_layers")
+    if layers and count != max(layers) + 1:
+        raise CheckpointError(f"{path}: num_hidden_layers is {count} but the weights in {weights.directory} hold "
+                              f"{max(layers) + 1} layers (model.layers.0 to model.layers.{max(layers)}): the config "
+                              "and the files disagree")
+    embed = weights.shapes.get("model.embed_tokens.weight")
+    wanted = (hf.get("vocab_size"), hf.get("hidden_size"))
+    if embed is not None and embed != wanted:
+        raise CheckpointError(f"{path}: vocab_size {wanted[0]} and hidden_size {wanted[1]} but "
+                              f"model.embed_tokens.weight is {tuple(embed)} in {weights.directory}: the config and "
+                              "the files disagree")
 
 
 def load_hf(directory: str | Path, *, with_tokenizer: bool = True, dtype: str = "float32",

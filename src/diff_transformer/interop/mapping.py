@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from ..checks import MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH, Field, check_fields
 from ..config import ConfigError, ModelConfig, RopeScaling
 
 
@@ -79,6 +80,29 @@ def plain_sources(config: ModelConfig) -> dict[str, TensorSource]:
     return {ours: TensorSource(theirs) for ours, theirs in llama_names(config).items()}
 
 
+# Every field of a config.json that some family reads (interop.hf, interop.motif), checked by type and
+# range before any is used (checks.check_fields); null stands for absent where a reader has a default.
+_WIDTH, _OPTIONAL_WIDTH, _POSITIVE = Field("int", 1, MAX_WIDTH), Field("int", 1, MAX_WIDTH, nullable=True), \
+    Field("number", positive=True)
+HF_CONFIG_FIELDS = {
+    "vocab_size": Field("int", 1, MAX_VOCAB), "hidden_size": _WIDTH, "intermediate_size": _WIDTH,
+    "num_hidden_layers": Field("int", 1, MAX_LAYERS), "num_attention_heads": _WIDTH,
+    "num_key_value_heads": _OPTIONAL_WIDTH, "head_dim": _OPTIONAL_WIDTH,
+    "num_noise_heads": Field("int", 0, MAX_WIDTH, nullable=True),
+    "max_position_embeddings": Field("int", 1, MAX_SEQ_LEN, nullable=True),
+    "rms_norm_eps": Field("number", maximum=1, positive=True),
+    "attn_rms_norm_eps": Field("number", maximum=1, positive=True),
+    "initializer_range": Field("number", 0, nullable=True), "lambda_std_dev": Field("number", 0, nullable=True),
+    "rope_theta": Field("number", positive=True, nullable=True),
+    "tie_word_embeddings": Field("bool", nullable=True), "attention_bias": Field("bool", nullable=True),
+    "mlp_bias": Field("bool", nullable=True), "use_bias": Field("bool", nullable=True),
+    "qkv_bias": Field("bool", nullable=True), "hidden_act": Field("str", nullable=True),
+}
+ROPE_VALUE_FIELDS = {"rope_theta": _POSITIVE, "factor": _POSITIVE, "low_freq_factor": _POSITIVE,
+                     "high_freq_factor": _POSITIVE,
+                     "original_max_position_embeddings": Field("int", 1, MAX_SEQ_LEN), "rope_type": Field("str"),
+                     "type": Field("str")}
+
 # The fields of each RoPE kind that are read (transformers' names); any other is refused by name.
 ROPE_FIELDS = {"default": (), "linear": ("factor",),
                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
@@ -88,8 +112,21 @@ def hf_rope(hf: dict[str, Any], path: Path) -> tuple[float, RopeScaling | None]:
     """θ and the scaling from ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``
     (older files, and Motif's; a top-level ``original_max_position_embeddings`` completes llama3's, as
     vLLM reads it). Plain RoPE, "linear" and "llama3" are read; any other kind or field is refused."""
-    params = dict(hf.get("rope_scaling") or {})
-    params.update(hf.get("rope_parameters") or {})
+    given = {}
+    for name in ("rope_scaling", "rope_parameters"):
+        value = hf.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise HFConversionError(f"{path}: {name} must be a JSON object or null, not {type(value).__name__}")
+        if value:
+            check_fields(value, ROPE_VALUE_FIELDS, f"{path}: {name}")
+            given[name] = dict(value)
+    if len(given) == 2:  # a legacy rope_scaling beside transformers 5's rope_parameters: one must be meant
+        legacy, current = (given[name].get("rope_type", given[name].get("type", "default")) for name in given)
+        if legacy != current:
+            raise HFConversionError(f"{path}: rope_scaling (kind {legacy!r}) and rope_parameters (kind {current!r}) "
+                                    "disagree; keep the one the model was trained with")
+    params = dict(given.get("rope_scaling", {}))
+    params.update(given.get("rope_parameters", {}))
     kind = params.pop("rope_type", params.pop("type", "default"))
     theta = float(params.pop("rope_theta", hf.get("rope_theta", 10_000.0)))
     if kind not in ROPE_FIELDS:

@@ -28,9 +28,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..checks import MAX_STEPS
 from ..config import ConfigError, ModelConfig
 from ..flops import UnknownAttentionCost, training_flops
 from .config import TrainConfig
+
+
+MAX_SECONDS = 365 * 24 * 3600.0  # a budget in seconds beyond a year is a typo
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ def resolve_steps(config: TrainConfig, model_name: str, model_config: ModelConfi
     run.stop_at_step beyond its steps, is a ConfigError naming it. Idempotent."""
     run = config.run
     budget = run.budget
+    if budget is not None and budget.kind == "seconds" and budget.amount > MAX_SECONDS:
+        raise ConfigError(f"run.budget.amount={budget.amount:g} seconds is more than a year of training; give at "
+                          f"most {MAX_SECONDS:g}")
     if budget is None or budget.kind == "seconds":
         return config
     sequences = config.data.batch_size
@@ -93,6 +100,10 @@ def resolve_steps(config: TrainConfig, model_name: str, model_config: ModelConfi
             raise ConfigError(f"run.budget.kind=flops: models.{model_name}: {exc}") from None
         what = f"{per_step:.4g} training FLOPs of models.{model_name} (diff_transformer.flops)"
     steps = int(budget.amount // per_step)
+    if steps > MAX_STEPS:
+        raise ConfigError(f"run.budget.amount={budget.amount:g} {budget.kind} is {steps:.3g} optimizer steps of "
+                          f"models.{model_name} at {per_step:.4g} {budget.kind} a step, beyond the {MAX_STEPS:.0e} "
+                          f"steps any run takes; give at most {MAX_STEPS * per_step:.4g}")
     if steps < 1:
         raise ConfigError(f"run.budget.amount={budget.amount:g} {budget.kind} is less than one optimizer step "
                           f"({what}); give at least {per_step:.4g}")

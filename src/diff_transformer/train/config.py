@@ -37,6 +37,7 @@ from typing import Any, Callable, TypeVar
 
 import yaml
 
+from ..checks import MAX_STEPS
 from ..config import ATTENTION_KINDS, ConfigError, ModelConfig
 from ..ops import BACKEND_NAMES
 from ..user_text import not_a_file
@@ -338,6 +339,8 @@ class RunConfig:
         if self.checkpoint_every < 0:
             raise ConfigError(f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         choices = {
+        if self.steps > MAX_STEPS:
+            raise ConfigError(f"run.steps={self.steps:,} is beyond any run ({MAX_STEPS:,} at most)")
             "device": ("auto", "cpu", "cuda"),
             "precision": ("auto", "fp32", "bf16"),
             "parallel": ("ddp", "fsdp"),
