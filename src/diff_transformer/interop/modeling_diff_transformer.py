@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_diff_transformer import DiffTransformerConfig
 
@@ -364,9 +364,11 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
 
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, past_key_values: Cache | None = None,
-                inputs_embeds: Tensor | None = None, use_cache: bool | None = None, **kwargs) -> tuple[Tensor, Cache]:
-        """-> (last hidden states (B, T, E) after the final norm, the cache or None). attention_mask
-        (B, S) marks the real tokens among the cached and new ones (0: padding, never attended to)."""
+                inputs_embeds: Tensor | None = None, use_cache: bool | None = None,
+                **kwargs) -> BaseModelOutputWithPast:
+        """-> the last hidden states (B, T, E) after the final norm, and the cache (None without one).
+        attention_mask (B, S) marks the real tokens among the cached and new ones (0: padding, never
+        attended to); position_ids (B, T) default to the cached length onwards."""
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         b, t, _ = x.shape
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -388,7 +390,8 @@ class DiffTransformerModel(DiffTransformerPreTrainedModel):
             visible = (visible & real) | (keys == slots)
         for layer in self.layers:
             x = layer(x, cos, sin, visible, past_key_values if use_cache else None)
-        return self.norm(x), (past_key_values if use_cache else None)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(x),
+                                       past_key_values=past_key_values if use_cache else None)
 
 
 class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin):
@@ -406,13 +409,13 @@ class DiffTransformerForCausalLM(DiffTransformerPreTrainedModel, GenerationMixin
                 logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
         """Logits (B, T, V) (the last ``logits_to_keep`` rows if > 0) and, with labels, the mean
         next-token cross-entropy (transformers' shift: label i is predicted at position i − 1)."""
-        hidden, cache = self.model(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds,
-                                   use_cache)
+        out = self.model(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache)
+        hidden = out.last_hidden_state
         logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
 
 
 __all__ = ["DiffTransformerForCausalLM", "DiffTransformerModel", "DiffTransformerPreTrainedModel"]
