@@ -161,6 +161,18 @@ def test_clip_gradients_is_clip_grad_norm_bit_for_bit():
         assert all(torch.equal(a, p.grad) for a, p in zip(clipped, model.parameters()))
 
 
+def test_compile_auto_compiles_the_training_step_of_long_runs_only(byte_dataset, tmp_path):
+    from diff_transformer.train.config import COMPILE_AUTO_MIN_STEPS
+
+    run = debug_config(byte_dataset, tmp_path, run={"compile": "auto"}).run
+    assert run.compile_training(COMPILE_AUTO_MIN_STEPS) and not run.compile_training(COMPILE_AUTO_MIN_STEPS - 1)
+    assert not run.compile_training(None)  # a budget in seconds: its steps unknown
+    assert debug_config(byte_dataset, tmp_path, run={"compile": True}).run.compile_training(1)
+    assert not debug_config(byte_dataset, tmp_path).run.compile_training(10**6)
+    with pytest.raises(ConfigError, match="run.compile must be true, false or auto"):
+        debug_config(byte_dataset, tmp_path, run={"compile": "sometimes"})
+
+
 def test_data_mix_replaces_samples_by_generated_examples(byte_dataset, tmp_path):
     config = debug_config(byte_dataset, tmp_path, data={"seq_len": 64, "mix": {"mqar": 0.5}})
     plan = DataPlan(config, 64, Environment(0, 1, 0, torch.device("cpu")))

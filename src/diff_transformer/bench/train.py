@@ -148,18 +148,19 @@ def _contender(spec: str, batch: int, mode: str) -> _Contender:
     optimizer = build_optimizer(model, optim, CPU.device)
     schedule = WarmupLinearSchedule(optimizer, optim, 10**6)
     model.train()
+    parameters = list(model.parameters())  # as the trainer lists them once
     counter = iter(range(10**9))
 
     def step() -> None:
         index = next(counter)
-        if mode == "previous":  # each step's windows drawn alone, clip_grad_norm_ as it groups its tensors
+        if mode == "previous":  # each step's windows drawn alone, clip_grad_norm_ over model.parameters()
             first = index * plan.batch_size
             batches = [plan.train.get_batch(range(first, first + plan.batch_size), seq_len, seed=plan.seed)]
             forward_backward(model, forward, batches, CPU, separator=plan.separator)
             float(torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip or float("inf")))
         else:
             forward_backward(model, forward, list(plan.micro_batches(index)), CPU, separator=plan.separator)
-            clip_gradients(model, optim.grad_clip)
+            clip_gradients(parameters, optim.grad_clip)
         advance(optimizer, schedule)
 
     return _Contender(spec, mode, batch, seq_len, model.num_parameters(), step)

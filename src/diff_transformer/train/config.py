@@ -295,6 +295,12 @@ class TrainingBudget:
             raise ConfigError(f"run.budget.amount must be a positive finite number of {self.kind}, got {self.amount}")
 
 
+# run.compile=auto compiles the training step of a run of at least this many steps: compiling costs the
+# first step ~30-140 s on a CPU core (from a warm or an empty inductor cache) and saves a small model's
+# step ~40%: BENCHMARKS.md, "Small models: the trainer's step"
+COMPILE_AUTO_MIN_STEPS = 2000
+
+
 @dataclass
 class RunConfig:
     """How long, where, on what, and how often to evaluate, log and save."""
@@ -317,7 +323,9 @@ class RunConfig:
     init_from: str | None = None
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda"
     precision: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU; or "fp32", "bf16"
-    compile: bool = False  # torch.compile the model
+    # torch.compile the model (training and evaluation); "auto": its training step only, and only for a
+    # run of COMPILE_AUTO_MIN_STEPS steps or more (where compiling pays: see compile_training)
+    compile: bool | str = False
     # attention backend of every layer (see diff_transformer.ops; "triton" opts in); not saved
     attn_backend: str = "auto"
     parallel: str = "ddp"  # under torchrun: "ddp" or "fsdp" (FSDP2 fully_shard per block)
@@ -331,6 +339,8 @@ class RunConfig:
         for name in ("steps", "eval_every", "log_every"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"run.{name} must be positive, got {getattr(self, name)}")
+        if self.steps > MAX_STEPS:
+            raise ConfigError(f"run.steps={self.steps:,} is beyond any run ({MAX_STEPS:,} at most)")
         require_seeds("run", self, ("seed", "data_seed"))
         if self.stop_at_step is not None and self.stop_at_step <= 0:
             raise ConfigError(f"run.stop_at_step must be positive, got {self.stop_at_step}")
@@ -338,9 +348,9 @@ class RunConfig:
             raise ConfigError(f"run.stop_at_step must be in [1, run.steps={self.steps}], got {self.stop_at_step}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if self.compile not in (True, False, "auto"):
+            raise ConfigError(f"run.compile must be true, false or auto, got {self.compile!r}")
         choices = {
-        if self.steps > MAX_STEPS:
-            raise ConfigError(f"run.steps={self.steps:,} is beyond any run ({MAX_STEPS:,} at most)")
             "device": ("auto", "cpu", "cuda"),
             "precision": ("auto", "fp32", "bf16"),
             "parallel": ("ddp", "fsdp"),
@@ -349,6 +359,13 @@ class RunConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"run.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
+    def compile_training(self, steps: int | None) -> bool:
+        """Whether the training step goes through torch.compile in a run of ``steps`` steps (None: a budget
+        in seconds): run.compile true, or "auto" and at least COMPILE_AUTO_MIN_STEPS steps."""
+        if self.compile == "auto":
+            return steps is not None and steps >= COMPILE_AUTO_MIN_STEPS
+        return bool(self.compile)
 
     def resolved_precision(self, device_type: str) -> str:
         """What ``precision`` means on a device of ``device_type``: "fp32" or "bf16" (autocast)."""

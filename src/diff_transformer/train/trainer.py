@@ -715,7 +715,7 @@ def _train_holding(plan: TrainingPlan, env: Environment, held: contextlib.ExitSt
     status, message, final_val = _loop(run)
     final_heldout = None
     if status == "completed" and plan.heldout:  # scored once, on the final weights
-        final_heldout = evaluate(run.forward_model, plan.heldout, env, run.autocast, run.plan.separator)
+        final_heldout = evaluate(run.eval_model, plan.heldout, env, run.autocast, run.plan.separator)
         run.log.write(dict(kind="heldout", step=run.progress.step, tokens=run.progress.tokens, loss=final_heldout))
     run.log.close()
     run.account()
@@ -821,6 +821,11 @@ class _Run:
     last_saved: Path | None = None
     stopped_by: str | None = None  # the signal that interrupted the run
 
+    @functools.cached_property
+    def parameters(self) -> list[nn.Parameter]:
+        """raw_model's parameters, listed once (clipping reads their gradients every step)."""
+        return list(self.raw_model.parameters())
+
     @classmethod
     def prepare(cls, checked: TrainingPlan, env: Environment, held: contextlib.ExitStack,
                 started: float | None = None) -> "_Run":
@@ -861,7 +866,7 @@ class _Run:
         return cls(
             config=config, entry=entry, env=env, out_dir=checked.out_dir, checkpoint_dir=checked.checkpoint_dir,
             plan=plan, model=model, raw_model=raw_model,
-            forward_model=torch.compile(model) if run.compile else model,
+            forward_model=torch.compile(model) if run.compile_training(length.steps) else model,
             optim=optim, optimizer=optimizer, schedule=schedule, length=length, progress=progress, log=log,
             validation=checked.validation, autocast=_autocast(env, run.precision),
             probe_tokens=plan.probe_tokens(PROBE_SEQUENCES).to(env.device),
@@ -899,8 +904,14 @@ class _Run:
                 f"({reason}); {kept}"
             ) from exc
 
+    @property
+    def eval_model(self) -> nn.Module:
+        """What evaluation calls: forward_model, but for run.compile=auto (its training step only: evaluating
+        a few times a run, eager, costs less than compiling the evaluation's graphs)."""
+        return self.model if self.config.run.compile == "auto" else self.forward_model
+
     def evaluate(self) -> float:
-        return evaluate(self.forward_model, self.validation, self.env, self.autocast, self.plan.separator)
+        return evaluate(self.eval_model, self.validation, self.env, self.autocast, self.plan.separator)
 
     def diagnose(self, *, maps: bool) -> dict[str, list[float]]:
         """λ and the attention-branch RMS per layer, and with ``maps`` the negative map share (diagnostics.py);
@@ -915,7 +926,7 @@ class _Run:
             self.model, self.forward_model, batches, self.env, self.config.run.parallel, self.autocast,
             self.plan.separator,
         )
-        grad_norm = clip_gradients(self.raw_model, self.optim.grad_clip)
+        grad_norm = clip_gradients(self.parameters, self.optim.grad_clip)
         step_loss_sum, stop_votes = all_reduce_sum([local_loss_sum, float(stop_requested)], self.env)
         return step_loss_sum / max(global_count, 1), float(grad_norm), stop_votes
 
