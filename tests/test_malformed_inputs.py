@@ -266,3 +266,44 @@ def test_option(argv, words, hf_dirs, tmp_path, capsys):
     fill = {**hf_dirs, "out": tmp_path / "out"}
     line = one_error_line(capsys, [a.format(**fill) for a in argv])
     assert words.format(**fill) in line and not (tmp_path / "out").exists()
+
+
+# --- signals: nothing left behind, the exit status true --------------------------------------------------------
+
+
+@pytest.mark.parametrize("point, signum, code", [
+    ("written", "SIGHUP", 129), ("written", "SIGTERM", 143), ("written", "SIGINT", 130),  # before the swap: stopped
+    ("swapped", "SIGINT", 0), ("swapped", "SIGHUP", 0),  # mid-swap: the import completes and says so
+], ids=lambda v: str(v))
+@pytest.mark.parametrize("overwrite", [False, True], ids=["new", "overwrite"])
+def test_import_hf_stopped_by_a_signal(point, signum, code, overwrite, hf_dirs, tmp_path, monkeypatch, capsys):
+    """A signal that lands while import-hf writes its checkpoint (in the temporary folder, or between
+    the renames that put it in place) leaves no lock, temporary folder or ``.old`` copy: stopped before
+    the swap, the exit status is the signal's and OUT is as it was; landing in the swap, the new
+    checkpoint is whole and the command exits 0 saying so."""
+    import os
+    import signal
+
+    from diff_transformer import checkpoint
+
+    out = tmp_path / "out"
+    if overwrite:
+        assert main(["import-hf", str(hf_dirs["diffllama"]), str(out), "--no-tokenizer"]) == 0
+    before = sorted(p.name for p in out.iterdir()) if overwrite else None
+    capsys.readouterr()
+
+    def deliver(here: str) -> None:
+        if here == point:
+            os.kill(os.getpid(), getattr(signal, signum))
+
+    monkeypatch.setattr(checkpoint, "fault_point", deliver)
+    argv = ["import-hf", str(hf_dirs["diffllama"]), str(out)] + ["--overwrite"] * overwrite
+    assert main(argv) == code
+    err, outs = capsys.readouterr()[::-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["out"] if code == 0 or overwrite else [])
+    if code == 0:
+        assert outs.strip() == f"wrote {out}" and err == ""
+        LanguageModel.from_pretrained(out)  # whole
+    else:
+        assert err.strip() == f"interrupted by {signum}"
+        assert before is None or sorted(p.name for p in out.iterdir()) == before  # the earlier import, whole

@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ConfigError, ModelConfig
-from .files import (OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, lock_output, naming_os_errors,
+from .files import (OUTPUT_MARKER, SELF_IDENTIFYING, check_output_dir, lock_output, naming_os_errors, signals_held,
                     os_error_naming)
 from .tokenizer import BPE_FILE, BYTES_CONFIG, as_tokenizer, load_tokenizer, same_tokenizer
 
@@ -101,15 +101,17 @@ def _write_directory_locked(directory: Path, write: Callable[[Path], None], *, k
             os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it 0700
             fault_point("written")
             old = directory.with_name(f".{directory.name}.old")
-            if directory.exists():
-                if old.exists():
-                    shutil.rmtree(old)
-                os.replace(directory, old)
-            # else: an ``.old`` left by an interrupted swap is the only complete version; it stays until
-            # the new one has its name
-            fault_point("swapped")
-            os.replace(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
+        with signals_held(directory):  # the swap runs to its end: a signal then finds the new version whole
+            with naming_os_errors(directory, tmp):
+                if directory.exists():
+                    if old.exists():
+                        shutil.rmtree(old)
+                    os.replace(directory, old)
+                # else: an ``.old`` left by an interrupted swap is the only complete version; it stays until
+                # the new one has its name
+                fault_point("swapped")
+                os.replace(tmp, directory)
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

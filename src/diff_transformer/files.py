@@ -44,9 +44,11 @@ import fnmatch
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -181,6 +183,43 @@ def underlying_os_error(exc: BaseException) -> OSError | None:
         code = int(match.group(1))
         return OSError(code, os.strerror(code))
     return None
+
+
+ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class OutputComplete:
+    """Marks an interruption raised once ``path`` was complete (:func:`signals_held`): the command
+    that wrote it as its last step has its result, and exits as if no signal had come."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
+@contextmanager
+def signals_held(path: Path) -> Iterator[None]:
+    """The block (a swap of ``path`` into place) runs to its end whatever signal comes: SIGINT, SIGTERM
+    and SIGHUP landing within it are delivered when it ends, to the handlers in force before, and the
+    exception a handler raises then carries ``output_complete`` (an :class:`OutputComplete` of
+    ``path``). Outside the main thread nothing is held (signals reach the main thread only)."""
+    held: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in ENDING_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                previous[signum] = signal.signal(signum, lambda number, frame: held.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if held:
+        try:
+            previous[held[0]](held[0], None)
+        except BaseException as exc:
+            exc.output_complete = OutputComplete(path)
+            raise
 
 
 @contextmanager

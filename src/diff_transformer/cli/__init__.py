@@ -8,10 +8,10 @@ Errors are answered here, for every command: a bad option value is refused by th
 ``error: unexpected ...`` line and exit status 1. ``--debug`` (or DIFF_TRANSFORMER_DEBUG=1)
 shows the traceback instead.
 
-SIGINT and SIGTERM that reach a command outside the work that handles them itself (a training
-loop saves a checkpoint, a study's runner stops its runs) end it with one line, "interrupted by
-SIGNAL" and what to do next (INTERRUPTED_HINTS), and the exit status a shell
-gives a process the signal stopped, 130 or 143: while it loads torch, checks its inputs, tokenizes.
+SIGINT, SIGTERM and SIGHUP (a closed terminal) that reach a command outside the work that handles
+them itself (a training loop saves a checkpoint, a study's runner stops its runs) end it with one
+line, "interrupted by SIGNAL" and what to do next (INTERRUPTED_HINTS), and the exit status a shell
+gives a process the signal stopped, 130, 143 or 129: while it loads torch, checks its inputs, tokenizes.
 The package imports torch on first use, so the command's first second is inside this handling too.
 
 The command comes with the train extra (:mod:`diff_transformer.extras`): every command but those of
@@ -32,6 +32,7 @@ import threading
 from typing import Iterator
 
 from ..extras import MissingExtraError, extra_of, install_command, missing_distributions, missing_extra_message
+from ..files import ENDING_SIGNALS
 from .args import Parser, UsageError
 
 COMMANDS = ["generate", "info", "hf", "convert", "data", "evaluate", "train", "bench"]
@@ -71,7 +72,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
 
 class Interrupted(KeyboardInterrupt):
-    """A signal that ends a command (SIGINT or SIGTERM while :func:`main` answers them): ``signum``."""
+    """A signal that ends a command (SIGINT, SIGTERM or SIGHUP while :func:`main` answers them): ``signum``."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -79,7 +80,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class _Signals:
-    """SIGINT and SIGTERM raise :class:`Interrupted` where the command is; while torch loads they are
+    """SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` where the command is; while torch loads they are
     held (raised in the middle of a C extension's import, they abort the process or leave the import
     half done) and raised as soon as it has loaded."""
 
@@ -99,7 +100,7 @@ class _Signals:
         ``nohup``, a shell's background job), the previous ones after it."""
         previous = {}
         if hasattr(signal, "SIGTERM") and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in ENDING_SIGNALS:
                 if signal.getsignal(signum) not in (signal.SIG_IGN, None):
                     previous[signum] = signal.signal(signum, self.handle)
         try:

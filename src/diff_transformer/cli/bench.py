@@ -113,8 +113,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "noise heads, --gda-ratio), motif-2.6b (DIFF with Motif-2.6B's PolyNorm MLP and λ_init schedule), "
                    "motif-2-12.7b (GDA 4:1 in Motif-2-12.7B's proportions, PolyNorm MLP) (default: diff standard)")
     m.add_argument("--gda-ratio", type=int, default=None, metavar="R",
-                   help="signal heads per noise head of the gda architecture (default: the largest of 4, 3, 2 "
-                   "dividing the preset's heads)")
+                   help="signal heads per noise head of the gda architecture, which --architectures must list "
+                   "(default: the largest of 4, 3, 2 dividing the preset's heads)")
     m.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     m.set_defaults(run=run_model)
 

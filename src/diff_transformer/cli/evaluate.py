@@ -90,7 +90,8 @@ def _common_flags(p: argparse.ArgumentParser, *, checkpoint_required: bool) -> N
                    help="tokenizer for checkpoints without one ('bytes', 'default', a JSON file): the one the model "
                    "was trained with (its vocabulary the model's)")
     p.add_argument("--text", default=None, metavar="FILE", type=types.existing_file,
-                   help="held-out text file to evaluate on (default: the embedded corpus' validation documents)")
+                   help="held-out text file to evaluate on (default: the embedded corpus' validation documents); "
+                   f"refused by {', '.join(NO_TEXT)}, which read none")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", type=types.device,
                    help="cpu, cuda or cuda:N")
     p.add_argument("--max-seq-len", type=bounded(int, 1, MAX_SEQ_LEN), default=None, metavar="N",

@@ -56,10 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "the size); the λ vectors stay float32")
     imp.add_argument("--eos-token", default=None, metavar="TOKEN",
                      help="the tokenizer's end-of-text token (default: as tokenizer_config.json or config.json in DIR "
-                     "names it, else <|endoftext|>)")
+                     "names it, else <|endoftext|>); not with --no-tokenizer")
     imp.add_argument("--bos-token", default=None, metavar="TOKEN",
                      help="the tokenizer's begin token (default: as tokenizer_config.json or config.json in DIR names "
-                     "it, else none)")
+                     "it, else none); not with --no-tokenizer")
     imp.set_defaults(run=run_import)
 
 
@@ -81,9 +81,17 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from ..interop.hf import import_hf
 
-    out = import_hf(args.directory, args.out, with_tokenizer=not args.no_tokenizer, overwrite=args.overwrite,
-                    dtype=args.dtype, eos_token=args.eos_token, bos_token=args.bos_token)
+    try:
+        out = import_hf(args.directory, args.out, with_tokenizer=not args.no_tokenizer, overwrite=args.overwrite,
+                        dtype=args.dtype, eos_token=args.eos_token, bos_token=args.bos_token)
+    except KeyboardInterrupt as exc:  # a signal that came while the new checkpoint took its place: it is whole
+        complete = getattr(exc, "output_complete", None)
+        if complete is None or complete.path.resolve() != Path(args.out).resolve():
+            raise
+        out = complete.path
     print(f"wrote {out}")
     return 0
