@@ -1,7 +1,8 @@
-"""``export-hf`` as transformers remote code, for every attention kind: the shipped modeling file held to
-the library (logits, the cache path, every config field), and the exported directories loaded with
-``trust_remote_code=True`` in a process where this package cannot be imported (logits, greedy tokens,
-the cache path, ``save_pretrained`` and back); PEFT's LoRA and lm-evaluation-harness on an export."""
+"""``export-hf`` for every attention kind, as transformers' Llama / DiffLlama where they compute it and
+as remote code otherwise: the shipped modeling file held to the library (logits, the cache path, every
+config field), and the exported directories loaded with ``trust_remote_code=True`` in a process where
+this package cannot be imported (logits, greedy tokens, the cache path, ``save_pretrained`` and back);
+PEFT's LoRA and lm-evaluation-harness on an export."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ LOGITS_TOL = 1e-4
 # Every kind transformers has no exact class for, and the settings DiffLlama cannot express, on the
 # "debug" size (d_model 64, 2 layers); GQA where the kind takes it, so that the head grouping shows.
 CASES = {
+    "standard": dict(attention="standard", n_kv_heads=2),
+    "diff": dict(attention="diff", n_kv_heads=1),
     "diff_v2": dict(attention="diff_v2", n_kv_heads=2),
     "diff_symmetric": dict(attention="diff_symmetric"),
     "gated": dict(attention="gated", n_kv_heads=2),
@@ -44,6 +47,10 @@ CASES = {
                                                     high_freq_factor=4.0, original_max_seq_len=32)),
     "standard-head-norm": dict(attention="standard", head_norm=True, tie_embeddings=True),
 }
+
+
+# Exported as transformers' own classes (tests/test_hf.py); the file computes them too
+EXACT = {"standard": "LlamaForCausalLM", "diff": "DiffLlamaForCausalLM"}
 
 
 def random_model(overrides: dict) -> LanguageModel:
@@ -193,11 +200,13 @@ def test_every_kind_loads_with_remote_code_where_the_package_cannot_be_imported(
         model.save_pretrained(tmp_path / f"{case}-ckpt", ByteTokenizer())
         # --layout hf: the Motif-like case would leave in Motif's layout by default
         assert cli_main(["export-hf", str(tmp_path / f"{case}-ckpt"), str(tmp_path / case), "--layout", "hf"]) == 0
-        assert "trust_remote_code=True" in capsys.readouterr().out
-        config = json.loads((tmp_path / case / "config.json").read_text())
-        assert config["model_type"] == "diff_transformer" and set(config["auto_map"]) >= {"AutoModelForCausalLM"}
-        for name in remote_code.REMOTE_FILES:  # byte for byte the package's modules
-            assert (tmp_path / case / name).read_bytes() == (remote_code.HERE / name).read_bytes()
+        printed = capsys.readouterr().out
+        if case not in EXACT:
+            assert "trust_remote_code=True" in printed
+            config = json.loads((tmp_path / case / "config.json").read_text())
+            assert config["model_type"] == "diff_transformer" and "AutoModelForCausalLM" in config["auto_map"]
+            for name in remote_code.REMOTE_FILES:  # byte for byte the package's modules
+                assert (tmp_path / case / name).read_bytes() == (remote_code.HERE / name).read_bytes()
         with torch.no_grad():
             ours[case] = (model(tokens)[0], model.generate([prompt[0].tolist()], max_new_tokens=12, temperature=0)[0])
     run = run_without_package(LOADER, *(str(tmp_path / case) for case in CASES), home=tmp_path / "hf_home")
@@ -205,7 +214,8 @@ def test_every_kind_loads_with_remote_code_where_the_package_cannot_be_imported(
     results = json.loads(run.stdout.splitlines()[-1])
     for case in CASES:
         theirs = results[str(tmp_path / case)]
-        assert theirs["class"] == "DiffTransformerForCausalLM" and theirs["module"].startswith("transformers_modules")
+        assert theirs["class"] == EXACT.get(case, "DiffTransformerForCausalLM"), case
+        assert theirs["module"].startswith("transformers." if case in EXACT else "transformers_modules"), case
         error = (torch.tensor(theirs["logits"]) - ours[case][0]).abs().max().item()
         print(f"{case}: largest logit error {error:.2e}, cache path {theirs['cache_error']:.2e}")
         assert error <= LOGITS_TOL, case

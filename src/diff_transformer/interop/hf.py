@@ -3,7 +3,9 @@ Motif's released models.
 
     export_hf(CHECKPOINT, OUT)   a checkpoint of this project -> an HF directory that
                                  ``AutoModelForCausalLM.from_pretrained(OUT)`` opens as
-                                 DiffLlamaForCausalLM (DIFF) or LlamaForCausalLM (standard)
+                                 DiffLlamaForCausalLM (DIFF) or LlamaForCausalLM (standard);
+                                 every other model as remote code (:mod:`.remote_code`), a
+                                 model of Motif's arithmetic in Motif's layout (:mod:`.motif_export`)
     import_hf(DIR, OUT)          a Llama, DiffLlama or Motif directory -> a checkpoint of this project
 
 The exported directory holds config.json, model.safetensors (fp32, never a pickle) and the
@@ -40,7 +42,8 @@ Weight mapping, per layer (H DIFF heads, Hkv KV groups, head dim d; HF's DiffLla
    our head-norm weight to ones and keeps the folded W_o, which computes the same function.
 5. λ vectors, MLP, block norms, embeddings and the LM head copy over unchanged.
 
-What HF cannot express is refused with a :class:`HFConversionError`: DIFF V2, symmetric DIFF,
+What DiffLlama and Llama cannot express is refused by :func:`save_hf` with a
+:class:`HFConversionError` (``export_hf`` writes it as remote code instead): DIFF V2, symmetric DIFF,
 gated attention, GDA, multi-token attention and exclusive self-attention (no HF class computes
 them), PolyNorm MLPs, a constant or shifted λ_init (HF hard-codes the depth schedule), DIFF without
 its head norm, a head-norm eps other than the block norms' (HF shares one eps between them), biases,
