@@ -330,6 +330,8 @@ def test_compare_stopped_at_any_moment_exits_128_plus_the_signal_with_the_resume
     name = signal.Signals(signum).name
     assert code == 128 + signum, lines
     assert lines[-1].startswith(f"interrupted by {name}") and "--resume" in lines[-1], lines
+    said = [line for line in lines if "received: saving" in line or "stopped at step" in line or "interrupted" in line]
+    assert said == [lines[-1]], lines  # one line, as the README says: not one more per running run
 
 
 # --- other commands: what is read from config.json alone is checked before the weights ----------------------

@@ -154,6 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from ..experiments import load_experiment
     from ..train import train
+    from ..train.trainer import STUDY_RUN_ENV
 
     if args.init_from and args.resume:
         raise types.UsageError("--init-from starts a new run from a checkpoint's weights and --resume continues "
@@ -179,7 +180,8 @@ def run_train(args: argparse.Namespace) -> int:
     if result.status in ("diverged", "finished"):  # the trainer said why
         return code
     if result.status in ("interrupted", "paused"):  # a checkpoint was saved: --resume continues
-        print(result.message, file=sys.stderr)
+        if result.status == "paused" or not os.environ.get(STUDY_RUN_ENV):  # a study's stop: the study's line
+            print(result.message, file=sys.stderr)
         return code
     if args.quiet:
         return 0

@@ -40,7 +40,7 @@ from ..files import check_output_dir, claim_output_dir, write_text_atomically
 from ..train.budget import RunLength
 from ..train.config import TrainConfig
 from ..train.state import find_checkpoint, saved_step, saved_train_seconds
-from ..train.trainer import SUMMARY_FILE, TrainingError
+from ..train.trainer import STUDY_RUN_ENV, SUMMARY_FILE, TrainingError
 from .results import TrainingRun, json_text, read_summary, read_training_run
 from .study import RunKey
 
@@ -236,10 +236,10 @@ class _Runner:
             command = job.command(self.resume, self.nproc)
             if not self.progress or self.describe is not None:  # the run's own summary line would repeat ours
                 command.append("--quiet")
-            env = None
+            env = {**os.environ, STUDY_RUN_ENV: "1"}  # a stop is said once, by the study (README)
             if self.at_once > 1:
                 threads = str(threads_per_job(self.at_once))
-                env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+                env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
             elif self.progress:
                 print(f"{job.label}: {'resuming' if '--resume' in command else 'training'} -> {job.log_dir}",
                       file=sys.stderr, flush=True)

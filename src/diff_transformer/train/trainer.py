@@ -72,6 +72,7 @@ from .state import (
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+STUDY_RUN_ENV = "DIFF_TRANSFORMER_STUDY_RUN"  # set in a study's runs (experiments.runner): the study reports a stop
 # Training steps whose window starts DataPlan draws in one call (a block: 64 × the batch's samples)
 STARTS_AHEAD = 64
 # The clock that times each training step (tokens/s, a budget in seconds); tests put a fake one here.
@@ -272,7 +273,8 @@ class _StopSignal:
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.received = signum
-        print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after this step", file=sys.stderr)
+        if not os.environ.get(STUDY_RUN_ENV):  # a study's run: the study says it in one line
+            print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after this step", file=sys.stderr)
 
     def __enter__(self) -> "_StopSignal":
         if hasattr(signal, "SIGTERM") and _in_main_thread():
