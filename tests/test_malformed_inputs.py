@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -307,3 +308,26 @@ def test_import_hf_stopped_by_a_signal(point, signum, code, overwrite, hf_dirs, 
     else:
         assert err.strip() == f"interrupted by {signum}"
         assert before is None or sorted(p.name for p in out.iterdir()) == before  # the earlier import, whole
+
+
+def test_prepare_a_save_to_disk_folder_whose_state_is_damaged(tmp_path, capsys):
+    """Read as a plain folder, its error named dataset_info.json's fields; now the damaged file."""
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "state.json").write_text("{broken")
+    (folder / "dataset_info.json").write_text('{"features": {}}')
+    (folder / "data-00000-of-00001.arrow").write_bytes(b"x")
+    line = one_error_line(capsys, ["prepare", folder, "--out", tmp_path / "out"])
+    assert f"{folder / 'state.json'}: not a JSON object with _data_files" in line and not (tmp_path / "out").exists()
+
+
+def test_an_mta_model_without_a_convolution_layer_says_so():
+    """mta_conv_every=4 puts the convolutions on layers 2, 6, ...: a 2-layer model has none."""
+    from diff_transformer.config import MTAWithoutConvolution
+
+    with pytest.warns(MTAWithoutConvolution, match="mta_conv_every=4 and n_layers=2 has no convolution layer"):
+        ModelConfig.from_preset("debug", attention="mta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MTAWithoutConvolution)
+        ModelConfig.from_preset("debug", attention="mta", mta_conv_every=2)  # layer 1 convolves
+        ModelConfig.from_preset("debug", attention="mta", mta_conv_every=3)
