@@ -310,7 +310,7 @@ def test_model_bench_lets_every_compiled_model_keep_its_graphs(monkeypatch):
 
 
 def test_train_bench_measures_the_trainers_step_at_each_batch():
-    from diff_transformer.bench.train import TrainBenchSettings, format_table, parse_model, run_train_bench
+    from diff_transformer.experiments.train_bench import TrainBenchSettings, format_table, parse_model, run_train_bench
 
     settings = TrainBenchSettings(models=("scaling:diff@xs", "scaling:standard@xs"), batches=(2, 4), steps=1,
                                   repeats=1, warmup=1, previous=True)

@@ -77,7 +77,7 @@ def test_generate_without_max_new_tokens_fills_what_the_context_leaves(tmp_path,
     (["--set", "run.steps=4", "--set", "compare.budget_note=mine"], True),
 ], ids=["defaults", "jobs-resume", "steps", "seeds", "set", "own-note"])
 def test_compare_keeps_the_config_budget_note_only_for_the_config_budget(argv, keeps_note, tmp_path, monkeypatch):
-    """tiny.yaml's note says "56 steps"; a report of `compare --steps 4` must not repeat it."""
+    """tiny.yaml's note says "1,048 steps"; a report of `compare --steps 4` must not repeat it."""
     import types
 
     import diff_transformer.experiments as experiments
@@ -91,7 +91,7 @@ def test_compare_keeps_the_config_budget_note_only_for_the_config_budget(argv, k
     monkeypatch.setattr(experiments, "compare", fake_compare)  # what the command calls
     assert main(["compare", "--out", str(tmp_path / "cmp"), *argv]) == 0
     shipped = experiments.load_experiment("tiny").compare.budget_note
-    assert "56 steps" in shipped
+    assert "1,048 steps" in shipped
     expected = ("mine" if "compare.budget_note=mine" in argv else shipped) if keeps_note else ""
     assert seen["note"] == expected
 

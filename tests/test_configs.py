@@ -78,10 +78,10 @@ def test_the_wide_head_transformer_and_gated_attention_beside_the_matched_transf
     count = {name: LanguageModel(c, device="meta").num_parameters() for name, c in configs.items()}
     standard, diff, wide = configs["standard"], configs["diff"], configs["standard-wide"]
     assert wide.attention == "standard" and (wide.n_heads, wide.head_dim) == (diff.n_heads, 2 * diff.head_dim)
-    assert count["standard-wide"] == count["standard"] == 4_916_928
-    assert count["gated"] - count["standard"] == standard.n_layers * standard.d_model ** 2 == 147_456
+    assert count["standard-wide"] == count["standard"] == 271_008
+    assert count["gated"] - count["standard"] == standard.n_layers * standard.d_model ** 2 == 18_432
     headwise = standard.n_layers * standard.d_model * standard.n_heads
-    assert count["gated_headwise"] - count["standard"] == headwise == 4_608
+    assert count["gated_headwise"] - count["standard"] == headwise == 1_152
     assert {configs["gated"].attention, configs["gated_headwise"].attention} == {"gated", "gated_headwise"}
     assert not {"standard-wide", "gated", "gated_headwise"} & set(load_experiment("tiny").compare.models)
 
@@ -89,7 +89,7 @@ def test_the_wide_head_transformer_and_gated_attention_beside_the_matched_transf
 def test_diff_heads_keeps_the_presets_diff_head_count_at_any_size():
     """The wide-head entry follows the preset (tiny shrunk to debug: 2 heads of 32), the retrieval
     models likewise; without a preset, or beside its own n_heads, it is an error naming it."""
-    small = load_config("tiny", ["model.preset=debug"])
+    small = load_config("tiny", ["model.preset=debug", "model.d_model=64"])  # tiny.yaml sets its own width
     wide, diff = small.model("standard-wide").model_config(), small.model("diff").model_config()
     assert (wide.n_heads, wide.head_dim) == (diff.n_heads, 2 * diff.head_dim) == (2, 32)
     assert small.model("standard-wide").to_dict()["diff_heads"] is True
@@ -162,7 +162,7 @@ def test_overrides_apply_dotted_keys_with_yaml_values():
     assert config.data.mix == {"mqar": 0.1}
     # optim.lr reaches every model, replacing its own; a later models.diff.optim.lr sets diff's alone
     assert config.optim_for("diff").lr == 5e-3 and config.optim_for("standard").lr == 1e-3
-    assert config.optim_for("standard").min_lr == 2e-4  # the fields not overridden stay each model's own
+    assert config.optim_for("standard").min_lr == 4e-4  # the fields not overridden stay each model's own
     assert config.optim_for("diff_v2").lr == 1e-3  # no lr of its own: the section's
     assert experiment.retrieval.steps == 7 and experiment.retrieval.enabled
     with pytest.raises(ConfigError, match=r"run\.bogus"):
@@ -195,12 +195,13 @@ def test_the_train_command_reports_config_errors_by_name(capsys):
     ids=["field", "section"],
 )
 def test_an_optim_override_applies_to_every_model_over_its_own_value(overrides):
-    """The tiny config gives standard and diff their own lr (2e-3): --set optim.lr reaches them too."""
+    """The tiny config gives standard and diff their own lr (4e-3, 2e-3): --set optim.lr reaches them too."""
     tiny = load_config("tiny")
-    assert {tiny.optim_for(name).lr for name in ("standard", "diff")} == {2e-3}
+    assert [tiny.optim_for(name).lr for name in ("standard", "diff")] == [4e-3, 2e-3]
     config = load_config("tiny", overrides)
     assert {name: config.optim_for(name).lr for name in config.models} == dict.fromkeys(config.models, 1e-3)
-    assert config.optim_for("standard").min_lr == 2e-4  # what the override does not name stays each model's
+    # what the override does not name stays each model's own (the whole section names min_lr)
+    assert config.optim_for("standard").min_lr == (4e-4 if overrides == ["optim.lr=1e-3"] else 2e-4)
     later = load_config("tiny", [*overrides, "models.diff.optim.lr=5e-3"])  # a later one for one model wins
     assert later.optim_for("diff").lr == 5e-3 and later.optim_for("standard").lr == 1e-3
 
@@ -332,7 +333,8 @@ def test_a_model_that_pins_a_recipe_field_is_refused_under_another_recipe():
 
 
 @pytest.mark.parametrize("config, overrides, label", [
-    ("alternatives", [], "Transformer 3×64"), ("alternatives", ["model.preset=debug"], "Transformer 2×32"),
+    ("alternatives", [], "Transformer 3×32"),
+    ("alternatives", ["model.preset=debug", "model.d_model=64"], "Transformer 2×32"),
     ("tiny", ["model.preset=small"], None),
 ])
 def test_the_wide_transformers_label_is_its_real_shape(config, overrides, label):

@@ -227,7 +227,7 @@ def run_model(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ..bench.train import TrainBenchSettings, default_models, format_table, report, run_train_bench
+    from ..experiments.train_bench import TrainBenchSettings, default_models, format_table, report, run_train_bench
 
     try:
         settings = TrainBenchSettings(

@@ -61,6 +61,7 @@ from ..convert import (
     check_convertible, compare_start, convert_checkpoint, converted_config, finetune_fields, source_config,
 )
 from ..data import EMBEDDED_DATASETS, TokenShards, dataset_directory
+from ..evaluation.ngram import NgramReference, ngram_reference
 from ..evaluation.stats import Difference, MeanStd, mean_interval, welch_difference
 from ..evaluation.suite import EVALUATIONS, run_suite
 from ..files import check_output_dir
@@ -507,6 +508,7 @@ class ConversionMetrics:
     wall_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     load_average: tuple[float, float, float] | None = None
+    reference: NgramReference | None = None  # the fine-tuning data's unigram and bigram loss
 
 
 def final_losses(runs: Sequence[TrainingRun]) -> list[float]:
@@ -648,7 +650,8 @@ def analyse(config: ExperimentConfig, plan: ConversionPlan, seeds: Sequence[int]
                                    better)
     return ConversionMetrics(config.name, config.train.description, config.compare.budget_note, seeds, source,
                              settings.steps, plan.finetune_tokens, settings.warmup_steps, settings.data_seed, arms,
-                             reference, info, machine)
+                             reference, info, machine,
+                             reference=ngram_reference(config.train.data.dataset, config.train.data.cache_dir))
 
 
 # --- the study ----------------------------------------------------------------------------------------
@@ -844,6 +847,9 @@ def render_report(metrics: ConversionMetrics) -> str:
         + f"; device {env.device} ({env.jobs} run{'s' if env.jobs > 1 else ''} at a time), torch {env.torch}.",
         "",
         *([f"**The budget.** {metrics.budget_note}", ""] if metrics.budget_note else []),
+        *([f"**Trivial baselines.** {metrics.reference.text()[0].upper()}{metrics.reference.text()[1:]}: every "
+           "loss below is to be read against them (a model above the bigram has learned little of the data).", ""]
+          if metrics.reference else []),
         "## What converting costs and gains",
         "",
         f"Validation loss on the same {tokens_text(metrics.finetune_tokens)}-token budget, mean ± std over seeds. "

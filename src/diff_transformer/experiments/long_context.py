@@ -55,7 +55,9 @@ from .comparison import CompareMetrics, Evaluation, run_comparison, study_record
 from .config import ExperimentConfig, LongContextConfig, RetrievalConfig
 from .language_models import LanguageModelling, axes_for, check_runs, plan_runs, run_config, train_language_models
 from .output import check_study_output, open_study
-from .report import budget_lines, heading_lines, label_axes, pyplot, render_claims, save_plot, stats_cell, write_study
+from .report import (
+    budget_lines, heading_lines, label_axes, pyplot, reference_lines, render_claims, save_plot, stats_cell, write_study,
+)
 from .results import AnswerShares
 from .retrieval import TASKS, accuracy, attention_allocation, evaluation_sets, retrieval_fields, train_model, \
     with_length
@@ -532,6 +534,7 @@ def render_report(metrics: LongContextMetrics) -> str:
         + f"; device {metrics.device}, torch {metrics.torch}.",
         "",
         *budget_lines(metrics.budget_note),
+        *reference_lines(short),
         *render_claims(metrics.claims, len(seeds)),
         "## Training",
         "",

@@ -548,7 +548,8 @@ def _check_inputs(config: TrainConfig, entry: ModelEntry, model_config: ModelCon
     if plan.vocab_size > model_config.vocab_size:
         raise ConfigError(
             f"dataset {plan.directory} has a vocabulary of {plan.vocab_size} tokens, more than model "
-            f"{entry.name!r}'s vocab_size={model_config.vocab_size}"
+            f"{entry.name!r}'s vocab_size={model_config.vocab_size}: give the model the dataset's vocabulary "
+            f"(--set model.vocab_size={plan.vocab_size})"
         )
     try:
         validation = plan.validation_batches()

@@ -39,7 +39,7 @@ DEFAULT_BATCHES = (4, 8, 16)
 def default_models() -> tuple[str, ...]:
     """The scaling study's Transformer, DIFF and DIFF V2 at its first (smallest) and last (largest) size,
     and the tiny config's two models."""
-    from ..experiments.config import load_experiment
+    from .config import load_experiment
 
     sizes = list(load_experiment("scaling").scaling.sizes)
     return tuple(f"scaling:{model}@{size}" for size in (sizes[0], sizes[-1])
@@ -93,9 +93,9 @@ def train_config(spec: str, batch: int):
     if size is None:
         config = load_config(config_name, overrides)
     else:
-        from ..experiments.config import load_experiment
-        from ..experiments.scaling import sized_train
-        from ..experiments.study import RunKey
+        from .config import load_experiment
+        from .scaling import sized_train
+        from .study import RunKey
 
         experiment = load_experiment(config_name, overrides)
         if size not in experiment.scaling.sizes:
@@ -254,7 +254,7 @@ def format_table(settings: TrainBenchSettings, results: list[TrainBenchResult]) 
 
 
 def report(settings: TrainBenchSettings, results: list[TrainBenchResult]) -> dict:
-    from .measure import describe_machine
+    from ..bench.measure import describe_machine
 
     return {
         "benchmark": "train",
