@@ -289,6 +289,7 @@ def test_model_bench_measures_further_kinds_with_their_ratios(capsys):
     assert err.startswith("error: ") and "invalid choice: 'bogus'" in err
 
 
+@pytest.mark.slow  # torch.compile of every model
 def test_model_bench_lets_every_compiled_model_keep_its_graphs(monkeypatch):
     """Four models compiled share LanguageModel.forward's graph cache: while measuring, dynamo's recompile
     limit leaves room for each model's training, prefill and decoding graphs (at 8, the fourth model's

@@ -52,6 +52,7 @@ def test_gpu_check_script_refuses_without_cuda_writing_nothing(tmp_path):
     assert usage.returncode == 2 and usage.stderr == "error: usage: scripts/gpu_check.sh OUTDIR\n"
 
 
+@pytest.mark.slow  # every backend's correctness on CPU
 def test_correctness_report_on_cpu_backends():
     backends = ("sdpa", "sdpa_split", "decode") + (("triton",) if os.environ.get("TRITON_INTERPRET") == "1" else ())
     rows = correctness_report("cpu", backends=backends, dtypes=("float32",), cases=CPU_CASES)
@@ -80,6 +81,7 @@ def test_correctness_report_catches_a_wrong_backend(monkeypatch):
     assert "FAIL" in gpu.correctness_table(rows)
 
 
+@pytest.mark.slow  # the whole report on CPU
 def test_whole_report_on_cpu_writes_json_and_markdown(tmp_path):
     settings = GpuBenchSettings(
         device="cpu", backends=("sdpa", "sdpa_split", "decode"), dtypes=("float32", "bfloat16"), cases=CPU_CASES[:2],

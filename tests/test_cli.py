@@ -24,6 +24,7 @@ def test_every_subcommand_has_help(name, capsys):
     assert f"usage: diff-transformer {name}" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a subprocess per command: torch starts in each
 def test_console_script_runs():
     result = subprocess.run([sys.executable, "-m", "diff_transformer", "info"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -64,7 +64,8 @@ PROMPT = list(b"The sun rises in the")
 # --- exact: the source's function at step 0 ---------------------------------------------------
 
 
-@pytest.mark.parametrize("n_kv_heads", [None, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("n_kv_heads", [None, pytest.param(2, marks=pytest.mark.slow),  # GQA, MQA: the full suite
+                                        pytest.param(1, marks=pytest.mark.slow)], ids=["mha", "gqa", "mqa"])
 def test_exact_diff_from_this_projects_checkpoint_computes_the_source(n_kv_heads, tmp_path, capsys):
     source = standard(n_kv_heads)
     source.save_pretrained(tmp_path / "source", ByteTokenizer())
@@ -116,7 +117,7 @@ def llama_directory(path: Path, n_kv_heads: int, *, tokenizer: bool = False):
     return model.eval()
 
 
-@pytest.mark.parametrize("n_kv_heads", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("n_kv_heads", [4, pytest.param(2, marks=pytest.mark.slow)], ids=["mha", "gqa"])  # GQA: full
 def test_exact_diff_from_a_transformers_llama_gives_its_logits_and_greedy_tokens(n_kv_heads, tmp_path, capsys):
     llama = llama_directory(tmp_path / "llama", n_kv_heads, tokenizer=True)
     code, out, err = run_cli(["convert", tmp_path / "llama", tmp_path / "out"], capsys)
@@ -254,6 +255,7 @@ def test_split_pairs_the_source_heads_as_written(n_kv_heads):
         assert (attn(x).double() - expected).abs().max().item() < 1e-5
 
 
+@pytest.mark.slow  # a conversion and a first training step
 def test_split_reports_the_loss_change_at_step_0(tmp_path, capsys):
     """The loss of both models on the held-out windows, recomputed here with cross-entropy on their
     logits: the recorded and printed change is converted − source."""
@@ -280,6 +282,7 @@ def test_split_reports_the_loss_change_at_step_0(tmp_path, capsys):
 # --- fine-tuning ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # trains, saves and resumes: the full suite
 def test_a_converted_checkpoint_fine_tunes_and_resumes_exactly(byte_dataset, tmp_path, capsys):  # noqa: F811
     """train --init-from OUT: the first step's loss is the source's on that batch (the exact start
     carried through the trainer), and a run stopped at step 3 and resumed gives every loss of the
@@ -380,6 +383,7 @@ def test_split_to_diff_v2_is_refused(tmp_path, capsys):
         convert_model(standard(), "gated")
 
 
+@pytest.mark.slow  # a conversion per kind of output
 def test_an_output_that_holds_anything_is_refused(tmp_path, capsys):
     standard().save_pretrained(tmp_path / "source")
     notes = tmp_path / "notes"
@@ -412,6 +416,7 @@ def test_a_bad_option_is_refused_before_anything_is_read(option, message, tmp_pa
     _refused(["convert", tmp_path / "source", tmp_path / "out", *option], capsys, tmp_path / "out", message)
 
 
+@pytest.mark.slow  # a conversion and its windows
 def test_without_a_tokenizer_the_windows_are_random_tokens(tmp_path, capsys):
     standard().save_pretrained(tmp_path / "source", ByteTokenizer())
     code, out, _ = run_cli(["convert", tmp_path / "source", tmp_path / "out", "--no-tokenizer"], capsys)

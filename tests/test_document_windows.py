@@ -176,6 +176,7 @@ def test_training_within_documents_resumes_exactly_and_refuses_a_change_of_the_s
     assert abs(straight.final_val_loss - second.final_val_loss) <= 1e-6
 
 
+@pytest.mark.slow  # trains and resumes
 def test_a_run_saved_before_the_sampling_options_existed_resumes(byte_dataset, tmp_path):  # noqa: F811
     """A train_config.yaml without the data options means the defaults (windows across documents)."""
     import yaml

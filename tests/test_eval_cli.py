@@ -147,6 +147,7 @@ def test_eval_scaling_command(tmp_path, capsys):
     assert "0.62×" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # every evaluation on two models
 def test_run_suite_quick_on_two_models(checkpoints, tmp_path):
     ckpts, _ = checkpoints
     result = run_suite(ckpts, tmp_path, quick=True, text=EvalText([WORDS]), progress=False)
@@ -182,6 +183,7 @@ def _snapshot(root) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow  # an evaluation run three times
 def test_an_earlier_result_is_replaced_only_with_overwrite(checkpoints, tmp_path, capsys):
     """eval --out over an earlier result of the same evaluation is refused before any model loads,
     with the files intact; another evaluation adds its result beside it; --overwrite (overwrite=True

@@ -56,6 +56,7 @@ def run_core(tmp_path: Path, absent: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a subprocess without the extras
 def test_the_core_runs_with_torch_numpy_and_safetensors_alone(tmp_path):
     result = run_core(tmp_path, ABSENT)
     assert result.returncode == 0 and result.stdout.strip() == "ok []", result.stderr[-2000:]
