@@ -33,6 +33,7 @@ def test_refuses_without_cuda(tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the refusal on a machine without CUDA")
+@pytest.mark.slow  # the script in a subprocess
 def test_gpu_check_script_refuses_without_cuda_writing_nothing(tmp_path):
     import subprocess
     import sys

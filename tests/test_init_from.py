@@ -149,6 +149,7 @@ def test_a_checkpoint_of_another_tokenizer_is_refused(byte_dataset, tmp_path):  
                            run={"steps": 1, "init_from": first.checkpoint}))
 
 
+@pytest.mark.slow  # trains, extends and resumes
 def test_resume_continues_an_extended_run_from_its_own_checkpoint(byte_dataset, source, tmp_path):  # noqa: F811
     """The resumed run reproduces the straight one exactly, even when the checkpoint it started from
     is gone: resuming reads the run's own checkpoint and ignores run.init_from."""

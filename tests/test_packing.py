@@ -231,6 +231,7 @@ def test_the_training_step_and_the_validation_loss_are_each_documents_own(short_
     assert abs(unpacked - want) > 1e-2 * want  # packing changes the loss: the test above sees it
 
 
+@pytest.mark.slow  # a training run
 def test_packed_training_runs_on_the_cpu_and_logs_each_documents_own_loss(short_documents, tmp_path):
     """A run with data.packing=documents started from a model of ours: its first step's logged loss
     is that model's loss on the first batch, each document alone."""

@@ -202,6 +202,7 @@ def test_an_odd_batch_holds_one_needle_document_fewer_than_mqar_examples_and_the
     assert config.examples_seen("needle", 7) == 14 and config.examples_seen("mqar", 7) == 21
 
 
+@pytest.mark.slow  # a training run
 def test_a_run_records_its_learning_curve_from_the_untrained_model_to_the_end():
     config = RetrievalConfig(**{**SMALL, "steps": 4, "curve": [0.5]})
     optim = OptimConfig(lr=3e-3, min_lr=3e-4, warmup_steps=1, betas=(0.9, 0.95), weight_decay=0.1)
