@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from diff_transformer.evaluation.ngram import (
-    LEARNED_MARGIN, bigram_cross_entropies, ngram_reference, ngram_reference_of, unigram_cross_entropy,
+    LEARNED_MARGIN, bigram_cross_entropies, ngram_reference, ngram_reference_of, spread_stretches,
+    unigram_cross_entropy,
 )
 
 # train 0 1 0 1 2 (V = 3): c(0) = 2, c(1) = 2, c(2) = 1 of N = 5; pairs (0,1) ×2, (1,0), (1,2); as a
@@ -89,3 +90,10 @@ def test_a_language_model_comparison_is_judged_only_where_both_models_passed_the
     row = make_claim("LM", "loss", "lower", unlearned, Figures([high] * 3), "—", -1, learned=learned)
     assert row.verdict == NOT_LEARNED and row.difference.delta == pytest.approx(-0.5)
     assert make_claim("LM", "loss", "lower", unlearned, Figures([high] * 3), "—", -1).verdict.startswith("agrees")
+
+
+def test_a_long_split_is_read_as_evenly_spaced_stretches():
+    tokens = np.arange(1000)
+    assert spread_stretches(tokens, 1000).tolist() == tokens.tolist()  # at the limit: whole
+    read = spread_stretches(tokens, 100, stretches=4)  # 4 runs of 25, starting at 0, 325, 650 and 975
+    assert read.tolist() == [*range(0, 25), *range(325, 350), *range(650, 675), *range(975, 1000)]

@@ -15,7 +15,10 @@ these two numbers, and a verdict is drawn only where the models are below the bi
 
 Both are measured on every token of the validation split after the first (the bigram needs the one
 before), in nats per token, computed once per dataset and cached beside the embedded corpus
-(keyed by the dataset's content fingerprint).
+(keyed by the dataset's content fingerprint). A split longer than :data:`MAX_TRAIN_TOKENS` /
+:data:`MAX_VAL_TOKENS` is read as evenly spaced stretches of that many tokens in all (the pair keys
+are int64: a corpus of billions of tokens would not fit in memory otherwise); the reference says how
+many it read.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from ..files import cache_root, write_text_atomically
 
 LEARNED_MARGIN = 0.1  # nats: a language model is judged only this far below its data's bigram or further
 ALPHAS = tuple(10.0 ** k for k in range(-2, 5))  # the Dirichlet strengths tried (0.01 … 10,000)
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+MAX_TRAIN_TOKENS = 50_000_000  # the tables' counts: more changes a bigram's loss by far less than its margin
+MAX_VAL_TOKENS = 5_000_000
+STRETCHES = 64  # a long split is read as this many evenly spaced stretches
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,16 @@ def ngram_reference_of(train: np.ndarray, val: np.ndarray, vocab_size: int, *, d
     return NgramReference(dataset, unit, vocab_size, len(train), len(val), unigram, bigrams[alpha], alpha)
 
 
+def spread_stretches(tokens: np.ndarray, limit: int, stretches: int = STRETCHES) -> np.ndarray:
+    """``tokens`` whole when it holds at most ``limit``, else ``stretches`` evenly spaced runs of
+    ``limit // stretches`` tokens back to back (the pairs across their joins: 63 in 50M, nothing)."""
+    if len(tokens) <= limit:
+        return np.asarray(tokens)
+    length = limit // stretches
+    starts = np.linspace(0, len(tokens) - length, stretches).astype(np.int64)
+    return np.concatenate([np.asarray(tokens[s:s + length]) for s in starts])
+
+
 def _dataset_key(directory: Path) -> str:
     """The dataset's content fingerprint (meta.json records one; else meta.json's own bytes)."""
     meta = (directory / "meta.json").read_bytes()
@@ -128,7 +144,8 @@ def ngram_reference(dataset: str, cache_dir: str | Path | None = None) -> NgramR
             pass  # a damaged cache entry: computed again and replaced below
     train, val = TokenShards(directory, "train"), TokenShards(directory, "val")
     unit = "byte" if train.meta.get("tokenizer") == "bytes" else "token"
-    reference = ngram_reference_of(np.asarray(train.tokens), np.asarray(val.tokens), train.vocab_size,
+    reference = ngram_reference_of(spread_stretches(train.tokens, MAX_TRAIN_TOKENS),
+                                   spread_stretches(val.tokens, MAX_VAL_TOKENS), train.vocab_size,
                                    dataset=dataset, unit=unit)
     cached.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(cached, json.dumps(reference.to_dict(), indent=1))
