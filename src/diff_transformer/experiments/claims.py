@@ -33,7 +33,8 @@ from .retrieval import TASKS, RetrievalResult
 ROBUST_FROM = 0.25  # along training, the points from this fraction of the budget on must agree
 Word = Callable[[Difference], str]
 Learned = Callable[[Sequence[float]], bool]  # whether language models with these losses (per seed) have learned
-NOT_LEARNED = "not judged: the models have not passed a bigram table"
+NOT_LEARNED_REASON = "the models have not passed a bigram table"
+NOT_LEARNED = f"not judged: {NOT_LEARNED_REASON}"
 
 
 @dataclass

@@ -15,7 +15,7 @@ from ..evaluation.stats import Difference, MeanStd, decimals, welch_difference
 from ..evaluation.suite import SuiteResult
 from ..files import write_atomically, write_text_atomically
 from ..paper import PAPER_REFERENCE, PAPER_TABLE6, PAPER_TABLE7_TRAINING
-from .claims import NOT_LEARNED, Claim, fraction_label, mean_lookback, task_figures
+from .claims import NOT_LEARNED, NOT_LEARNED_REASON, Claim, fraction_label, mean_lookback, task_figures
 from .config import retrieval_examples_per_step
 from .equal_cost import EXPERIMENTS, MEASURES, QUIET_SPREAD, CostReading, EqualCost, Quietness
 from .grounded import GroundedResult
@@ -464,7 +464,7 @@ def _verdict(c: Comparison, label: str, base_label: str, seeds: int, lm: Languag
     else:
         text += "; the paper has no figure for this model."
     if not all(lm.learned(lm.models[n].final_val_loss.per_seed) for n in (c.model, c.baseline)):
-        return text + f" **Not judged**: {NOT_LEARNED[len('not judged: '):]} ({lm.reference.text()})."
+        return text + f" **Not judged**: {NOT_LEARNED_REASON} ({lm.reference.text()})."
     if noise is not None and abs(delta) <= 2 * noise:
         text += (f" The difference is within twice the standard error over {seeds} seeds (±{noise:.{places}f}): "
                  "at this scale the run shows no difference either way.")
