@@ -182,9 +182,9 @@ def make_claim(claim: str, measure: str, better: str, ours: Figures, base: Figur
     diff = welch_difference(ours.best, base.best)
     word = word or paper_word(paper_sign)
     both = (lambda a, b: learned(a) and learned(b)) if learned else (lambda a, b: True)
-    recipes = {r: welch_difference(ours.by_recipe[r], base.by_recipe[r]) for r in ours.by_recipe
-               if r in base.by_recipe and ours.by_recipe[r] and base.by_recipe[r]
-               and both(ours.by_recipe[r], base.by_recipe[r])}
+    shared = [r for r in ours.by_recipe if r in base.by_recipe and ours.by_recipe[r] and base.by_recipe[r]]
+    recipes = {r: welch_difference(ours.by_recipe[r], base.by_recipe[r]) for r in shared}  # every one shown
+    judged_recipes = {r: recipes[r] for r in shared if both(ours.by_recipe[r], base.by_recipe[r])}
     along = [AlongDifference(a.fraction, a.budget, welch_difference(a.values, b.values), both(a.values, b.values))
              for a, b in zip(ours.along, base.along) if a.fraction == b.fraction and a.values and b.values]
     if not testable:
@@ -192,7 +192,7 @@ def make_claim(claim: str, measure: str, better: str, ours: Figures, base: Figur
     elif not both(ours.best, base.best):
         text = NOT_LEARNED
     else:
-        text = dependence(diff, recipes, [p for p in along if p.judged], word)
+        text = dependence(diff, judged_recipes, [p for p in along if p.judged], word)
     return Claim(claim, measure, better, MeanStd.of(ours.best), MeanStd.of(base.best), diff, paper, paper_sign,
                  verdict=text, note=note, by_recipe=recipes, along=along, parameters=(ours.parameters, base.parameters))
 
