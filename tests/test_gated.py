@@ -131,7 +131,8 @@ def test_the_tiny_configs_new_models_train_save_load_and_generate_from_the_cli(n
     out = tmp_path / "run"
     overrides = ["model.preset=debug", "model.d_model=64", "model.n_layers=2", "model.vocab_size=257",
                  "model.max_seq_len=32", f"data.dataset={byte_dataset}", "data.seq_len=32", "data.batch_size=4",
-                 "data.eval_sequences=4", "run.steps=4", "run.eval_every=2", "run.log_every=2", f"run.out_dir={out}", "run.tensorboard=false", "run.progress=false"]
+                 "data.eval_sequences=4", "run.steps=4", "run.eval_every=2", "run.log_every=2",
+                 f"run.out_dir={out}", "run.tensorboard=false", "run.progress=false"]
     assert cli_main(["train", "--config", "tiny", "--model", name, *[f"--set={o}" for o in overrides]]) == 0
     model = LanguageModel.from_pretrained(out / "checkpoint")
     kind = "standard" if name == "standard-wide" else name
