@@ -20,7 +20,8 @@ def pytest_configure(config):
     process before pytest-xdist starts its workers, which inherit it and share one folder (the corpus
     is built once, under its lock: data.corpus.default_dataset). A folder named that does not exist
     yet is made here, as the commands make it on first use."""
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its share of the cores, not all of them each
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(config.workerinput.get("workercount", 1))))
         return
     if os.environ.get(CACHE_ENV):
         os.makedirs(os.environ[CACHE_ENV], exist_ok=True)

@@ -47,6 +47,7 @@ def test_the_study_holds_every_kind_issue_47_names_each_at_the_same_grid_and_see
         assert CONFIG.lr_for(name, "scaled-init", "lm") in (2e-3, 4e-3) and name not in CONFIG.retrieval.lr_by_model
 
 
+@pytest.mark.slow  # builds every size (5 s)
 def test_gda_takes_motif_2_12_7bs_proportions_at_each_size():
     """4 signal heads per noise head, the signal queries as wide as d_model, a K/V group per noise head: in
     the language models (d_model 96, 2 layers, bytes) 4 + 1 heads of 24, in the small models 4 + 1 of 16;

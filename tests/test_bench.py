@@ -136,6 +136,7 @@ def test_cpu_peak_memory_sees_a_large_temporary():
     assert 64 * 2**20 <= peak_memory(make_and_drop, torch.device("cpu")) < 70 * 2**20
 
 
+@pytest.mark.slow  # builds transformers' DiffLlama (2 s)
 def test_diffllama_has_the_same_shape():
     """Built from our DIFF config, DiffLlama holds our parameters minus the head-norm weights
     (2d per layer: HF's head norm has no weight)."""
@@ -235,6 +236,7 @@ def test_cli_table(capsys):
     assert "DIFF vs Transformer" in out and "DiffLlama" not in out
 
 
+@pytest.mark.slow  # flex attention compiled (4 s)
 def test_flex_in_every_mode_is_a_table_with_the_cells_it_cannot_run_marked(capsys):
     """FlexAttention has no CPU backward: its fwd+bwd cell says so; the others are measured (exit 0)."""
     args = ["bench", "attention", "--device", "cpu", "--lengths", "32", "--heads", "4", "--head-dim", "16",

@@ -413,6 +413,7 @@ def test_every_command_and_option_that_takes_a_value_has_a_case():
     assert missing == []
 
 
+@pytest.mark.slow  # every evaluation's options (3 s)
 def test_every_numeric_evaluation_option_refuses_a_negative_value(files, capsys):
     """For every evaluation and every option of it that takes a number: -1 is one error line."""
     tried = 0
@@ -479,6 +480,7 @@ def test_a_good_command_still_runs(files, capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow  # the console command in a new process (14 s)
 @pytest.mark.parametrize(
     "argv, expected",
     [(["generate", "{damaged}", "--temperature", "0"], "truncated or corrupted safetensors file")],

@@ -141,6 +141,7 @@ def report_for(standard_losses, diff_losses, tokens_per_s=(1000.0, 950.0), busy=
     return render_report(compare_metrics(language_models, busy=busy, budget_note=note))
 
 
+@pytest.mark.slow  # a study end to end (1.6 s)
 def test_the_report_says_plainly_when_the_result_contradicts_the_paper(tmp_path):
     # losses below tiny.yaml's data's bigram (2.437 nats/byte) by more than the margin: judged
     worse = report_for([2.00, 2.01, 2.02], [2.10, 2.11, 2.12])

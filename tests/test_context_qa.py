@@ -245,6 +245,7 @@ def test_the_command_runs_on_a_trained_checkpoint_with_the_shipped_sample(byte_d
     assert "| DIFF | 20 |" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the suite end to end (1.7 s)
 def test_it_runs_by_name_in_the_suite(checkpoint, tmp_path):
     result = run_suite({"diff": checkpoint}, tmp_path, evaluations=["context-qa"], quick=True, progress=False)
     data = result.data["context-qa"]

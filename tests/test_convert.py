@@ -366,6 +366,7 @@ def test_a_transformers_model_other_than_llama_is_refused(tmp_path, capsys):
     _refused(["convert", tmp_path / "out", tmp_path / "out2"], capsys, tmp_path / "out2", "no such directory")
 
 
+@pytest.mark.slow  # builds transformers' models (5 s)
 @pytest.mark.parametrize("fields, layout", [(dict(n_kv_heads=1), "1 key/value heads (GQA, 4 query heads)"),
                                             (dict(d_model=96, n_heads=3), "3 heads cannot be paired")])
 def test_split_refuses_key_value_heads_it_cannot_pair(fields, layout, tmp_path, capsys):

@@ -89,6 +89,7 @@ def test_token_by_token_decoding_gives_full_forward_logits(n_kv_heads):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # decodes token by token (3 s)
 def test_auto_generation_runs_decode_steps_and_matches_reference(monkeypatch):
     """generate() with "auto": the prompt goes through "sdpa_split", every later step through
     the packed decode path; the greedy tokens equal those of the reference backend."""

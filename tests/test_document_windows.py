@@ -163,6 +163,7 @@ def test_a_dataset_prepared_without_document_ends_keeps_working(byte_dataset, tm
         DataPlan(config, 32, Environment(0, 1, 0, torch.device("cpu")))
 
 
+@pytest.mark.slow  # trains and resumes (4 s)
 def test_training_within_documents_resumes_exactly_and_refuses_a_change_of_the_sampling(byte_dataset, tmp_path):  # noqa: F811
     data = {"within_documents": True, "long_document_tokens": 300, "long_document_weight": 2.0}
     straight = train(debug_config(byte_dataset, tmp_path / "straight", data=data))

@@ -52,6 +52,7 @@ def test_every_evaluation_has_a_subcommand_and_options_that_parse():
     assert set(EVALUATIONS) | {"scaling"} == set(NAMES)
 
 
+@pytest.mark.slow  # evaluations end to end (1.5 s)
 def test_eval_command_writes_json_and_png(checkpoints, tmp_path, capsys):
     ckpts, text = checkpoints
     out = tmp_path / "out"
@@ -88,6 +89,7 @@ def test_eval_attention_sink_writes_the_first_token_share_per_layer(checkpoints,
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow  # evaluations end to end (2 s)
 def test_eval_reads_every_checkpoint_at_the_context_and_theta_asked(tmp_path):
     """--max-seq-len and --rope-theta apply to every checkpoint: 64-token models read at 128 tokens
     and θ 20,000 give what the same weights saved as 128-token, θ 20,000 models give."""
@@ -230,6 +232,7 @@ def test_compare_replaces_the_results_of_its_own_earlier_evaluations(monkeypatch
     assert seen["suite"]["overwrite"] is True
 
 
+@pytest.mark.slow  # evaluations end to end (5 s)
 @pytest.mark.parametrize("failing", ["plot", "json"])
 def test_an_evaluations_json_and_plot_appear_together_or_not_at_all(failing, checkpoints, tmp_path, capsys,
                                                                    monkeypatch):

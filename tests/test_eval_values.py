@@ -637,6 +637,7 @@ def test_cloze_scores_only_the_continuation():
 # --- in-context learning --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # scores every choice (3 s)
 def test_constrained_decoding_scores_the_choice_tokens_after_prefix_and_query():
     model = tiny("diff", n_layers=2)
     prefix = [256, 10, 20, 30, 40]

@@ -90,6 +90,7 @@ def test_the_extras_name_the_libraries_pyproject_declares():
     assert {d for modules in EXTRAS.values() for d in modules.values()} <= pinned
 
 
+@pytest.mark.slow  # new processes with a package hidden (10 s)
 @pytest.mark.parametrize("absent", [["pyarrow"], ["yaml", "scipy"]])
 def test_a_command_without_its_extra_names_it_before_any_work(absent, tmp_path, capsys, monkeypatch):
     for module in absent:

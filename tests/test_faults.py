@@ -193,8 +193,10 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(point, at, dataset, re
 
 
 @pytest.mark.slow  # training subprocesses, killed and resumed
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_saves_then_resume_matches(signum, dataset, reference, tmp_path):
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and signum == signal.SIGHUP:
+        pytest.skip("SIGHUP is ignored here (nohup), and so in the run this test starts")
     out = tmp_path / "run"
     config = write_config(dataset, out, checkpoint_every=0)
     process = launch(config)
@@ -227,6 +229,7 @@ def test_a_diverging_learning_rate_stops_with_the_step_and_keeps_the_last_good_c
     assert all(torch.isfinite(t).all() for t in LanguageModel.from_pretrained(good).state_dict().values())
 
 
+@pytest.mark.slow  # trains twice (1.5 s)
 def test_quiet_drops_only_the_summary_line_of_a_completed_run(dataset, tmp_path, capsys):
     for name, quiet in (("loud", []), ("quiet", ["--quiet"])):
         config = write_config(dataset, tmp_path / name, steps=2, progress=False)
@@ -768,6 +771,7 @@ def _start_paused(argv: list[str], marker: Path, pause: str | None = None, at: s
     return process
 
 
+@pytest.mark.slow  # two processes at once (3 s)
 def test_a_second_prepare_to_the_same_dataset_is_refused_naming_the_first(tmp_path, capsys):
     """Two `prepare` runs to one --out at once: the second (another input, with or without
     --overwrite) is refused with the first one's pid and touches nothing; once the first is gone,
@@ -872,6 +876,7 @@ def test_prepare_stops_on_a_signal_with_its_workers_ended_and_nothing_left(signu
     assert snapshot(tmp_path / "in") == before
 
 
+@pytest.mark.slow  # two processes at once (3 s)
 def test_a_second_evaluation_into_the_same_output_is_refused_naming_the_first(tmp_path, capsys):
     """Two `eval` commands into one --out at once: the second (even another evaluation, even with
     --overwrite) is refused with the first one's pid before any model loads, and writes nothing."""
@@ -898,6 +903,7 @@ def test_a_second_evaluation_into_the_same_output_is_refused_naming_the_first(tm
         first.communicate(timeout=30)
 
 
+@pytest.mark.slow  # two processes at once (3 s)
 def test_a_second_tokenizer_training_to_the_same_file_is_refused_naming_the_first(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("Some text to tokenize, and some more text to tokenize.\n" * 40)

@@ -65,7 +65,7 @@ def _pickle_in_disguise(b: bytes) -> bytes:
 @pytest.mark.parametrize(
     "damage",
     [_truncate_half, lambda b: b[:20], lambda b: b"", _garble_header, _huge_header_length, _pickle_in_disguise,
-     lambda b: b + b"trailing bytes", lambda b: bytes(random.Random(13).getrandbits(8) for _ in range(len(b)))],
+     lambda b: b + b"trailing bytes", lambda b: random.Random(13).randbytes(len(b))],
     ids=["truncated", "header-cut", "empty", "garbled-header", "huge-header-length", "pickle", "trailing-bytes",
          "random-bytes"],
 )  # fmt: skip
@@ -266,6 +266,7 @@ def _unsafe_loads(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # reads every source file (2 s)
 def test_no_code_in_the_package_unpickles():
     files = [p for folder in ("src", "scripts") for p in (REPO / folder).rglob("*.py")]
     assert files

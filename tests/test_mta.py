@@ -193,6 +193,7 @@ CACHE_CASES = [(kv, backend) if (kv, backend) == (None, "auto") else pytest.para
                for kv in (None, 1) for backend in ("auto", "reference")]
 
 
+@pytest.mark.slow  # decodes token by token (5 s)
 @pytest.mark.parametrize("n_kv_heads, backend", CACHE_CASES)
 @pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])
 def test_cached_decoding_gives_the_full_forward_logits(n_kv_heads, backend, static):
@@ -303,6 +304,7 @@ def test_parameters_counted_by_hand(preset):
         assert (count["standard"], count["mta"]) == (4_916_928, 4_918_268)
 
 
+@pytest.mark.slow  # builds every preset (4 s)
 def test_info_lists_the_parameter_counts(capsys):
     assert cli_main(["info"]) == 0
     out = capsys.readouterr().out
@@ -364,6 +366,7 @@ def test_export_hf_writes_it_as_remote_code(tmp_path, capsys):
     assert (tmp_path / "hf" / "modeling_diff_transformer.py").is_file()
 
 
+@pytest.mark.slow  # trains, resumes and generates (9 s)
 def test_it_trains_resumes_and_generates_and_a_changed_setting_refuses_the_resume(byte_dataset,  # noqa: F811
                                                                                    tmp_path):
     """Through the trainer (its kernels and head mixing decayed as matrices): a run stopped after one step

@@ -319,6 +319,7 @@ class TinyViT(nn.Module):
         return self.head(x.mean(1))
 
 
+@pytest.mark.slow  # trains (6 s)
 def test_a_small_encoder_trains():
     """Random patches, random labels: ten steps of Adam fit the batch (the loss falls fourfold),
     every parameter of both attention modules gets a gradient, and λ moves."""

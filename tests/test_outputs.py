@@ -316,6 +316,7 @@ def test_training_never_deletes_files_put_into_its_checkpoint_directory(capsys, 
     LanguageModel.from_pretrained(checkpoint)
 
 
+@pytest.mark.slow  # trains twice (3 s)
 def test_a_new_run_never_replaces_the_logs_of_an_earlier_one(capsys, byte_dataset, tmp_path):  # noqa: F811
     """An earlier run's metrics.jsonl and summary.json are results: a new run into the same
     run.out_dir (its checkpoint elsewhere, or the earlier run ended before its first checkpoint)

@@ -105,6 +105,7 @@ def test_without_the_mask_a_document_sees_the_one_before():
         assert (model(tokens, document_ids=document_ids(tokens, SEPARATOR))[0][0, 6:] - alone).abs().max() < 2e-5
 
 
+@pytest.mark.slow  # flex attention compiled (4 s)
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("kind", KINDS)
 def test_flex_backend_forward_equals_each_document_alone(kind):
@@ -125,6 +126,7 @@ def test_flex_backend_forward_equals_each_document_alone(kind):
                 start += len(document)
 
 
+@pytest.mark.slow  # flex attention compiled (5 s)
 @pytest.mark.parametrize("kind", KINDS)
 def test_flex_backend_with_gradients_on_the_cpu_equals_the_reference_forward_and_backward(kind):
     """The issue's case: a model in eval mode called without torch.no_grad() on the CPU, where
@@ -145,6 +147,7 @@ def test_flex_backend_with_gradients_on_the_cpu_equals_the_reference_forward_and
             assert (a - b).abs().max().item() < 1e-4
 
 
+@pytest.mark.slow  # flex attention compiled (2 s)
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("mask", ["causal", "dense", "documents"])
 def test_flex_op_equals_the_reference(mask):

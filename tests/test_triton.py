@@ -137,6 +137,7 @@ def test_under_torch_compile():
         torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow  # Triton's interpreter under opcheck (2.5 s)
 @needs_kernels
 def test_custom_ops_pass_opcheck():
     from diff_transformer.ops import triton_diff
@@ -186,6 +187,7 @@ def test_missing_triton_is_a_clear_error(monkeypatch):
         diff_attention(q1, q2, k1, k2, v, lam, backend="triton")
 
 
+@pytest.mark.slow  # a new process (3 s)
 def test_cpu_without_interpreter_is_a_clear_error():
     code = textwrap.dedent(
         """
@@ -265,6 +267,7 @@ AOT_COMPILE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # compiles every kernel (5 s)
 def test_kernels_compile_for_a_gpu_without_one():
     """The GPU path (no interpreter): lower every kernel to sm_90 machine code (bf16; d = 128, and 96
     padded, with the key mask and the deterministic dQ kernel) with Triton's bundled ptxas,
@@ -391,6 +394,7 @@ PADDED_CASES = {
 }
 
 
+@pytest.mark.slow  # Triton's interpreter (3 s)
 @needs_kernels
 @pytest.mark.parametrize("case", list(PADDED_CASES))
 def test_key_padding_mask_matches_reference(case):
@@ -471,6 +475,7 @@ def test_bf16_full_kernel_interpreter():
     assert errors["out"] < 3e-2, errors
 
 
+@pytest.mark.slow  # Triton's interpreter (11 s)
 @needs_kernels
 @pytest.mark.parametrize("case", ["gqa-causal-cache", "gqa-d96-cache"])
 def test_deterministic_mode_uses_the_dq_pass_and_matches_reference(case, monkeypatch):
@@ -504,6 +509,7 @@ def test_deterministic_mode_uses_the_dq_pass_and_matches_reference(case, monkeyp
     assert all(torch.equal(x, y) for x, y in zip(det[1], again[1]))
 
 
+@pytest.mark.slow  # Triton's interpreter (2 s)
 @needs_kernels
 def test_deterministic_dq_with_key_padding_fp16():
     from diff_transformer.ops import triton_diff as td
@@ -578,6 +584,7 @@ def test_autotune_switch(monkeypatch):
     assert want.kwargs["BLOCK_M"] == 16  # the only rows that fit d = 256
 
 
+@pytest.mark.slow  # Triton's interpreter at every config (3 s)
 @needs_kernels
 def test_every_autotune_config_on_partial_blocks():
     """Each candidate config's block sizes (forced, in turn) on lengths that are multiples of
@@ -682,6 +689,7 @@ def test_choose_backend_routing():
     assert choose_backend("cuda", dtype=fp32, queries=256, keys=256) == "sdpa"
 
 
+@pytest.mark.slow  # Triton's interpreter under opcheck (5 s)
 @needs_kernels
 def test_custom_ops_pass_opcheck_with_key_mask_and_deterministic():
     from diff_transformer.ops import triton_diff as td

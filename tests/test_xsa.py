@@ -120,6 +120,7 @@ def test_a_tap_sees_the_softmax_map_less_the_own_key():
     assert (out.double() - naive_xsa_module(module, x)).abs().max().item() < 1e-5
 
 
+@pytest.mark.slow  # ten decodes token by token (34 s in all)
 @pytest.mark.parametrize("gate", [False, True], ids=["xsa", "gated"])
 @pytest.mark.parametrize("backend", ["auto", "reference", "math"])
 @pytest.mark.parametrize("static", [False, True], ids=["cache", "static-cache"])

@@ -26,8 +26,8 @@ SET_HELP = (
     "--set models.NAME.optim.lr=... sets one model's"
 )
 # Exit statuses of train and compare, as shells and schedulers read them.
-INTERRUPTED = ("130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint: rerun the same command with "
-               "--resume to continue exactly where it stopped.")
+INTERRUPTED = ("130 / 143 / 129 stopped by SIGINT / SIGTERM / SIGHUP after saving a checkpoint: rerun the same "
+               "command with --resume to continue exactly where it stopped.")
 TRAIN_EXIT_STATUSES = ("Exit status: 0 done (or paused at run.stop_at_step, or --resume found the run finished); "
                        "1 the loss diverged; 2 an error "
                        f"(one 'error:' line); {INTERRUPTED}")
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`torchrun --nproc_per_node K -m diff_transformer train ...` (DDP, or FSDP2 with --set run.parallel=fsdp). "
         "Writes metrics.jsonl, tensorboard/, summary.json and checkpoint/ into run.out_dir; while it runs, "
         "run.out_dir/.lock names its pid, and a second run on the same directory is refused. "
-        "SIGINT/SIGTERM save a checkpoint before exiting; --resume continues from it exactly. "
+        "SIGINT, SIGTERM and SIGHUP save a checkpoint before exiting; --resume continues from it exactly. "
         "--init-from starts a new run from another checkpoint's weights, e.g. to extend its context: "
         "--init-from RUN/checkpoint --set model.max_seq_len=1024 --set model.rope_theta=226000 "
         "--set data.seq_len=1024.",

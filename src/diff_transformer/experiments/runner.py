@@ -199,7 +199,10 @@ class _Runner:
         total, finished = len(queue), 0
         if self.progress and self.at_once > 1:
             print(f"{total} runs, {self.at_once} at a time", file=sys.stderr, flush=True)
-        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        ending = [signal.SIGINT, signal.SIGTERM]  # and SIGHUP (a closed terminal), where it is not ignored (nohup)
+        if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+            ending.append(signal.SIGHUP)
+        previous = {s: signal.signal(s, self._forward) for s in ending}
         try:
             while queue or self.processes or self.futures:
                 while queue and self._running() < self.at_once and not self.received:

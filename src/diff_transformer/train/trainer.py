@@ -113,7 +113,7 @@ class TrainResult:
     world_size: int
     checkpoint: str | None
     message: str = ""
-    stopped_by: str | None = None  # "SIGINT" or "SIGTERM" when a signal interrupted the run
+    stopped_by: str | None = None  # "SIGINT", "SIGTERM" or "SIGHUP" when a signal interrupted the run
     # steps whose gradient norm exceeded 5x the median of the previous 50 (metrics.jsonl names them)
     grad_norm_spikes: int = 0
     init_from: str | None = None  # the checkpoint whose weights started the run (run.init_from), if any
@@ -262,8 +262,8 @@ class DataPlan:
 
 
 class _StopSignal:
-    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint and stops after the current step.
-    A second SIGINT interrupts at once."""
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal; not where it is ignored, as under nohup) set a flag;
+    the loop saves a checkpoint and stops after the current step. A second SIGINT interrupts at once."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -280,6 +280,8 @@ class _StopSignal:
         if hasattr(signal, "SIGTERM") and _in_main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)
+            if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+                self._previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
