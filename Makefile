@@ -1,5 +1,5 @@
 # make test        create .venv, install the package with its dev extra, lint (ruff), run the whole test suite
-# make test-fast   the same install, then the tests not marked slow (every module, about 3.5 minutes on 2 cores)
+# make test-fast   the same install, then the tests not marked slow (every module, about 1.5 minutes on 2 cores)
 # make demo        create .venv, install, run the main job: train DIFF and the matched Transformer
 #                  side by side on the embedded corpus and write out/compare/report.md
 # make gpu-check   on a CUDA machine with torch, triton and transformers already installed (no .venv,

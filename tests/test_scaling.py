@@ -65,7 +65,7 @@ def test_the_axes_train_every_model_at_every_size_at_each_lr_of_its_grid():
     config = load_experiment("scaling")
     keys = scaling_keys(config, ["standard", "diff"], [0, 1, 2])
     steps = config.train.run.steps
-    grids = {"xs": {8e-3, 1.6e-2, 3.2e-2}, "s": {4e-3, 8e-3, 1.6e-2}, "m": {4e-3, 8e-3}, "l": {4e-3, 8e-3},
+    grids = {"xs": {8e-3, 1.6e-2, 3.2e-2}, "s": {8e-3, 1.6e-2}, "m": {4e-3, 8e-3}, "l": {4e-3, 8e-3},
              "xl": {2e-3, 4e-3}}
     assert len(keys) == 3 * 2 * sum(map(len, grids.values()))  # seeds × models × (sizes × lrs), one budget
     for size, grid in grids.items():
