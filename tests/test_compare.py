@@ -217,7 +217,7 @@ def test_each_run_reads_its_own_config_even_for_a_model_name_with_dots(tmp_path)
 
 
 def test_the_report_says_why_the_budget_is_what_it_is():
-    assert "**The budget.** Sized to finish within 12 minutes" in report_for([4.0], [4.1])
+    assert "**The budget.** Meant to finish within 12 minutes" in report_for([4.0], [4.1])
     assert "**The budget.**" not in report_for([4.0], [4.1], budget_note="")
 
 
