@@ -112,7 +112,7 @@ def test_compare_runs_the_evaluations_on_every_seed_into_the_report(byte_dataset
 
 def test_models_are_selected_by_attention_kind():
     config = load_experiment("tiny")
-    assert select_models(config, None) == ["standard", "diff", "diff_v2"]
+    assert select_models(config, None) == ["standard", "diff"]
     assert select_models(config, ["standard", "diff"]) == ["standard", "diff"]
     assert select_models(config, ["diff_v2", "standard"]) == ["standard", "diff_v2"]
     # tiny's ablation variants (diff-no-headnorm, diff-lambda-0.8) are not in compare.models
@@ -254,11 +254,30 @@ def _process_jobs(folder, mode, third=False):
         def result(self, exit_status):
             return exit_status
 
+        def cost(self):
+            return 0.0
+
     jobs = [Child("a0", "b1"), Child("b1", "a0")]
     if third:
         jobs.append(Child("c2", "a0"))
         jobs[-1].argv = [sys.executable, "-c", f"open({str(folder / 'third')!r}, 'w')"]
     return jobs
+
+
+def test_the_costliest_training_runs_start_first(monkeypatch, tmp_path):
+    """MTA (its maps convolved) before DIFF before the Transformer, by their training FLOPs; the seed order
+    kept among equals; a pool job keeps its place after them."""
+    from diff_transformer.experiments import load_experiment, runner
+
+    started = []
+    monkeypatch.setattr(runner._Runner, "run", lambda self, queue, results: (
+        started.extend(job.label for job in queue), results.update({job.key: None for job in queue})))
+    train = load_experiment("alternatives").train
+    jobs = [runner.TrainingJob(RunKey(m, seed, 2e-3), f"{m} {seed}", tmp_path / f"{m}{seed}", m, train)
+            for seed in (0, 1) for m in ("standard", "mta", "diff")]
+    jobs.append(runner.PoolJob(RunKey("small", 0, 1e-3), "pool", tmp_path / "p.json", print, (), dict))
+    runner.run_jobs(jobs, progress=False)
+    assert started == ["mta 0", "mta 1", "diff 0", "diff 1", "standard 0", "standard 1", "pool"]
 
 
 def test_jobs_run_side_by_side_each_on_its_share_of_the_cores(tmp_path):

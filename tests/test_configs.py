@@ -25,9 +25,8 @@ def test_every_shipped_config_loads_and_builds_its_models(name):
 def test_the_shipped_set_holds_the_named_experiments():
     assert {"tiny", "ablation-1.4b", "paper-3b"} <= set(shipped_configs())
     experiment = load_experiment("tiny")
-    assert experiment.compare.models == ["standard", "diff", "diff_v2"]
-    assert experiment.compare.recipes == ["scaled-init", "plain-init"]
-    assert experiment.compare.language_model_recipes == ["scaled-init"]
+    assert experiment.compare.models == ["standard", "diff"]
+    assert experiment.compare.recipes == experiment.compare.language_model_recipes == ["scaled-init"]
     tiny = experiment.train
     standard, diff = tiny.model("standard").model_config(), tiny.model("diff").model_config()
     assert (standard.n_heads, diff.n_heads) == (2 * diff.n_heads, diff.n_heads) and standard.head_dim == diff.head_dim
@@ -110,6 +109,20 @@ def minimal(**sections):
     return data
 
 
+def test_the_grounded_task_takes_its_own_lr_else_the_retrieval_lr():
+    """grounded.lr_by_model under every recipe; a model it does not name: its retrieval lr (by recipe)."""
+    config = experiment_from_dict({
+        "models": {"standard": {"preset": "debug", "attention": "standard"}, "diff": {"preset": "debug"}},
+        "optim": {"recipe": "paper-scaling"},
+        "retrieval": {"lr_by_model": {"standard": 1e-3, "diff": 1e-3},
+                      "lr_by_recipe": {"plain-init": {"standard": 3e-3}}},
+        "grounded": {"lr_by_model": {"diff": 2e-3}},
+    })
+    assert [config.lr_for("diff", r, "grounded") for r in ("scaled-init", "plain-init", None)] == [2e-3] * 3
+    assert [config.lr_for("standard", r, "grounded") for r in ("scaled-init", "plain-init")] == [1e-3, 3e-3]
+    assert config.lr_for("diff", "scaled-init", "retrieval") == 1e-3
+
+
 @pytest.mark.parametrize(
     "data, named",
     [
@@ -132,6 +145,8 @@ def minimal(**sections):
         (minimal(run={"attn_backend": "flash9"}), "run.attn_backend"),
         (minimal(models={"diff": {"preset": "debug", "attn_backend": "sdpa"}}), "attn_backend is a runtime setting"),
         (minimal(retrieval={"lr_by_model": {"transformer": 1e-3}}), "retrieval.lr_by_model: no model named"),
+        (minimal(grounded={"lr_by_model": {"transformer": 1e-3}}), "grounded.lr_by_model: no model named"),
+        (minimal(grounded={"lr_by_model": {"diff": 0.0}}), "grounded.lr_by_model.diff must be a positive"),
         (minimal(compare={"lr_by_recipe": {"xavier": {"diff": 1e-3}}}), "compare.lr_by_recipe.xavier: no such"),
         (minimal(models={"diff": {"preset": "debug", "paper_row": "gpt"}}), "models.diff.paper_row"),
     ],

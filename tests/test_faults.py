@@ -508,6 +508,9 @@ def test_compare_reads_a_child_stopped_by_a_signal_as_an_interruption(code, name
         def command(self, resume, nproc):
             return [sys.executable, "-c", f"raise SystemExit({self.status})"]
 
+        def cost(self):
+            return 0.0
+
     with pytest.raises(StudyInterrupted, match=f"interrupted by {name}: ") as caught:
         run_jobs([Exits(code)], progress=False)
     assert caught.value.exit_status == code

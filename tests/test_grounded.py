@@ -16,9 +16,10 @@ from diff_transformer.data.synthetic import (
 )
 from diff_transformer.experiments import load_experiment
 from diff_transformer.experiments.claims import paper_claims, variant_comparisons
-from diff_transformer.experiments.config import GroundedConfig
+from diff_transformer.experiments.config import GroundedConfig, experiment_from_dict
 from diff_transformer.experiments.grounded import (
-    Measured, evaluation_set, grounded_scores, lookback_auroc, lookback_by_layer, measure, run_one, training_batch,
+    Measured, evaluation_set, grounded_scores, lookback_auroc, lookback_by_layer, measure, run_experiment, run_one,
+    training_batch,
 )
 from diff_transformer.experiments.language_models import Budget, LanguageModelling
 from diff_transformer.experiments.report import grounded_lines
@@ -198,6 +199,19 @@ def test_a_run_measures_along_training_and_reads_back_from_json():
                                                                      "closed_book": config.entities}
     again = GroundedRun.from_dict(to_json(run))
     assert to_json(again) == to_json(run) and again.score == run.scores.accuracy
+
+
+def test_each_model_trains_at_its_own_grounded_lr_else_its_retrieval_lr(tmp_path):
+    config = experiment_from_dict({
+        "models": {"standard": {"preset": "debug", "attention": "standard"}, "diff": {"preset": "debug"}},
+        "optim": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 1, "betas": [0.9, 0.95], "weight_decay": 0.1},
+        "retrieval": {"lr_by_model": {"standard": 1e-3, "diff": 1e-3}},
+        "grounded": {**SMALL, "lr_by_model": {"diff": 2e-3}, "recipes": ["scaled-init"]},
+    })
+    result = run_experiment(config, ["standard", "diff"], [0], tmp_path, progress=False)
+    assert {name: m.sweep.best_lr for name, m in result.models.items()} == {
+        "standard": {"scaled-init": 1e-3}, "diff": {"scaled-init": 2e-3}}
+    assert (tmp_path / "diff" / "scaled-init" / "lr-0.002" / "seed-0.json").is_file()
 
 
 def test_the_settings_are_checked_by_name():

@@ -193,7 +193,9 @@ class LanguageModel(nn.Module):
         self.config = config
         device = torch.device(device) if device is not None else torch.get_default_device()
         with torch.device("meta"):  # built unallocated, then allocated once on the target device
-            self.embed = nn.Embedding(config.vocab_size, config.d_model)
+            # its weight passed in: nn.Embedding's own init on "meta" would import torch._dynamo (2.4 s)
+            self.embed = nn.Embedding(config.vocab_size, config.d_model,
+                                      _weight=torch.empty(config.vocab_size, config.d_model))
             self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.norm = RMSNorm(config.d_model, config.norm_eps)
             self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)

@@ -180,6 +180,8 @@ class GroundedConfig:
     # The learning curve: scores before training and after these fractions of the steps (and at the end).
     curve: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
     recipes: list[str] = field(default_factory=list)  # init recipes (INIT_RECIPES); empty: compare.recipes
+    # model name -> its peak lr here under every recipe (from a sweep); a model not named: its retrieval lr
+    lr_by_model: dict[str, float] = field(default_factory=dict)
     data_seed: int = 0  # the memorised facts, the training batches and the held-out episodes
 
     def __post_init__(self) -> None:
@@ -205,6 +207,7 @@ class GroundedConfig:
             raise ConfigError(f"grounded.recipes: no init recipe {unknown[0]!r}; choose from {', '.join(INIT_RECIPES)}")
         if len(set(self.recipes)) != len(self.recipes):
             raise ConfigError(f"grounded.recipes names a recipe twice: {self.recipes}")
+        check_learning_rates("grounded.lr_by_model", self.lr_by_model)
         require_seeds("grounded", self, ("data_seed",))
         try:
             GroundedTask(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GroundedTask)})
@@ -640,6 +643,7 @@ class ExperimentConfig:
             "long_context.lr": self.long_context.lr,
             "long_context.retrieval_lr": self.long_context.retrieval_lr,
             "retrieval.lr_by_model": self.retrieval.lr_by_model,
+            "grounded.lr_by_model": self.grounded.lr_by_model,
             **{f"compare.lr_by_recipe.{r}": lrs for r, lrs in self.compare.lr_by_recipe.items()},
             **{f"retrieval.lr_by_recipe.{r}": lrs for r, lrs in self.retrieval.lr_by_recipe.items()},
         }
@@ -672,9 +676,13 @@ class ExperimentConfig:
         return recipe_fields(self.train.model(name), recipe)
 
     def lr_for(self, name: str, recipe: str | None, task: str = "lm") -> float:
-        """Model ``name``'s peak learning rate under ``recipe`` for ``task`` ("lm" or "retrieval"): the
-        section's lr_by_recipe entry, else its own (its optim.lr; retrieval.lr_by_model), else the
-        section's (retrieval.lr)."""
+        """Model ``name``'s peak learning rate under ``recipe`` for ``task`` ("lm", "retrieval" or
+        "grounded"): the section's lr_by_recipe entry, else its own (its optim.lr; retrieval.lr_by_model),
+        else the section's (retrieval.lr). The grounded task: grounded.lr_by_model's entry, else the
+        model's retrieval lr."""
+        if task == "grounded":
+            own = self.grounded.lr_by_model.get(name)
+            return own if own is not None else self.lr_for(name, recipe, "retrieval")
         section = self.compare if task == "lm" else self.retrieval
         own = section.lr_by_recipe.get(recipe, {}).get(name) if recipe else None
         if own is not None:

@@ -245,7 +245,8 @@ def run_experiment(config: ExperimentConfig, names: Sequence[str], seeds: Sequen
     """Every model of ``names`` (their attention kinds and architecture switches, at the experiment's
     size), every seed, every init recipe of ``recipes`` (default: grounded.recipes, else compare.recipes;
     none: each model as configured) and every learning rate of the retrieval experiment's (``lr_grid``,
-    default retrieval.lr_grid, else each model's retrieval lr under that recipe), trained with the
+    default retrieval.lr_grid, else each model's grounded.lr_by_model entry or its retrieval lr under that
+    recipe), trained with the
     retrieval experiment's optimizer. Each model is reported at its best (recipe, lr) by grounded
     accuracy. Each run's result is kept in OUT/<model>/[<recipe>/]lr-<lr>/seed-<s>.json; with
     ``resume`` a result already there is reused; ``jobs`` runs at a time."""
@@ -253,7 +254,7 @@ def run_experiment(config: ExperimentConfig, names: Sequence[str], seeds: Sequen
     recipe_list = tuple(recipes if recipes is not None else settings.recipes or config.compare.recipes) or (None,)
     grid = list(lr_grid if lr_grid is not None else config.retrieval.lr_grid)
     axes = Axes(models=tuple(names), seeds=tuple(seeds), recipes=recipe_list,
-                lrs=learning_rates(names, recipe_list, grid, lambda m, r: config.lr_for(m, r, "retrieval")))
+                lrs=learning_rates(names, recipe_list, grid, lambda m, r: config.lr_for(m, r, "grounded")))
     jobs_list = [PoolJob(key, key.describe(), out_dir / f"{key.path}.json", run_one,
                          (settings, config.retrieval_optim(key.lr), config.attention(key.model), key.seed,
                           retrieval_fields(config, key.model, key.recipe), config.train.model(key.model).diff_heads),

@@ -37,7 +37,7 @@ import torch
 import yaml
 
 from ..files import check_output_dir, claim_output_dir, write_text_atomically
-from ..train.budget import RunLength
+from ..train.budget import RunLength, flops_per_token
 from ..train.config import TrainConfig
 from ..train.state import find_checkpoint, saved_step, saved_train_seconds
 from ..train.trainer import STUDY_RUN_ENV, SUMMARY_FILE, TrainingError
@@ -106,6 +106,17 @@ class TrainingJob:
         command += ["diff_transformer", "train", "--config", str(config_file), "--model", self.model]
         return command + (["--resume"] if continuing else [])
 
+    def cost(self) -> float:
+        """The training FLOPs it is planned to spend (0 where that is not known in advance: a budget in
+        seconds, an attention kind without a FLOPs term): the runner starts the costliest first."""
+        length = RunLength.of(self.config)
+        model_config = self.config.model(self.model).model_config()
+        seq_len = self.config.data.seq_len or model_config.max_seq_len
+        per_token = flops_per_token(model_config, seq_len)
+        if length.steps is None or per_token is None:
+            return 0.0
+        return per_token * length.steps * self.config.data.batch_size * seq_len
+
     def result(self, exit_status: int) -> TrainingRun:
         """The finished run; a run that neither completed nor diverged is a TrainingError."""
         run = read_training_run(self.key, self.log_dir)
@@ -153,8 +164,9 @@ def clear_run(log_dir: Path, label: str) -> None:
 def run_jobs(jobs: Sequence[Job], *, resume: bool = False, at_once: int = 1, nproc: int = 1,
              progress: bool = True, describe: Callable[[Job, Any], str] | None = None) -> dict[RunKey, Any]:
     """Every job's result, by key, in the order of ``jobs``: reused (``resume``), or run ``at_once`` at a
-    time. ``describe(job, result)`` is the line printed as each finishes (with ``progress``). A diverged
-    training run is a result; any other failure a TrainingError, after the running jobs have stopped."""
+    time, the costliest training runs started first. ``describe(job, result)`` is the line printed as
+    each finishes (with ``progress``). A diverged training run is a result; any other failure a
+    TrainingError, after the running jobs have stopped."""
     results: dict[RunKey, Any] = {}
     queue: list[Job] = []
     for job in jobs:
@@ -166,6 +178,9 @@ def run_jobs(jobs: Sequence[Job], *, resume: bool = False, at_once: int = 1, npr
             results[job.key] = done
         else:
             queue.append(job)
+    # The costliest training runs first (a stable sort: pool jobs keep their order), so that one long
+    # run does not start last and leave the other cores idle while it finishes.
+    queue.sort(key=lambda job: -job.cost() if isinstance(job, TrainingJob) else 0.0)
     if queue:
         _Runner(at_once, nproc, resume, progress, describe).run(queue, results)
     return {job.key: results[job.key] for job in jobs}
