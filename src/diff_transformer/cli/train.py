@@ -132,7 +132,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "report each at its own best; default: the config's compare.lr_grid, else each model's own lr")
     c.add_argument("--retrieval-lr-grid", type=types.positive_float_list, metavar="LR,LR,...",
                    help="the same for the retrieval and the grounded experiments (default: retrieval.lr_grid, else "
-                   "each model's retrieval lr)")
+                   "each model's own lr there: retrieval.lr_by_model, grounded.lr_by_model)")
     c.add_argument("--recipes", type=types.init_recipes, metavar="RECIPE,...",
                    help="the init recipes every model is trained under, in every experiment (scaled-init: o_proj and "
                    "down_proj at init_std/sqrt(2 layers), the authors'; plain-init: every matrix N(0, init_std), "
