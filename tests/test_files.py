@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 from pathlib import Path
 
 import pytest
 
-from diff_transformer.files import write_atomically, write_text_atomically
+from diff_transformer.files import ending_signals_to_catch, write_atomically, write_text_atomically
 
 
 def test_replaces_the_file_whole_with_the_usual_mode(tmp_path):
@@ -37,3 +38,15 @@ def test_a_failing_writer_leaves_the_old_file_and_no_temporary(tmp_path):
     assert target.read_text() == "old"
     assert seen[0].parent == tmp_path and seen[0].suffix == ".json"  # beside the target, its suffix kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json"]
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+def test_a_job_catches_sighup_only_where_it_is_not_ignored():
+    previous = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert set(ending_signals_to_catch()) == {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: closing the terminal keeps it running
+        assert set(ending_signals_to_catch()) == {signal.SIGINT, signal.SIGTERM}
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -188,6 +188,15 @@ def underlying_os_error(exc: BaseException) -> OSError | None:
 ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
+def ending_signals_to_catch() -> tuple[int, ...]:
+    """The ending signals a long job catches to stop cleanly: SIGINT, SIGTERM and SIGHUP (a closed
+    terminal), but not SIGHUP where it is ignored (under nohup), so that closing the terminal leaves
+    the job running as its user asked."""
+    hangup = getattr(signal, "SIGHUP", None)
+    return tuple(signum for signum in ENDING_SIGNALS
+                 if not (signum == hangup and signal.getsignal(signum) == signal.SIG_IGN))
+
+
 class OutputComplete:
     """Marks an interruption raised once ``path`` was complete (:func:`signals_held`): the command
     that wrote it as its last step has its result, and exits as if no signal had come."""

@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 import torch
 import yaml
 
-from ..files import check_output_dir, claim_output_dir, write_text_atomically
+from ..files import check_output_dir, claim_output_dir, ending_signals_to_catch, write_text_atomically
 from ..train.budget import RunLength, flops_per_token
 from ..train.config import TrainConfig
 from ..train.state import find_checkpoint, saved_step, saved_train_seconds
@@ -214,10 +214,7 @@ class _Runner:
         total, finished = len(queue), 0
         if self.progress and self.at_once > 1:
             print(f"{total} runs, {self.at_once} at a time", file=sys.stderr, flush=True)
-        ending = [signal.SIGINT, signal.SIGTERM]  # and SIGHUP (a closed terminal), where it is not ignored (nohup)
-        if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-            ending.append(signal.SIGHUP)
-        previous = {s: signal.signal(s, self._forward) for s in ending}
+        previous = {s: signal.signal(s, self._forward) for s in ending_signals_to_catch()}
         try:
             while queue or self.processes or self.futures:
                 while queue and self._running() < self.at_once and not self.received:

@@ -51,7 +51,8 @@ from ..config import DIFF_HEAD_KINDS, ConfigError, ModelConfig
 from ..loss import IGNORE_INDEX
 from ..checkpoint import remove_abandoned_temporaries
 from ..files import (
-    LOCK_FILE, OutputLock, OutputPathError, check_output_dir, check_unlocked, claim_output_dir, lock_file,
+    LOCK_FILE, OutputLock, OutputPathError, check_output_dir, check_unlocked, claim_output_dir,
+    ending_signals_to_catch, lock_file,
     lock_output_dir, naming_os_errors, write_text_atomically,
 )
 from ..model import LanguageModel
@@ -277,11 +278,9 @@ class _StopSignal:
             print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after this step", file=sys.stderr)
 
     def __enter__(self) -> "_StopSignal":
-        if hasattr(signal, "SIGTERM") and _in_main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+        if _in_main_thread():
+            for signum in ending_signals_to_catch():
                 self._previous[signum] = signal.signal(signum, self._handle)
-            if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-                self._previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
