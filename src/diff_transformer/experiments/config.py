@@ -414,6 +414,8 @@ class ScalingConfig:
 
 # The evaluations of the suite the conversion study reads as its retrieval measurement (convert.retrieval).
 CONVERSION_RETRIEVAL = ("ar-hit", "mqar")
+# The conversion study's fine-tuned models (its arms): the Transformer continued, DIFF by each init, DIFF V2.
+CONVERSION_ARMS = ("continued", *INITS, "diff_v2")
 
 
 @dataclass
@@ -422,7 +424,7 @@ class ConvertConfig:
     ``source_model`` (trained here for run.steps, one per seed, or read from ``source``) converted to
     DIFF by each of ``inits`` (and exactly to DIFF V2 with ``diff_v2``); the Transformer continued and
     every conversion fine-tuned for ``steps`` on the same data, each at its own best lr of
-    ``lr_grid``; for reference ``scratch_model`` trained from scratch on as many tokens as the source and
+    ``lr_grid`` (empty: ``lr_by_model``'s, a pilot's best, else the source's); for reference ``scratch_model`` trained from scratch on as many tokens as the source and
     the fine-tuning together. See :mod:`diff_transformer.experiments.conversion`."""
 
     enabled: bool = True
@@ -439,7 +441,9 @@ class ConvertConfig:
     eval_every: int = 4  # fine-tuning steps between evaluations: the resolution of the recovery curve
     inits: list[str] = field(default_factory=lambda: ["exact", "split"])  # convert --to diff --init ...
     diff_v2: bool = True  # also convert --to diff_v2 (exact)
-    lr_grid: list[float] = field(default_factory=list)  # every fine-tuned model at each; empty: the source's lr
+    lr_grid: list[float] = field(default_factory=list)  # every fine-tuned model at each; empty: lr_by_model
+    # arm (CONVERSION_ARMS) -> its one fine-tuning lr where lr_grid is empty (a pilot's best); else the source's
+    lr_by_model: dict[str, float] = field(default_factory=dict)
     scratch_model: str | None = "diff"  # the model entry trained from scratch for reference; None: none
     scratch_lr_grid: list[float] = field(default_factory=list)  # empty: the scratch model's own lr
     # The fine-tuning's data order; the source is trained with run.data_seed, so another seed reads
@@ -472,6 +476,11 @@ class ConvertConfig:
         for where, lrs in (("lr_grid", self.lr_grid), ("scratch_lr_grid", self.scratch_lr_grid)):
             if any(not lr > 0 for lr in lrs):
                 raise ConfigError(f"convert.{where}: learning rates must be positive, got {lrs}")
+        unknown = [name for name in self.lr_by_model if name not in CONVERSION_ARMS]
+        if unknown:
+            raise ConfigError(f"convert.lr_by_model: no fine-tuned model {unknown[0]!r}; choose from "
+                              f"{', '.join(CONVERSION_ARMS)}")
+        check_learning_rates("convert.lr_by_model", self.lr_by_model)
         require_seeds("convert", self, ("data_seed",))
         if self.retrieval not in CONVERSION_RETRIEVAL:
             raise ConfigError(f"convert.retrieval must be one of {', '.join(CONVERSION_RETRIEVAL)}, "

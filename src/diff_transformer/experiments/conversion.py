@@ -17,7 +17,8 @@ rather than to keep training the Transformer, and what does it gain? On the engi
    conversion (``run.init_from`` the converted checkpoint, the model entry set by
    :func:`~diff_transformer.convert.finetune_fields`), ``convert.steps`` steps each on the same data
    (``convert.data_seed``), a fresh warmup and decay, each at its own best lr of ``convert.lr_grid``
-   (the lowest mean final validation loss). For reference, ``convert.scratch_model`` (the matched
+   (the lowest mean final validation loss; an empty grid: each at its ``convert.lr_by_model`` lr, a
+   pilot's best, else the source's). For reference, ``convert.scratch_model`` (the matched
    DIFF) trained from scratch on as many tokens as the source and the fine-tuning together (its
    first run.steps read exactly the source's batches, the rest the corpus further in the same
    order), at its best of ``convert.scratch_lr_grid``.
@@ -52,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -176,10 +177,12 @@ def conversion_plan(config: ExperimentConfig) -> ConversionPlan:
     return ConversionPlan(arms, sources, finetune, scratch, source_steps)
 
 
-def own_lr_axes(train: TrainConfig, names: Sequence[str], seeds: Sequence[int], grid: Sequence[float]) -> Axes:
-    """Every model and seed at every lr of ``grid`` (empty: each model's own lr)."""
+def own_lr_axes(train: TrainConfig, names: Sequence[str], seeds: Sequence[int], grid: Sequence[float],
+                by_model: Mapping[str, float] | None = None) -> Axes:
+    """Every model and seed at every lr of ``grid``; empty: each model at its ``by_model`` lr, else its own."""
+    by_model = by_model or {}
     return Axes(models=tuple(names), seeds=tuple(seeds),
-                lrs={(name, None): tuple(grid) or (train.optim_for(name).lr,) for name in names})
+                lrs={(name, None): tuple(grid) or (by_model.get(name, train.optim_for(name).lr),) for name in names})
 
 
 # --- the source and its conversions -----------------------------------------------------------------
@@ -667,7 +670,8 @@ def run_conversion(config: ExperimentConfig, out_dir: Path, seeds: Sequence[int]
     plan = conversion_plan(config)
     show = progress and jobs == 1  # a run's own progress bar, when it trains alone
     source_axes = own_lr_axes(plan.source, [settings.source_model], seeds, [])
-    finetune_axes = own_lr_axes(plan.finetune, [arm.name for arm in plan.arms], seeds, settings.lr_grid)
+    finetune_axes = own_lr_axes(plan.finetune, [arm.name for arm in plan.arms], seeds, settings.lr_grid,
+                                settings.lr_by_model)
     scratch_axes = None if plan.scratch is None else own_lr_axes(plan.scratch, [settings.scratch_model], seeds,
                                                                   settings.scratch_lr_grid)
     # The whole plan before anything is created: the given source and its tokenizer, every run of every
@@ -836,8 +840,8 @@ def render_report(metrics: ConversionMetrics) -> str:
         f"({', '.join(a.conversion for a in arms[1:])}), then every model fine-tuned for {metrics.finetune_steps} "
         "steps "
         f"({tokens_text(metrics.finetune_tokens)} tokens, a fresh {metrics.warmup_steps}-step warmup and linear decay, "
-        f"data order {metrics.data_seed}: the same batches for every model) from its own starting weights, each at its "
-        f"own best learning rate; {len(seeds)} seeds ({', '.join(map(str, seeds))}: a seed is a whole replicate, "
+        f"data order {metrics.data_seed}: the same batches for every model) from its own starting weights, "
+        f"{_lr_choice(arms)}; {len(seeds)} seeds ({', '.join(map(str, seeds))}: a seed is a whole replicate, "
         "its source and the conversion's new parameters)"
         + (f"; for reference {reference.label} on {tokens_text(reference.tokens)} tokens (as many as the source "
            "and the fine-tuning together, its first steps the source's batches)" if reference else "")
@@ -888,7 +892,7 @@ def render_report(metrics: ConversionMetrics) -> str:
               "- *Tokens to recover* counts from the start of fine-tuning; it is 0 for a model that never rises above "
               "its source's loss, and only the evaluations bound it (every "
               f"{tokens_text(metrics.finetune_tokens // max(len(continued.curve.tokens) - 1, 1))} tokens here).",
-              "- The verdicts compare models fine-tuned on the same data for the same tokens, each at its best lr; "
+              "- The verdicts compare models fine-tuned on the same data for the same tokens, each at its own lr; "
               "they say nothing about longer budgets, larger models or other data, and a model *level* with the "
               "continued Transformer is one whose difference these seeds cannot tell from zero.",
               "- The from-scratch reference trained on as many tokens as the source and the fine-tuning together, "
@@ -948,13 +952,24 @@ def _conversion_lines(metrics: ConversionMetrics) -> list[str]:
     return lines + [""]
 
 
+def _lr_choice(arms: Sequence[ArmResult]) -> str:
+    """How the fine-tuning lrs were chosen: searched here (several tried), or given (one each:
+    convert.lr_by_model, a pilot's best, or the source's)."""
+    if all(len(arm.grid) > 1 for arm in arms):
+        return "each at its own best learning rate of those tried"
+    given = ", ".join(f"{arm.label} {arm.lr:g}" for arm in arms if len(arm.grid) == 1)
+    return (f"each at its own learning rate: one given, not searched here ({given}: convert.lr_by_model, a pilot's "
+            "best, else the source's)" + ("; the others at their best of those tried"
+                                          if any(len(arm.grid) > 1 for arm in arms) else ""))
+
+
 def _lr_lines(metrics: ConversionMetrics) -> list[str]:
     rows = [(arm.label, arm.grid, arm.lr) for arm in metrics.arms]
     if metrics.scratch is not None:
         rows.append((metrics.scratch.label, metrics.scratch.grid, metrics.scratch.lr))
     grid = sorted({lr for _, by_lr, _ in rows for lr in by_lr})
     lines = ["## Learning rates", "", "Final validation loss at every peak lr tried (min_lr keeps its ratio), mean "
-             "± std over seeds; each model's best in bold.", "",
+             "± std over seeds; each model's best in bold (a model tried at one lr ran at the one given it).", "",
              "| Model | " + " | ".join(f"lr {lr:g}" for lr in grid) + " |", "|---|" + "---:|" * len(grid)]
     for label, by_lr, best in rows:
         cells = []
