@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ from diff_transformer.experiments import compare, load_experiment
 from diff_transformer.checkpoint import load_checkpoint_tokenizer
 from diff_transformer.config import ModelConfig
 from diff_transformer.experiments.conversion import (
-    CONTINUED, Recovery, check_given_source, check_source_data, conversion_plan, given_source, given_source_tokenizer,
-    recovery_tokens, validation_windows, versus,
+    CONTINUED, Recovery, _lr_choice, check_given_source, check_source_data, conversion_plan, fine_tuning_axes,
+    given_source, given_source_tokenizer, recovery_tokens, validation_windows, versus,
 )
 from diff_transformer.tokenizer import ByteTokenizer
 from diff_transformer.model import LanguageModel
@@ -150,6 +151,30 @@ def test_the_shipped_study_fine_tunes_on_other_batches_than_the_sources():
         load_experiment("convert", ["convert.data_seed=0"])
 
 
+def test_each_fine_tuned_model_runs_at_its_own_lr_unless_a_grid_is_searched():
+    # The shipped pilot's bests (configs/convert.yaml), one run per arm and seed.
+    lrs = {name: lr for (name, _), lr in fine_tuning_axes(load_experiment("convert"), conversion_plan(
+        load_experiment("convert")), [0, 1, 2]).lrs.items()}
+    assert lrs == {CONTINUED: (5e-4,), "exact": (5e-4,), "split": (2e-3,)}
+    # An arm it does not name takes the source's lr (models.standard: 4e-3); a grid runs every arm at each.
+    partial_table = load_experiment("convert", ["convert.lr_by_model={split: 1.0e-3}"])
+    assert {name: lr for (name, _), lr in fine_tuning_axes(partial_table, conversion_plan(partial_table),
+                                                           [0]).lrs.items()} == {
+        CONTINUED: (4e-3,), "exact": (4e-3,), "split": (1e-3,)}
+    searched = load_experiment("convert", ["convert.lr_grid=[1.0e-3, 3.0e-3]"])
+    assert set(fine_tuning_axes(searched, conversion_plan(searched), [0]).lrs.values()) == {(1e-3, 3e-3)}
+    # The report says which lrs were given and which searched.
+    arm = lambda label, grid, lr: SimpleNamespace(label=label, grid=dict.fromkeys(grid), lr=lr)  # noqa: E731
+    assert _lr_choice([arm("A", [1e-3, 3e-3], 1e-3), arm("B", [1e-3, 3e-3], 3e-3)]) == (
+        "each at its own best learning rate of those tried")
+    assert _lr_choice([arm("A", [5e-4], 5e-4), arm("B", [2e-3], 2e-3)]) == (
+        "each at its own learning rate: one given, not searched here (A at 0.0005; B at 0.002; from "
+        "convert.lr_by_model, a pilot's best, else the source's)")
+    assert _lr_choice([arm("A", [5e-4], 5e-4), arm("B", [1e-3, 3e-3], 3e-3)]).endswith(
+        "(A at 0.0005; from convert.lr_by_model, a pilot's best, else the source's); the others at their best of "
+        "those tried")
+
+
 @pytest.mark.parametrize("override, message", [
     ("convert.inits=[exact, twice]", "convert.inits: no init 'twice'"),
     ("convert.source_model=diff", "models.diff --to diff --init exact: .*attention='diff'"),
@@ -158,6 +183,9 @@ def test_the_shipped_study_fine_tunes_on_other_batches_than_the_sources():
     ("convert.retrieval_options={window: 3}", "convert.retrieval_options: ar-hit has no option 'window'"),
     ("convert.source=somewhere", "convert.scratch_model: .*set convert.source_tokens"),
     ("scaling={sizes: {a: {d_model: 64}, b: {d_model: 96}}}", "scaling and convert: a config runs one study"),
+    ("convert.lr_by_model={splits: 1.0e-3}", "convert.lr_by_model: no fine-tuned model 'splits'; choose from "
+                                              "continued, exact, split, diff_v2"),
+    ("convert.lr_by_model={exact: 0}", "convert.lr_by_model.exact must be a positive learning rate, got 0"),
 ])
 def test_a_bad_convert_section_is_an_error_naming_it(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -424,8 +424,9 @@ class ConvertConfig:
     ``source_model`` (trained here for run.steps, one per seed, or read from ``source``) converted to
     DIFF by each of ``inits`` (and exactly to DIFF V2 with ``diff_v2``); the Transformer continued and
     every conversion fine-tuned for ``steps`` on the same data, each at its own best lr of
-    ``lr_grid`` (empty: ``lr_by_model``'s, a pilot's best, else the source's); for reference ``scratch_model`` trained from scratch on as many tokens as the source and
-    the fine-tuning together. See :mod:`diff_transformer.experiments.conversion`."""
+    ``lr_grid`` (empty: ``lr_by_model``'s, a pilot's best, else the source's); for reference
+    ``scratch_model`` trained from scratch on as many tokens as the source and the fine-tuning together.
+    See :mod:`diff_transformer.experiments.conversion`."""
 
     enabled: bool = True
     source_model: str = "standard"  # the model entry that describes the source (a Transformer)

@@ -185,6 +185,13 @@ def own_lr_axes(train: TrainConfig, names: Sequence[str], seeds: Sequence[int], 
                 lrs={(name, None): tuple(grid) or (by_model.get(name, train.optim_for(name).lr),) for name in names})
 
 
+def fine_tuning_axes(config: ExperimentConfig, plan: ConversionPlan, seeds: Sequence[int]) -> Axes:
+    """Every arm and seed at every lr of convert.lr_grid; an empty grid: each arm at its
+    convert.lr_by_model lr, else the source's."""
+    settings = config.convert
+    return own_lr_axes(plan.finetune, [arm.name for arm in plan.arms], seeds, settings.lr_grid, settings.lr_by_model)
+
+
 # --- the source and its conversions -----------------------------------------------------------------
 
 
@@ -670,8 +677,7 @@ def run_conversion(config: ExperimentConfig, out_dir: Path, seeds: Sequence[int]
     plan = conversion_plan(config)
     show = progress and jobs == 1  # a run's own progress bar, when it trains alone
     source_axes = own_lr_axes(plan.source, [settings.source_model], seeds, [])
-    finetune_axes = own_lr_axes(plan.finetune, [arm.name for arm in plan.arms], seeds, settings.lr_grid,
-                                settings.lr_by_model)
+    finetune_axes = fine_tuning_axes(config, plan, seeds)
     scratch_axes = None if plan.scratch is None else own_lr_axes(plan.scratch, [settings.scratch_model], seeds,
                                                                   settings.scratch_lr_grid)
     # The whole plan before anything is created: the given source and its tokenizer, every run of every
@@ -957,9 +963,9 @@ def _lr_choice(arms: Sequence[ArmResult]) -> str:
     convert.lr_by_model, a pilot's best, or the source's)."""
     if all(len(arm.grid) > 1 for arm in arms):
         return "each at its own best learning rate of those tried"
-    given = ", ".join(f"{arm.label} {arm.lr:g}" for arm in arms if len(arm.grid) == 1)
-    return (f"each at its own learning rate: one given, not searched here ({given}: convert.lr_by_model, a pilot's "
-            "best, else the source's)" + ("; the others at their best of those tried"
+    given = "; ".join(f"{arm.label} at {arm.lr:g}" for arm in arms if len(arm.grid) == 1)
+    return (f"each at its own learning rate: one given, not searched here ({given}; from convert.lr_by_model, a "
+            "pilot's best, else the source's)" + ("; the others at their best of those tried"
                                           if any(len(arm.grid) > 1 for arm in arms) else ""))
 
 
