@@ -153,8 +153,8 @@ def test_the_shipped_study_fine_tunes_on_other_batches_than_the_sources():
 
 def test_each_fine_tuned_model_runs_at_its_own_lr_unless_a_grid_is_searched():
     # The shipped pilot's bests (configs/convert.yaml), one run per arm and seed.
-    lrs = {name: lr for (name, _), lr in fine_tuning_axes(load_experiment("convert"), conversion_plan(
-        load_experiment("convert")), [0, 1, 2]).lrs.items()}
+    shipped = load_experiment("convert")
+    lrs = {name: lr for (name, _), lr in fine_tuning_axes(shipped, conversion_plan(shipped), [0, 1, 2]).lrs.items()}
     assert lrs == {CONTINUED: (5e-4,), "exact": (5e-4,), "split": (2e-3,)}
     # An arm it does not name takes the source's lr (models.standard: 4e-3); a grid runs every arm at each.
     partial_table = load_experiment("convert", ["convert.lr_by_model={split: 1.0e-3}"])

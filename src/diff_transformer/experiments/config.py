@@ -414,8 +414,9 @@ class ScalingConfig:
 
 # The evaluations of the suite the conversion study reads as its retrieval measurement (convert.retrieval).
 CONVERSION_RETRIEVAL = ("ar-hit", "mqar")
+CONTINUED = "continued"  # the conversion study's arm of the Transformer trained on from its own weights
 # The conversion study's fine-tuned models (its arms): the Transformer continued, DIFF by each init, DIFF V2.
-CONVERSION_ARMS = ("continued", *INITS, "diff_v2")
+CONVERSION_ARMS = (CONTINUED, *INITS, "diff_v2")
 
 
 @dataclass

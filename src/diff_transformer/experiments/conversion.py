@@ -72,7 +72,7 @@ from ..tokenizer import as_tokenizer, same_tokenizer
 from ..train.config import ConfigError, TrainConfig
 from ..train.state import INIT_CHANGEABLE
 from .comparison import Evaluation, study_record
-from .config import ExperimentConfig
+from .config import CONTINUED, ExperimentConfig
 from .language_models import Machine, check_runs, plan_runs, run_config, train_language_models
 from .output import check_study_output, open_study
 from .report import interval_text, label_axes, pyplot, save_plot, signed, stats_cell, tokens_text, write_study
@@ -80,7 +80,6 @@ from .results import TrainingRun, diagnostics_of, seed_curves
 from .runner import PoolJob, run_jobs
 from .study import Axes, RunKey, Sweep
 
-CONTINUED = "continued"  # the arm of the Transformer trained on from its own weights
 # Two losses of one set of windows closer than this (nats) are the same: fp32 rounding of the same
 # function (an exact conversion's logits are its source's to ~1e-6).
 SAME_LOSS = 1e-5
@@ -964,9 +963,9 @@ def _lr_choice(arms: Sequence[ArmResult]) -> str:
     if all(len(arm.grid) > 1 for arm in arms):
         return "each at its own best learning rate of those tried"
     given = "; ".join(f"{arm.label} at {arm.lr:g}" for arm in arms if len(arm.grid) == 1)
+    searched = any(len(arm.grid) > 1 for arm in arms)
     return (f"each at its own learning rate: one given, not searched here ({given}; from convert.lr_by_model, a "
-            "pilot's best, else the source's)" + ("; the others at their best of those tried"
-                                          if any(len(arm.grid) > 1 for arm in arms) else ""))
+            "pilot's best, else the source's)" + ("; the others at their best of those tried" if searched else ""))
 
 
 def _lr_lines(metrics: ConversionMetrics) -> list[str]:
