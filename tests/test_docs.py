@@ -1,7 +1,8 @@
 """The documentation runs: every Python code block of README.md and docs/*.md is executed, the
 blocks of one file in order in one namespace (as a reader would paste them), in an empty
-temporary directory (README's in the fast tier, the others' in the full one); and every command
-line the README's first lines give exists in the Makefile."""
+temporary directory (README's in the fast tier, the others' in the full one); every command
+line the README's first lines give exists in the Makefile; and the config reference of
+docs/training.md names every field of the sections it shows."""
 
 from __future__ import annotations
 
@@ -54,3 +55,28 @@ def test_readme_opens_with_the_two_commands_a_fresh_machine_needs():
     commands = [line.split("#")[0].split() for line in lines if line.startswith("make ")]
     assert [c[1] for c in commands][:2] == ["demo", "test"] and {"demo", "test"} <= targets
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_config_reference_names_every_field_of_every_section_it_shows():
+    """docs/training.md's annotated config (the YAML block that starts ``name: tiny``) lists each
+    section's fields: one added to a section's dataclass and not to the reference fails here."""
+    import dataclasses
+
+    import yaml
+
+    from diff_transformer.experiments.config import (
+        CompareConfig, ConvertConfig, GroundedConfig, LongContextConfig, RetrievalConfig, ScalingConfig,
+    )
+    from diff_transformer.train.config import DataConfig, OptimConfig, RunConfig
+
+    page = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```yaml\n(name: tiny\n.*?)^```", page, re.DOTALL | re.MULTILINE)
+    assert len(blocks) == 1
+    reference = yaml.safe_load(blocks[0])
+    sections = {"data": DataConfig, "optim": OptimConfig, "run": RunConfig, "compare": CompareConfig,
+                "retrieval": RetrievalConfig, "grounded": GroundedConfig, "long_context": LongContextConfig,
+                "scaling": ScalingConfig, "convert": ConvertConfig}
+    for section, settings in sections.items():
+        # `enabled`: where a section is off unless present, its presence says it (the reference shows it where not)
+        fields = {field.name for field in dataclasses.fields(settings)} - {"enabled"}
+        assert set(reference[section]) - {"enabled"} == fields, section
