@@ -112,16 +112,17 @@ class _DepthwiseConv(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         c, m = ctx.groups, weight.shape[0] // ctx.groups
         grad_x = grad_weight = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.aten.convolution_backward(grad, x, weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0],
-                                                         c, [True, False, False])[0]
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1]:  # first: its copies of x and the gradient are freed before grad_x exists
             b, _, h, w = x.shape
             # grad_weight[c·m + k, 0, a, e] = Σ_{n,i,j} x[n, c, i + a, j + e] · grad[n, c·m + k, i, j]
             inputs = x.transpose(0, 1).reshape(1, c * b, h, w)  # channels (c, n)
             kernels = grad.reshape(b, c, m, *grad.shape[-2:]).transpose(0, 1).reshape(c * b * m, 1, *grad.shape[-2:])
             sums = F.conv2d(inputs, kernels, groups=c * b)  # (1, C·B·m, kh, kw), channels (c, n, k)
             grad_weight = sums.view(c, b, m, *weight.shape[-2:]).sum(1).reshape(weight.shape)
+            del inputs, kernels
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.ops.aten.convolution_backward(grad, x, weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0],
+                                                         c, [True, False, False])[0]
         return grad_x, grad_weight, None
 
 
