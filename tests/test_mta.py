@@ -22,7 +22,7 @@ from diff_transformer.cli import main as cli_main
 from diff_transformer.config import PRESETS, ConfigError
 from diff_transformer.generation import generate
 from diff_transformer.model import document_ids
-from diff_transformer.ops.mta import MTAWeights, mta_attention, reference_mta_attention
+from diff_transformer.ops.mta import MTAWeights, _depthwise, mta_attention, reference_mta_attention
 from diff_transformer.train import train
 from test_model import rope_complex
 from test_train import byte_dataset, debug_config  # noqa: F401  (byte_dataset: a fixture)
@@ -156,6 +156,28 @@ def test_fast_path_and_its_gradients_equal_the_reference(masked):
     slow_grads = torch.autograd.grad(slow, inputs, grad)
     for name, a, c in zip(["q", "k", "v", "kq_pre", "kq_post", "head_pre", "head_post"], fast_grads, slow_grads):
         torch.testing.assert_close(a, c, atol=1e-4, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("multiplier", [1, 3], ids=["one-kernel-a-channel", "three-kernels-a-channel"])
+def test_the_depthwise_convolution_and_its_gradients_are_the_sums_written_out(multiplier):
+    """_depthwise (its CPU weight gradient is a grouped convolution by the output gradient) against the
+    convolution written as the sum of shifted products in float64, forward and both gradients: the
+    oracle is autograd through that sum, not through any convolution."""
+    g = torch.Generator().manual_seed(5)
+    b, c, h, w, kh, kw = 3, 4, 9, 13, 3, 5
+    x = torch.randn(b, c, h, w, generator=g).contiguous(memory_format=torch.channels_last).requires_grad_()
+    weight = torch.randn(c * multiplier, 1, kh, kw, generator=g, requires_grad=True)
+    out = _depthwise(x, weight, c)
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    source = x64.repeat_interleave(multiplier, dim=1)  # output channel o reads input channel o // multiplier
+    expected = sum(w64[:, 0, a, e].view(1, -1, 1, 1) * source[:, :, a:a + h - kh + 1, e:e + w - kw + 1]
+                   for a in range(kh) for e in range(kw))
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=g)
+    got = torch.autograd.grad(out, (x, weight), grad)
+    want = torch.autograd.grad(expected, (x64, w64), grad.double())
+    for name, a, e in zip(("input", "weight"), got, want):
+        torch.testing.assert_close(a.double(), e, atol=1e-4, rtol=1e-5, msg=name)
 
 
 def test_a_tap_sees_the_map_that_multiplies_the_values():
