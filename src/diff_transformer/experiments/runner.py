@@ -4,9 +4,11 @@ run's result by its :class:`~.study.RunKey`.
 Two kinds of job:
 
 - :class:`TrainingJob`, a run of the trainer in its own process (``python -m diff_transformer train``,
-  or ``nproc`` processes under torchrun): a fresh interpreter, so that its peak memory is its own and
-  no model inherits another's state. Its directory holds its exact config (config.yaml), its logs
-  and its checkpoint; its result is its summary.json (:class:`~.results.TrainingRun`).
+  or ``nproc`` processes under torchrun), so that its peak memory is its own and no model inherits
+  another's state. A one-process run is forked from a warm interpreter that has imported torch and
+  the trainer and done nothing else (:mod:`.warm`): it starts in milliseconds, not seconds. Its
+  directory holds its exact config (config.yaml), its logs and its checkpoint; its result is its
+  summary.json (:class:`~.results.TrainingRun`).
 - :class:`PoolJob`, a small run (the retrieval experiment's) called in a worker process of a pool
   (in this process when one runs at a time); its result, a dataclass, is saved as JSON.
 
@@ -43,6 +45,7 @@ from ..train.state import find_checkpoint, saved_step, saved_train_seconds
 from ..train.trainer import STUDY_RUN_ENV, SUMMARY_FILE, TrainingError
 from .results import TrainingRun, json_text, read_summary, read_training_run
 from .study import RunKey
+from .warm import WarmInterpreter, WarmProcess, runs_warm
 
 
 class StudyInterrupted(RuntimeError):
@@ -191,7 +194,8 @@ class _Runner:
                  describe: Callable[[Job, Any], str] | None) -> None:
         self.at_once, self.nproc, self.resume, self.progress, self.describe = at_once, nproc, resume, progress, describe
         self.received: list[int] = []
-        self.processes: dict[int, tuple[TrainingJob, subprocess.Popen]] = {}
+        self.processes: dict[int, tuple[TrainingJob, subprocess.Popen | WarmProcess]] = {}
+        self.warm: WarmInterpreter | None = None  # started with the first one-process training run
         self.futures: dict[concurrent.futures.Future, PoolJob] = {}
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.stopped: list[int] = []  # signals that stopped training processes (exit status 130 / 143)
@@ -203,7 +207,7 @@ class _Runner:
             for _, process in list(self.processes.values()):
                 self._stop(process)
 
-    def _stop(self, process: subprocess.Popen) -> None:
+    def _stop(self, process: subprocess.Popen | WarmProcess) -> None:
         """Pass the signal received to a training process, once (a second SIGINT would stop it at once,
         without its checkpoint)."""
         if process.pid not in self.signalled:
@@ -236,6 +240,8 @@ class _Runner:
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=True, cancel_futures=True)
+            if self.warm is not None:
+                self.warm.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
         if self.received or self.stopped:
@@ -258,7 +264,12 @@ class _Runner:
             elif self.progress:
                 print(f"{job.label}: {'resuming' if '--resume' in command else 'training'} -> {job.log_dir}",
                       file=sys.stderr, flush=True)
-            process = subprocess.Popen(command, start_new_session=True, env=env)
+            if runs_warm(command) and self.nproc == 1:
+                if self.warm is None:
+                    self.warm = WarmInterpreter(env)  # every run of the phase has the same environment
+                process = self.warm.start(command)
+            else:
+                process = subprocess.Popen(command, start_new_session=True, env=env)
             self.processes[process.pid] = (job, process)
             if self.received:  # the signal came while it was being started: it stops too
                 self._stop(process)
