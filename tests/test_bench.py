@@ -315,14 +315,14 @@ def test_model_bench_lets_every_compiled_model_keep_its_graphs(monkeypatch):
 def test_train_bench_measures_the_trainers_step_at_each_batch():
     from diff_transformer.experiments.train_bench import TrainBenchSettings, format_table, parse_model, run_train_bench
 
-    settings = TrainBenchSettings(models=("scaling:diff@xs", "scaling:standard@xs"), batches=(2, 4), steps=1,
+    settings = TrainBenchSettings(models=("scaling:diff@w8", "scaling:standard@w8"), batches=(2, 4), steps=1,
                                   repeats=1, warmup=1, previous=True)
     results = run_train_bench(settings, progress=False)
     assert {(r.model, r.mode, r.batch) for r in results} == {
         (m, mode, b) for m in settings.models for mode in ("eager", "previous") for b in (2, 4)}
     assert all(r.tokens_per_s > 0 and r.seq_len == 128 for r in results)
     table = format_table(settings, results)
-    assert "eager / previous step (throughput ratio):" in table and "scaling:diff@xs" in table
+    assert "eager / previous step (throughput ratio):" in table and "scaling:diff@w8" in table
     assert parse_model("scaling:diff_v2@l") == ("scaling", "diff_v2", "l")
     assert parse_model("tiny:diff") == ("tiny", "diff", None)
     with pytest.raises(ValueError, match="CONFIG:MODEL"):

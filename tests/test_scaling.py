@@ -65,16 +65,16 @@ def test_the_axes_train_every_model_at_every_size_at_each_lr_of_its_grid():
     config = load_experiment("scaling")
     keys = scaling_keys(config, ["standard", "diff"], [0, 1, 2])
     steps = config.train.run.steps
-    grids = {"xs": {8e-3, 1.6e-2, 3.2e-2}, "s": {8e-3, 1.6e-2}, "m": {4e-3, 8e-3}, "l": {4e-3, 8e-3},
-             "xl": {2e-3, 4e-3}}
+    grids = {"w8": {1.6e-2, 3.2e-2, 6.4e-2}, "w12": {8e-3, 1.6e-2, 3.2e-2}, "w16": {8e-3, 1.6e-2, 3.2e-2},
+             "w24": {4e-3, 8e-3, 1.6e-2}, "w32": {4e-3, 8e-3}, "w36": {4e-3, 8e-3}}
     assert len(keys) == 3 * 2 * sum(map(len, grids.values()))  # seeds × models × (sizes × lrs), one budget
     for size, grid in grids.items():
         assert {k.lr for k in keys if k.size == size} == grid
     assert {k.steps for k in keys} == {steps}
     assert [k.seed for k in keys] == sorted(k.seed for k in keys)  # seeds outermost
     # Each kind matched as the presets are: DIFF with half the heads of the same width.
-    standard = sized_train(config, RunKey("standard", 0, 1e-3, None, "m", steps)).model("standard").model_config()
-    diff = sized_train(config, RunKey("diff", 0, 1e-3, None, "m", steps)).model("diff").model_config()
+    standard = sized_train(config, RunKey("standard", 0, 1e-3, None, "w24", steps)).model("standard").model_config()
+    diff = sized_train(config, RunKey("diff", 0, 1e-3, None, "w24", steps)).model("diff").model_config()
     assert (standard.d_model, standard.n_layers) == (diff.d_model, diff.n_layers) == (24, 2)
     assert standard.n_heads == 2 * diff.n_heads and standard.head_dim == diff.head_dim
 

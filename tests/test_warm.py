@@ -145,3 +145,23 @@ def test_a_forked_training_run_equals_the_fresh_one_to_the_bit(warm, modules, by
     warm_run, fresh_run = summaries
     assert warm_run["final_val_loss"] == fresh_run["final_val_loss"]
     assert warm_run["steps"] == fresh_run["steps"] == 6
+
+
+def test_the_runner_forks_only_where_no_gpu_is_visible(monkeypatch, tmp_path):
+    """CUDA does not survive a fork of a process that queried it: with a GPU visible the runner starts a
+    fresh process, as before."""
+    import torch
+
+    from diff_transformer.experiments.runner import _Runner
+    from test_compare import _process_jobs
+
+    for gpu, kind in ((False, "WarmProcess"), (True, "Popen")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        runner = _Runner(1, 1, False, False, None)
+        job = _process_jobs(tmp_path, "finish")[0]
+        job.argv = [sys.executable, "-c", "pass"]
+        runner._start(job)
+        [(_, process)] = runner.processes.values()
+        assert type(process).__name__ == kind and process.wait(timeout=60) == 0
+        if runner.warm is not None:
+            runner.warm.close()

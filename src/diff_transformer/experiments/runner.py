@@ -5,10 +5,10 @@ Two kinds of job:
 
 - :class:`TrainingJob`, a run of the trainer in its own process (``python -m diff_transformer train``,
   or ``nproc`` processes under torchrun), so that its peak memory is its own and no model inherits
-  another's state. A one-process run is forked from a warm interpreter that has imported torch and
-  the trainer and done nothing else (:mod:`.warm`): it starts in milliseconds, not seconds. Its
-  directory holds its exact config (config.yaml), its logs and its checkpoint; its result is its
-  summary.json (:class:`~.results.TrainingRun`).
+  another's state. A one-process run on a machine without a GPU is forked from a warm interpreter
+  that has imported torch and the trainer and done nothing else (:mod:`.warm`): it starts in
+  milliseconds, not seconds. Its directory holds its exact config (config.yaml), its logs and its
+  checkpoint; its result is its summary.json (:class:`~.results.TrainingRun`).
 - :class:`PoolJob`, a small run (the retrieval experiment's) called in a worker process of a pool
   (in this process when one runs at a time); its result, a dataclass, is saved as JSON.
 
@@ -264,7 +264,9 @@ class _Runner:
             elif self.progress:
                 print(f"{job.label}: {'resuming' if '--resume' in command else 'training'} -> {job.log_dir}",
                       file=sys.stderr, flush=True)
-            if runs_warm(command) and self.nproc == 1:
+            # Forked only where no GPU is visible: CUDA does not survive a fork of a process that has
+            # queried it, and a GPU run's start is a small part of its cost.
+            if runs_warm(command) and self.nproc == 1 and not torch.cuda.is_available():
                 if self.warm is None:
                     self.warm = WarmInterpreter(env)  # every run of the phase has the same environment
                 process = self.warm.start(command)

@@ -78,7 +78,7 @@ def parse_model(spec: str) -> tuple[str, str, str | None]:
     config, _, rest = spec.rpartition(":")
     model, _, size = rest.partition("@")
     if not config or not model or (rest.endswith("@") and not size):
-        raise ValueError(f"model {spec!r}: name it CONFIG:MODEL or CONFIG:MODEL@SIZE (e.g. scaling:diff@xs, "
+        raise ValueError(f"model {spec!r}: name it CONFIG:MODEL or CONFIG:MODEL@SIZE (e.g. scaling:diff@w8, "
                          "tiny:standard)")
     return config, model, size or None
 
